@@ -1,0 +1,112 @@
+"""Reading a StreamModel from YAML or JSON: a whole StreamJob manifest or a bare model.
+
+Shape errors from pydantic become `Issue`s with the same field paths the validator
+uses (`spec.model.operators[2].type`), so a user sees one style of message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from nopstream.model.errors import Issue, ModelError, format_path
+from nopstream.model.spec import StreamModel
+
+API_GROUP = "nopstream.io"
+API_VERSION = f"{API_GROUP}/v1alpha1"
+KIND = "StreamJob"
+
+_PYDANTIC_RULES = {
+    "missing": ("required field is missing", "required"),
+    "extra_forbidden": ("unknown field", "known-fields"),
+}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A parsed model, where it came from, and the path prefix of its fields."""
+
+    model: StreamModel
+    origin: str
+    prefix: tuple[str, ...]
+
+    def path(self, *parts: str | int) -> str:
+        """The user-facing path of a field of the model, e.g. `spec.model.sources[0]`."""
+        return format_path((*self.prefix, *parts))
+
+
+def load_file(path: str | Path) -> LoadedModel:
+    """Read and parse a model file; raise `ModelError` naming the file or field on bad input."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ModelError([Issue(str(p), "no such file", "file-exists")]) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise ModelError([Issue(str(p), f"cannot read: {exc}", "file-readable")]) from None
+    return load_text(text, origin=str(p))
+
+
+def load_text(text: str, *, origin: str = "<input>") -> LoadedModel:
+    """Parse YAML or JSON text holding a StreamJob manifest or a bare StreamModel."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ModelError([Issue(origin, f"{where}{problem}", "yaml-syntax")]) from None
+    return load_data(data, origin=origin)
+
+
+def load_data(data: Any, *, origin: str = "<input>") -> LoadedModel:
+    """Build a StreamModel from parsed plain data (manifest or bare model)."""
+    if not isinstance(data, dict):
+        raise ModelError([Issue(origin, "must be a mapping (a StreamJob or a StreamModel)", "shape")])
+    if "kind" in data or "apiVersion" in data:
+        return _from_manifest(data, origin)
+    model = _parse(data, prefix=())
+    if model.job_id is None:
+        raise ModelError([Issue("jobId", "required in a bare StreamModel file", "job-id")])
+    return LoadedModel(model, origin, ())
+
+
+def _from_manifest(data: dict[str, Any], origin: str) -> LoadedModel:
+    issues: list[Issue] = []
+    if data.get("apiVersion") != API_VERSION:
+        issues.append(Issue("apiVersion", f"must be '{API_VERSION}'", "api-version"))
+    if data.get("kind") != KIND:
+        issues.append(Issue("kind", f"must be '{KIND}'", "kind"))
+    metadata = data.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    if not isinstance(name, str) or not name:
+        issues.append(Issue("metadata.name", "required field is missing", "required"))
+    spec = data.get("spec")
+    if not isinstance(spec, dict):
+        issues.append(Issue("spec", "must be a mapping", "shape"))
+    if issues or not isinstance(spec, dict) or not isinstance(name, str):
+        raise ModelError(issues)
+    model = _parse(spec, prefix=("spec",))
+    if model.job_id is None:
+        model = model.model_copy(update={"job_id": name})
+    return LoadedModel(model, origin, ("spec",))
+
+
+def _parse(data: dict[str, Any], *, prefix: tuple[str, ...]) -> StreamModel:
+    try:
+        return StreamModel.model_validate(data)
+    except ValidationError as exc:
+        raise ModelError(_issues_of(exc, prefix)) from None
+
+
+def _issues_of(exc: ValidationError, prefix: tuple[str, ...]) -> list[Issue]:
+    issues = []
+    for err in exc.errors():
+        loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+        message, rule = _PYDANTIC_RULES.get(err["type"], (err["msg"], err["type"]))
+        issues.append(Issue(format_path((*prefix, *loc)), message, rule))
+    return sorted(set(issues))

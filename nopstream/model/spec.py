@@ -1,0 +1,224 @@
+"""The StreamModel: what a user asks for, in a StreamJob's spec or a bare file.
+
+These pydantic models check shape and types only (camelCase keys, no unknown keys,
+values of the right type). The rules that relate fields to each other, with their
+field paths, are `nopstream.plan.validation`'s. Instances are frozen; the canonical
+form of a model is `canonical_model(model)`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic.alias_generators import to_camel
+
+from nopstream.model.capabilities import SemanticMode
+
+DEFAULT_IMAGE = "nopstream/runtime:0.1.0"
+DEFAULT_PIPELINE_ID = "main"
+DEFAULT_STATE_SHARD_COUNT = 128
+DEFAULT_CHECKPOINT_DIR = ".nopstream/checkpoints"
+
+OperatorType = Literal[
+    "map",
+    "filter",
+    "flat_map",
+    "key_by",
+    "reduce",
+    "aggregate",
+    "union",
+    "window",
+    "process",
+    "cep",
+]
+BuiltinAggregate = Literal["count", "sum", "min", "max", "avg"]
+TimeCharacteristic = Literal["event", "processing"]
+Partitioning = Literal["forward", "rebalance", "broadcast"]
+
+BUILTIN_AGGREGATES: tuple[str, ...] = ("count", "sum", "min", "max", "avg")
+KEYED_OPERATORS = frozenset({"reduce", "aggregate", "window", "process", "cep"})
+"""Operators that keep keyed state: they need a key, their own or a key_by's."""
+
+
+class Spec(BaseModel):
+    """Base of every model part: camelCase keys, unknown keys refused, frozen."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class KeySpec(Spec):
+    """A key selector: a record field, or a user function `module:attribute`."""
+
+    field: str | None = None
+    fn: str | None = None
+
+
+class AggregateSpec(Spec):
+    """A built-in aggregate over an optional field, or a user aggregate function."""
+
+    kind: BuiltinAggregate | None = None
+    field: str | None = None
+    fn: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        """Accept `aggregate: count` for `{kind: count}` and `aggregate: m:f` for `{fn: m:f}`."""
+        if isinstance(data, str):
+            return {"kind": data} if data in BUILTIN_AGGREGATES else {"fn": data}
+        return data
+
+
+_AGGREGATE_SCHEMA: dict[str, Any] = {
+    "description": "A built-in aggregate (count, sum, min, max, avg) or a function"
+    " 'module:attribute'; either a string or {kind, field} / {fn}.",
+    "x-kubernetes-preserve-unknown-fields": True,
+}
+
+
+class WindowSpec(Spec):
+    """A window assigner: tumbling, sliding or session, in event or processing time."""
+
+    kind: Literal["tumbling", "sliding", "session"]
+    time: TimeCharacteristic | None = None
+    size_ms: int | None = None
+    slide_ms: int | None = None
+    gap_ms: int | None = None
+    allowed_lateness_ms: int = 0
+    late_output: str | None = None
+
+
+class PatternStep(Spec):
+    """One step of a CEP pattern: a named condition and how it follows the previous."""
+
+    name: str
+    where: str
+    contiguity: Literal["strict", "relaxed"] = "relaxed"
+    quantifier: Literal["one", "oneOrMore"] = "one"
+
+
+class PatternSpec(Spec):
+    """A CEP pattern sequence that must complete within a time bound."""
+
+    steps: list[PatternStep]
+    within_ms: int | None = None
+    time: TimeCharacteristic | None = None
+
+
+class WatermarkSpec(Spec):
+    """Event time at a source: where the timestamp is and how late records may be."""
+
+    timestamp_field: str | None = None
+    timestamp_fn: str | None = None
+    max_out_of_orderness_ms: int = 0
+    idle_timeout_ms: int | None = None
+
+
+class SourceSpec(Spec):
+    """A source node: a connector type, its config, and optional event time."""
+
+    id: str | None = None
+    type: str
+    parallelism: int | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    watermark: WatermarkSpec | None = None
+
+
+class OperatorSpec(Spec):
+    """An operator node; which of the optional fields apply depends on `type`."""
+
+    id: str | None = None
+    type: OperatorType
+    inputs: list[str] | None = None
+    parallelism: int | None = None
+    fn: str | None = None
+    key: KeySpec | None = None
+    aggregate: Annotated[AggregateSpec | None, WithJsonSchema(_AGGREGATE_SCHEMA)] = None
+    window: WindowSpec | None = None
+    pattern: PatternSpec | None = None
+    partitioning: Partitioning | None = None
+    state_version: int = 1
+
+
+class SinkSpec(Spec):
+    """A sink node: a connector type and its config."""
+
+    id: str | None = None
+    type: str
+    inputs: list[str] | None = None
+    parallelism: int | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    partitioning: Partitioning | None = None
+
+
+class GraphSpec(Spec):
+    """The dataflow: sources, operators and sinks, joined by their `inputs`."""
+
+    sources: list[SourceSpec]
+    operators: list[OperatorSpec] = Field(default_factory=list)
+    sinks: list[SinkSpec]
+
+
+class LocalStorageSpec(Spec):
+    """Checkpoints in a local directory (relative paths from the working directory)."""
+
+    path: str
+
+
+class S3StorageSpec(Spec):
+    """Checkpoints in an S3 bucket; credentials come from a Secret."""
+
+    bucket: str
+    endpoint: str | None = None
+    prefix: str = ""
+    secret_ref: str | None = None
+
+
+class StorageSpec(Spec):
+    """Where checkpoints live: exactly one of `local` or `s3`."""
+
+    local: LocalStorageSpec | None = None
+    s3: S3StorageSpec | None = None
+
+
+def _default_storage() -> StorageSpec:
+    return StorageSpec(local=LocalStorageSpec(path=DEFAULT_CHECKPOINT_DIR))
+
+
+class CheckpointSpec(Spec):
+    """How often epochs are taken, how long they may take, how many are kept."""
+
+    interval_ms: int = 1000
+    timeout_ms: int = 60_000
+    retain_latest: int = 3
+    storage: StorageSpec = Field(default_factory=_default_storage)
+
+
+class ResourcesSpec(Spec):
+    """Kubernetes resource requests and limits of each task pod."""
+
+    requests: dict[str, str] = Field(default_factory=dict)
+    limits: dict[str, str] = Field(default_factory=dict)
+
+
+class StreamModel(Spec):
+    """A whole job: identity, guarantees, checkpointing, deployment and the graph."""
+
+    job_id: str | None = None
+    pipeline_id: str = DEFAULT_PIPELINE_ID
+    checkpoint_namespace: str | None = None
+    plan_version: int = 1
+    semantic_mode: SemanticMode = SemanticMode.STRICT_EXACTLY_ONCE
+    state_shard_count: int = DEFAULT_STATE_SHARD_COUNT
+    parallelism: int = 1
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    image: str = DEFAULT_IMAGE
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    drop_state: list[str] = Field(default_factory=list)
+    graph: GraphSpec = Field(alias="model")
+
+
+def canonical_model(model: StreamModel) -> dict[str, Any]:
+    """The canonical plain-data form: camelCase keys, defaults filled, unset fields left out."""
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)

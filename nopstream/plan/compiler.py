@@ -1,0 +1,94 @@
+"""The compiler: a validated model down through every plan layer, and plan documents.
+
+A plan document is the JSON form of one layer with its fingerprint:
+`{"layer": "partitioned", "fingerprint": "sha256:...", "plan": {...}}`. Loading a
+document checks the fingerprint, so a plan edited by hand is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from nopstream.model.errors import Issue, ModelError
+from nopstream.model.load import LoadedModel
+from nopstream.plan.canonical import canonical_json, fingerprint, from_plain, to_plain
+from nopstream.plan.deployment import DeploymentPlan, build_deployment_plan
+from nopstream.plan.jobgraph import JobGraph, build_job_graph
+from nopstream.plan.partitioned import PartitionedPlan, build_partitioned_plan
+from nopstream.plan.streamgraph import StreamGraph, build_stream_graph
+from nopstream.plan.validation import validate
+
+Plan = StreamGraph | JobGraph | PartitionedPlan | DeploymentPlan
+LAYERS: dict[str, type[Any]] = {
+    "stream": StreamGraph,
+    "job": JobGraph,
+    "partitioned": PartitionedPlan,
+    "deployment": DeploymentPlan,
+}
+
+
+@dataclass(frozen=True)
+class CompiledPlans:
+    """Every layer of one compiled model."""
+
+    stream: StreamGraph
+    job: JobGraph
+    partitioned: PartitionedPlan
+    deployment: DeploymentPlan
+
+    def layer(self, name: str) -> Plan:
+        """The plan of the named layer (`stream`, `job`, `partitioned`, `deployment`)."""
+        plan: Plan = getattr(self, name)
+        return plan
+
+
+def compile_model(
+    loaded: LoadedModel, *, backend: str = "kubernetes", namespace: str = "default"
+) -> CompiledPlans:
+    """Validate and compile a model; raise `ModelError` with every issue when invalid."""
+    issues = validate(loaded)
+    if issues:
+        raise ModelError(issues)
+    stream = build_stream_graph(loaded.model)
+    job = build_job_graph(stream)
+    partitioned = build_partitioned_plan(job)
+    deployment = build_deployment_plan(loaded.model, partitioned, backend=backend, namespace=namespace)
+    return CompiledPlans(stream, job, partitioned, deployment)
+
+
+def layer_name(plan: Plan) -> str:
+    """The layer name of a plan object."""
+    for name, cls in LAYERS.items():
+        if isinstance(plan, cls):
+            return name
+    raise TypeError(f"not a plan: {type(plan).__name__}")
+
+
+def dump_document(plan: Plan) -> str:
+    """The plan document of a plan, as canonical JSON text."""
+    doc = {"layer": layer_name(plan), "fingerprint": fingerprint(plan), "plan": to_plain(plan)}
+    return canonical_json(doc).decode("utf-8")
+
+
+def load_document(text: str, *, origin: str = "<plan>") -> Plan:
+    """Rebuild a plan from its document; refuse a wrong layer or a fingerprint mismatch."""
+    try:
+        doc = json.loads(text)
+        cls = LAYERS[doc["layer"]]
+        plan: Plan = from_plain(cls, doc["plan"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelError([Issue(origin, f"not a plan document: {exc!r}", "plan-document")]) from None
+    actual = fingerprint(plan)
+    if actual != doc.get("fingerprint"):
+        raise ModelError(
+            [
+                Issue(
+                    f"{origin}: fingerprint",
+                    f"is {doc.get('fingerprint')!r} but the plan hashes to {actual!r}",
+                    "plan-fingerprint",
+                )
+            ]
+        )
+    return plan

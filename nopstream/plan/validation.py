@@ -1,0 +1,518 @@
+"""Validation of a StreamModel: every rule of docs/validation.md, all issues at once.
+
+`validate(loaded)` returns every `Issue` found, sorted by field path; an empty list
+means the model compiles. Each issue names the field path, what is wrong and the
+rule, so the CLI, the operator and a webhook can all show the same message.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
+
+from pydantic import ValidationError
+
+from nopstream.model.capabilities import ALLOWED
+from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES
+from nopstream.model.errors import Issue
+from nopstream.model.load import LoadedModel
+from nopstream.model.spec import KEYED_OPERATORS, KeySpec, OperatorSpec, SinkSpec, SourceSpec
+from nopstream.plan.nodes import MAIN_OUTPUT, ResolvedNode, input_keys, resolve_nodes
+
+ID_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+FN_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+_FIELDS_BY_TYPE: dict[str, frozenset[str]] = {
+    "map": frozenset({"fn"}),
+    "filter": frozenset({"fn"}),
+    "flat_map": frozenset({"fn"}),
+    "key_by": frozenset({"key"}),
+    "reduce": frozenset({"fn", "key"}),
+    "aggregate": frozenset({"aggregate", "key"}),
+    "union": frozenset(),
+    "window": frozenset({"window", "key", "aggregate", "fn"}),
+    "process": frozenset({"fn", "key"}),
+    "cep": frozenset({"pattern", "key"}),
+}
+_OPTIONAL_FIELDS = ("fn", "key", "aggregate", "window", "pattern")
+_NEEDS_FN = frozenset({"map", "filter", "flat_map", "reduce", "process"})
+
+
+@dataclass
+class _Context:
+    loaded: LoadedModel
+    nodes: tuple[ResolvedNode, ...]
+
+    @cached_property
+    def by_id(self) -> dict[str, ResolvedNode]:
+        by_id: dict[str, ResolvedNode] = {}
+        for n in self.nodes:
+            by_id.setdefault(n.node_id, n)
+        return by_id
+
+    @cached_property
+    def consumers(self) -> dict[str, list[ResolvedNode]]:
+        out: dict[str, list[ResolvedNode]] = {}
+        for n in self.nodes:
+            for ref in n.inputs:
+                out.setdefault(ref.node_id, []).append(n)
+        return out
+
+    def path(self, node: ResolvedNode | None, *parts: str | int) -> str:
+        if node is None:
+            return self.loaded.path(*parts)
+        return self.loaded.path("model", node.section, node.index, *parts)
+
+
+Check = Callable[[_Context], Iterator[Issue]]
+
+
+def validate(loaded: LoadedModel) -> list[Issue]:
+    """Every rule violation in the model, sorted by path; empty when it compiles."""
+    ctx = _Context(loaded, resolve_nodes(loaded.model))
+    issues: set[Issue] = set()
+    for check in _CHECKS:
+        issues.update(check(ctx))
+    return sorted(issues)
+
+
+def _check_job(ctx: _Context) -> Iterator[Issue]:
+    m = ctx.loaded.model
+    if m.job_id is not None and not ID_PATTERN.match(m.job_id):
+        yield Issue(ctx.path(None, "jobId"), _id_rule_text(m.job_id), "id-format")
+    if not ID_PATTERN.match(m.pipeline_id):
+        yield Issue(ctx.path(None, "pipelineId"), _id_rule_text(m.pipeline_id), "id-format")
+    for field, value in (
+        ("stateShardCount", m.state_shard_count),
+        ("parallelism", m.parallelism),
+        ("planVersion", m.plan_version),
+    ):
+        if value < 1:
+            yield Issue(ctx.path(None, field), f"must be at least 1, got {value}", "positive")
+    cp = m.checkpoint
+    for field, value in (
+        ("intervalMs", cp.interval_ms),
+        ("timeoutMs", cp.timeout_ms),
+        ("retainLatest", cp.retain_latest),
+    ):
+        if value < 1:
+            yield Issue(ctx.path(None, "checkpoint", field), f"must be at least 1, got {value}", "positive")
+    if (cp.storage.local is None) == (cp.storage.s3 is None):
+        yield Issue(
+            ctx.path(None, "checkpoint", "storage"),
+            "needs exactly one of 'local' or 's3'",
+            "one-of",
+        )
+
+
+def _check_ids(ctx: _Context) -> Iterator[Issue]:
+    seen: dict[str, ResolvedNode] = {}
+    for n in ctx.nodes:
+        if not n.explicit_id:
+            if n.kind != "operator" or n.type in KEYED_OPERATORS:
+                what = f"stateful {n.kind}" if n.kind != "operator" else f"stateful operator ({n.type})"
+                yield Issue(
+                    ctx.path(n, "id"),
+                    f"a {what} needs an explicit id: its state is found by it",
+                    "explicit-id",
+                )
+            continue
+        if not ID_PATTERN.match(n.node_id):
+            yield Issue(ctx.path(n, "id"), _id_rule_text(n.node_id), "id-format")
+        first = seen.get(n.node_id)
+        if first is not None:
+            yield Issue(
+                ctx.path(n, "id"),
+                f"duplicate id '{n.node_id}' (first used at {ctx.path(first)})",
+                "unique-ids",
+            )
+        else:
+            seen[n.node_id] = n
+
+
+def _check_parallelism(ctx: _Context) -> Iterator[Issue]:
+    shards = ctx.loaded.model.state_shard_count
+    for n in ctx.nodes:
+        if n.spec.parallelism is not None and n.spec.parallelism < 1:
+            yield Issue(
+                ctx.path(n, "parallelism"),
+                f"must be at least 1, got {n.spec.parallelism}",
+                "positive",
+            )
+        elif n.type in KEYED_OPERATORS and n.kind == "operator" and n.parallelism > shards >= 1:
+            yield Issue(
+                ctx.path(n, "parallelism"),
+                f"keyed operator parallelism {n.parallelism} exceeds stateShardCount {shards}",
+                "shards-per-subtask",
+            )
+
+
+def _check_inputs(ctx: _Context) -> Iterator[Issue]:
+    for n in ctx.nodes:
+        if n.kind == "source":
+            continue
+        if not n.inputs:
+            yield Issue(
+                ctx.path(n, "inputs"),
+                f"{n.kind} '{n.node_id}' has no input; name one in 'inputs'",
+                "inputs-exist",
+            )
+        seen: set[tuple[str, str]] = set()
+        for ref in n.inputs:
+            where = ctx.path(n, "inputs", ref.position) if ref.explicit else ctx.path(n, "inputs")
+            upstream = ctx.by_id.get(ref.node_id)
+            if upstream is None:
+                yield Issue(where, f"unknown node '{ref.node_id}'", "inputs-exist")
+            elif upstream.kind == "sink":
+                yield Issue(where, f"'{ref.node_id}' is a sink and has no output", "inputs-exist")
+            elif ref.output not in _outputs(upstream):
+                yield Issue(
+                    where,
+                    f"node '{ref.node_id}' has no output '{ref.output}'"
+                    f" (outputs: {', '.join(sorted(_outputs(upstream)))})",
+                    "inputs-exist",
+                )
+            if (ref.node_id, ref.output) in seen:
+                yield Issue(where, f"input '{ref.node_id}' is listed twice", "inputs-unique")
+            seen.add((ref.node_id, ref.output))
+        if n.type == "union" and len(n.inputs) < 2:
+            yield Issue(ctx.path(n, "inputs"), "a union needs at least two inputs", "union-inputs")
+
+
+def _check_cycles(ctx: _Context) -> Iterator[Issue]:
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    reported: set[frozenset[str]] = set()
+
+    def visit(node: ResolvedNode, path: list[ResolvedNode]) -> Iterator[Issue]:
+        state[node.node_id] = 1
+        path.append(node)
+        for ref in node.inputs:
+            upstream = ctx.by_id.get(ref.node_id)
+            if upstream is None:
+                continue
+            if state.get(upstream.node_id) == 1:
+                start = next(i for i, p in enumerate(path) if p.node_id == upstream.node_id)
+                cycle = [p.node_id for p in path[start:]]
+                if frozenset(cycle) not in reported:
+                    reported.add(frozenset(cycle))
+                    loop = " <- ".join([*cycle, cycle[0]])
+                    where = ctx.path(node, "inputs", ref.position) if ref.explicit else ctx.path(node)
+                    yield Issue(where, f"cycle: {loop}", "acyclic")
+            elif upstream.node_id not in state:
+                yield from visit(upstream, path)
+        path.pop()
+        state[node.node_id] = 2
+
+    for n in ctx.nodes:
+        if n.node_id not in state:
+            yield from visit(n, [])
+
+
+def _check_consumed(ctx: _Context) -> Iterator[Issue]:
+    for n in ctx.nodes:
+        if n.kind != "sink" and n.node_id not in ctx.consumers and ctx.by_id.get(n.node_id) is n:
+            yield Issue(
+                ctx.path(n),
+                f"{n.kind} '{n.node_id}' feeds nothing; connect it to a sink or remove it",
+                "connected",
+            )
+
+
+def _check_operators(ctx: _Context) -> Iterator[Issue]:
+    for n in ctx.nodes:
+        if isinstance(n.spec, OperatorSpec):
+            yield from _check_operator(ctx, n, n.spec)
+
+
+def _check_operator(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterator[Issue]:
+    allowed = _FIELDS_BY_TYPE[op.type]
+    for field in _OPTIONAL_FIELDS:
+        if getattr(op, field) is not None and field not in allowed:
+            yield Issue(ctx.path(n, field), f"not used by an operator of type {op.type}", "field-applies")
+    if op.type in _NEEDS_FN and op.fn is None:
+        yield Issue(ctx.path(n, "fn"), f"an operator of type {op.type} needs 'fn'", "fn-required")
+    if op.fn is not None and not FN_PATTERN.match(op.fn):
+        yield Issue(ctx.path(n, "fn"), _fn_rule_text(op.fn), "fn-format")
+    if op.key is not None:
+        yield from _check_key(ctx, n, op.key, ("key",))
+    if op.type == "key_by" and op.key is None:
+        yield Issue(ctx.path(n, "key"), "key_by needs 'key'", "key-required")
+    if op.type in KEYED_OPERATORS:
+        yield from _check_keyed(ctx, n, op)
+    if op.type == "aggregate" and op.aggregate is None:
+        yield Issue(ctx.path(n, "aggregate"), "aggregate needs 'aggregate'", "aggregate-required")
+    if op.aggregate is not None:
+        if (op.aggregate.kind is None) == (op.aggregate.fn is None):
+            yield Issue(ctx.path(n, "aggregate"), "needs exactly one of 'kind' or 'fn'", "one-of")
+        elif op.aggregate.fn is not None and not FN_PATTERN.match(op.aggregate.fn):
+            yield Issue(ctx.path(n, "aggregate", "fn"), _fn_rule_text(op.aggregate.fn), "fn-format")
+    if op.type == "window":
+        yield from _check_window(ctx, n, op)
+    if op.type == "cep":
+        yield from _check_pattern(ctx, n, op)
+    if op.partitioning is not None and op.type in KEYED_OPERATORS | {"union"}:
+        yield Issue(
+            ctx.path(n, "partitioning"),
+            f"an operator of type {op.type} is partitioned by its type, not by 'partitioning'",
+            "partitioning-applies",
+        )
+    if op.state_version < 1:
+        yield Issue(ctx.path(n, "stateVersion"), f"must be at least 1, got {op.state_version}", "positive")
+
+
+def _check_key(ctx: _Context, n: ResolvedNode, key: KeySpec, at: tuple[str, ...]) -> Iterator[Issue]:
+    if (key.field is None) == (key.fn is None):
+        yield Issue(ctx.path(n, *at), "needs exactly one of 'field' or 'fn'", "one-of")
+    elif key.fn is not None and not FN_PATTERN.match(key.fn):
+        yield Issue(ctx.path(n, *at, "fn"), _fn_rule_text(key.fn), "fn-format")
+
+
+def _check_keyed(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterator[Issue]:
+    keys = input_keys(n, ctx.by_id)
+    if op.key is None and not keys:
+        yield Issue(
+            ctx.path(n, "key"),
+            f"keyed operator '{n.node_id}' ({op.type}) needs a key: set 'key' or read from a key_by",
+            "key-required",
+        )
+    distinct = {k for k in ([op.key] if op.key is not None else []) + keys}
+    if len(distinct) > 1:
+        yield Issue(
+            ctx.path(n, "key"),
+            f"keyed operator '{n.node_id}' gets conflicting keys: "
+            + ", ".join(sorted(_describe_key(k) for k in distinct)),
+            "one-key",
+        )
+
+
+def _check_window(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterator[Issue]:
+    w = op.window
+    if w is None:
+        yield Issue(ctx.path(n, "window"), "a window operator needs 'window'", "window-required")
+        return
+    if w.time is None:
+        yield Issue(
+            ctx.path(n, "window", "time"),
+            "a window needs a time characteristic: 'event' or 'processing'",
+            "window-time",
+        )
+    needed = {"tumbling": ("sizeMs",), "sliding": ("sizeMs", "slideMs"), "session": ("gapMs",)}[w.kind]
+    values = {"sizeMs": w.size_ms, "slideMs": w.slide_ms, "gapMs": w.gap_ms}
+    for field, value in values.items():
+        if field in needed and (value is None or value < 1):
+            yield Issue(
+                ctx.path(n, "window", field),
+                f"a {w.kind} window needs {field} of at least 1",
+                "window-size",
+            )
+        elif field not in needed and value is not None:
+            yield Issue(ctx.path(n, "window", field), f"not used by a {w.kind} window", "field-applies")
+    if w.allowed_lateness_ms < 0:
+        yield Issue(ctx.path(n, "window", "allowedLatenessMs"), "must not be negative", "non-negative")
+    if w.late_output is not None and not ID_PATTERN.match(w.late_output):
+        yield Issue(ctx.path(n, "window", "lateOutput"), _id_rule_text(w.late_output), "id-format")
+    if (op.aggregate is None) == (op.fn is None):
+        yield Issue(
+            ctx.path(n),
+            "a window needs exactly one of 'aggregate' or 'fn' (a function over the window's records)",
+            "one-of",
+        )
+    if w.time == "event":
+        yield from _check_event_time(ctx, n, ("window", "time"))
+
+
+def _check_pattern(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterator[Issue]:
+    p = op.pattern
+    if p is None:
+        yield Issue(ctx.path(n, "pattern"), "a cep operator needs 'pattern'", "pattern-required")
+        return
+    if not p.steps:
+        yield Issue(ctx.path(n, "pattern", "steps"), "a pattern needs at least one step", "pattern-steps")
+    names: set[str] = set()
+    for i, step in enumerate(p.steps):
+        if step.name in names:
+            yield Issue(
+                ctx.path(n, "pattern", "steps", i, "name"),
+                f"duplicate step '{step.name}'",
+                "unique-ids",
+            )
+        names.add(step.name)
+        if not FN_PATTERN.match(step.where):
+            yield Issue(ctx.path(n, "pattern", "steps", i, "where"), _fn_rule_text(step.where), "fn-format")
+    if p.within_ms is None or p.within_ms < 1:
+        yield Issue(ctx.path(n, "pattern", "withinMs"), "a pattern needs withinMs of at least 1", "within")
+    if p.time is None:
+        yield Issue(
+            ctx.path(n, "pattern", "time"),
+            "a pattern needs a time characteristic: 'event' or 'processing'",
+            "window-time",
+        )
+    elif p.time == "event":
+        yield from _check_event_time(ctx, n, ("pattern", "time"))
+
+
+def _check_event_time(ctx: _Context, n: ResolvedNode, at: tuple[str, ...]) -> Iterator[Issue]:
+    for src in _upstream_sources(ctx, n):
+        if isinstance(src.spec, SourceSpec) and src.spec.watermark is None:
+            yield Issue(
+                ctx.path(n, *at),
+                f"event time needs a watermark strategy on source '{src.node_id}'",
+                "event-time-watermarks",
+            )
+
+
+def _check_sources(ctx: _Context) -> Iterator[Issue]:
+    for n in ctx.nodes:
+        if not isinstance(n.spec, SourceSpec):
+            continue
+        kind = SOURCE_TYPES.get(n.type)
+        if kind is None:
+            yield Issue(
+                ctx.path(n, "type"),
+                f"unknown source type '{n.type}' (known: {', '.join(sorted(SOURCE_TYPES))})",
+                "connector-type",
+            )
+        else:
+            yield from _check_config(ctx, n, kind.config)
+        wm = n.spec.watermark
+        if wm is not None:
+            if (wm.timestamp_field is None) == (wm.timestamp_fn is None):
+                yield Issue(
+                    ctx.path(n, "watermark"),
+                    "needs exactly one of 'timestampField' or 'timestampFn'",
+                    "one-of",
+                )
+            if wm.max_out_of_orderness_ms < 0:
+                yield Issue(
+                    ctx.path(n, "watermark", "maxOutOfOrdernessMs"),
+                    "must not be negative",
+                    "non-negative",
+                )
+
+
+def _check_sinks(ctx: _Context) -> Iterator[Issue]:
+    for n in ctx.nodes:
+        if not isinstance(n.spec, SinkSpec):
+            continue
+        kind = SINK_TYPES.get(n.type)
+        if kind is None:
+            yield Issue(
+                ctx.path(n, "type"),
+                f"unknown sink type '{n.type}' (known: {', '.join(sorted(SINK_TYPES))})",
+                "connector-type",
+            )
+        else:
+            yield from _check_config(ctx, n, kind.config)
+
+
+def _check_config(ctx: _Context, n: ResolvedNode, schema: type) -> Iterator[Issue]:
+    config = n.spec.config if isinstance(n.spec, (SourceSpec, SinkSpec)) else {}
+    try:
+        schema.model_validate(config)  # type: ignore[attr-defined]
+    except ValidationError as exc:
+        for err in exc.errors():
+            message = {
+                "missing": "required field is missing",
+                "extra_forbidden": "unknown field",
+            }.get(err["type"], err["msg"])
+            yield Issue(ctx.path(n, "config", *err["loc"]), message, "connector-config")
+
+
+def _check_semantics(ctx: _Context) -> Iterator[Issue]:
+    mode = ctx.loaded.model.semantic_mode
+    sources_ok, sinks_ok = ALLOWED[mode]
+    for n in ctx.nodes:
+        if n.kind == "source" and n.type in SOURCE_TYPES:
+            cap = SOURCE_TYPES[n.type].capability
+            if cap not in sources_ok:
+                yield Issue(
+                    ctx.path(n, "type"),
+                    f"source '{n.node_id}' ({n.type}) is {cap.value}; semanticMode {mode.value}"
+                    f" needs {_either(sources_ok)}",
+                    "semantic-mode",
+                )
+        elif n.kind == "sink" and n.type in SINK_TYPES:
+            sink_cap = SINK_TYPES[n.type].capability
+            if sink_cap not in sinks_ok:
+                yield Issue(
+                    ctx.path(n, "type"),
+                    f"sink '{n.node_id}' ({n.type}) is {sink_cap.value}; semanticMode {mode.value}"
+                    f" needs {_either(sinks_ok)}",
+                    "semantic-mode",
+                )
+
+
+def _check_partitioning(ctx: _Context) -> Iterator[Issue]:
+    for n in ctx.nodes:
+        spec = n.spec
+        if isinstance(spec, (OperatorSpec, SinkSpec)) and spec.partitioning == "forward":
+            for ref in n.inputs:
+                upstream = ctx.by_id.get(ref.node_id)
+                if upstream is not None and upstream.parallelism != n.parallelism:
+                    yield Issue(
+                        ctx.path(n, "partitioning"),
+                        f"forward needs equal parallelism, but '{ref.node_id}' has"
+                        f" {upstream.parallelism} and '{n.node_id}' has {n.parallelism}",
+                        "forward-parallelism",
+                    )
+
+
+def _outputs(node: ResolvedNode) -> set[str]:
+    outputs = {MAIN_OUTPUT}
+    window = node.spec.window if isinstance(node.spec, OperatorSpec) else None
+    if window is not None and window.late_output is not None:
+        outputs.add(window.late_output)
+    return outputs
+
+
+def _upstream_sources(ctx: _Context, node: ResolvedNode) -> list[ResolvedNode]:
+    found: dict[str, ResolvedNode] = {}
+    stack, seen = [node], {node.node_id}
+    while stack:
+        current = stack.pop()
+        for ref in current.inputs:
+            up = ctx.by_id.get(ref.node_id)
+            if up is None or up.node_id in seen:
+                continue
+            seen.add(up.node_id)
+            if up.kind == "source":
+                found[up.node_id] = up
+            stack.append(up)
+    return [found[k] for k in sorted(found)]
+
+
+def _describe_key(key: KeySpec) -> str:
+    return f"field '{key.field}'" if key.field is not None else f"fn '{key.fn}'"
+
+
+def _either(options: frozenset[str]) -> str:
+    names = sorted(str(o) for o in options)
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _id_rule_text(value: str) -> str:
+    return (
+        f"'{value}' is not a valid id: lower-case letters, digits and '-',"
+        " 1 to 40 characters, starting and ending with a letter or digit"
+    )
+
+
+def _fn_rule_text(value: str) -> str:
+    return f"'{value}' is not a function reference of the form 'module:attribute'"
+
+
+_CHECKS: tuple[Check, ...] = (
+    _check_job,
+    _check_ids,
+    _check_parallelism,
+    _check_inputs,
+    _check_cycles,
+    _check_consumed,
+    _check_operators,
+    _check_sources,
+    _check_sinks,
+    _check_semantics,
+    _check_partitioning,
+)

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Install or build, once, the real servers the tests use: etcd (Debian), MinIO
+# (its Go module), the Kubernetes control plane and kubectl (k8s.io/kubernetes at
+# one release) and helm (its Go module). Everything lands in a cache outside the
+# repository; a second run finds it there and only prints what it reused.
+#
+# Usage: scripts/install-servers.sh [etcd] [minio] [kube] [helm]   (default: all)
+set -euo pipefail
+
+CACHE="${NOPSTREAM_CACHE:-$HOME/.cache/nopstream}"
+BIN="$CACHE/bin"
+MINIO_VERSION="v0.0.0-20260212201848-7aac2a2c5b7c"   # minio master of 2026-02-12
+KUBE_VERSION="v1.35.4"
+HELM_VERSION="v3.22.0"
+mkdir -p "$BIN"
+
+log() { printf '[install-servers] %s\n' "$*" >&2; }
+
+timed() {  # timed NAME STAMP-FILE COMMAND...: run COMMAND unless STAMP-FILE exists
+  local name="$1" stamp="$2"; shift 2
+  if [[ -f "$stamp" ]]; then
+    log "$name: cached ($(cat "$stamp"))"
+    return 0
+  fi
+  local start=$SECONDS
+  log "$name: building..."
+  "$@"
+  echo "$name built in $((SECONDS - start))s on $(date -u +%FT%TZ)" > "$stamp"
+  log "$name: built in $((SECONDS - start))s"
+}
+
+install_etcd() {
+  if command -v etcd >/dev/null 2>&1 || [[ -x /usr/bin/etcd ]]; then
+    log "etcd: present ($(etcd --version 2>/dev/null | head -1))"
+    return 0
+  fi
+  local start=$SECONDS
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
+  # Debian starts the packaged service where systemd runs; tests start their own.
+  log "etcd: installed from Debian in $((SECONDS - start))s"
+}
+
+build_minio() {
+  GOBIN="$BIN" go install "github.com/minio/minio@$MINIO_VERSION"
+}
+
+build_helm() {
+  GOBIN="$BIN" go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+}
+
+build_kube() {
+  # k8s.io/kubernetes requires its staging modules at v0.0.0 (they are replaced by
+  # local paths in its own tree), so a module that builds it must replace each one
+  # with the published version of the same release: v1.X.Y -> v0.X.Y.
+  local mod="$CACHE/kube-build-$KUBE_VERSION" staging="v0${KUBE_VERSION#v1}"
+  mkdir -p "$mod"
+  local gomod
+  gomod=$(cd "$mod" && GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" \
+          | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  {
+    echo "module nopstream.local/kubebuild"
+    echo
+    echo "go 1.25"
+    echo
+    echo "require k8s.io/kubernetes $KUBE_VERSION"
+    echo
+    grep -oE '^\s*k8s\.io/[a-z0-9-]+ v0\.0\.0' "$gomod" | awk '{print $1}' | sort -u \
+      | while read -r m; do echo "replace $m => $m $staging"; done
+  } > "$mod/go.mod"
+  cat > "$mod/tools.go" <<'GO'
+//go:build tools
+
+package kubebuild
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
+GO
+  (cd "$mod" && GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>&1 || true)
+  local cmd
+  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+    (cd "$mod" && GOFLAGS=-mod=mod go build -o "$BIN/$cmd" "k8s.io/kubernetes/cmd/$cmd")
+    log "  built $cmd"
+  done
+}
+
+what=("$@")
+[[ ${#what[@]} -gt 0 ]] || what=(etcd minio kube helm)
+for w in "${what[@]}"; do
+  case "$w" in
+    etcd) install_etcd ;;
+    minio) timed "minio $MINIO_VERSION" "$BIN/.minio-$MINIO_VERSION" build_minio ;;
+    helm) timed "helm $HELM_VERSION" "$BIN/.helm-$HELM_VERSION" build_helm ;;
+    kube) timed "kubernetes $KUBE_VERSION" "$BIN/.kube-$KUBE_VERSION" build_kube ;;
+    *) log "unknown server '$w' (known: etcd minio kube helm)"; exit 2 ;;
+  esac
+done
