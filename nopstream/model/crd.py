@@ -42,6 +42,8 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         if key == "additionalProperties" and value is True:
             out["x-kubernetes-preserve-unknown-fields"] = True
             continue
+        if key == "additionalProperties" and value is False:
+            continue  # forbidden in structural schemas; the API server prunes unknown fields
         if key == "properties":
             out[key] = {k: _structural(v, defs) for k, v in value.items()}
             continue

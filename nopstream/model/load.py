@@ -100,13 +100,15 @@ def _parse(data: dict[str, Any], *, prefix: tuple[str, ...]) -> StreamModel:
     try:
         return StreamModel.model_validate(data)
     except ValidationError as exc:
-        raise ModelError(_issues_of(exc, prefix)) from None
+        raise ModelError(pydantic_issues(exc, prefix)) from None
 
 
-def _issues_of(exc: ValidationError, prefix: tuple[str, ...]) -> list[Issue]:
+def pydantic_issues(exc: ValidationError, prefix: tuple[str | int, ...]) -> list[Issue]:
+    """pydantic's errors as Issues under a field path prefix, in the model's words."""
     issues = []
     for err in exc.errors():
         loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
-        message, rule = _PYDANTIC_RULES.get(err["type"], (err["msg"], err["type"]))
+        schema_text = err["msg"].replace("Input should be", "must be", 1)
+        message, rule = _PYDANTIC_RULES.get(err["type"], (schema_text, "schema"))
         issues.append(Issue(format_path((*prefix, *loc)), message, rule))
     return sorted(set(issues))

@@ -15,9 +15,9 @@ from functools import cached_property
 from pydantic import ValidationError
 
 from nopstream.model.capabilities import ALLOWED
-from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES
+from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES, ConnectorConfig
 from nopstream.model.errors import Issue
-from nopstream.model.load import LoadedModel
+from nopstream.model.load import LoadedModel, pydantic_issues
 from nopstream.model.spec import KEYED_OPERATORS, KeySpec, OperatorSpec, SinkSpec, SourceSpec
 from nopstream.plan.nodes import MAIN_OUTPUT, ResolvedNode, input_keys, resolve_nodes
 
@@ -407,17 +407,12 @@ def _check_sinks(ctx: _Context) -> Iterator[Issue]:
             yield from _check_config(ctx, n, kind.config)
 
 
-def _check_config(ctx: _Context, n: ResolvedNode, schema: type) -> Iterator[Issue]:
+def _check_config(ctx: _Context, n: ResolvedNode, schema: type[ConnectorConfig]) -> Iterator[Issue]:
     config = n.spec.config if isinstance(n.spec, (SourceSpec, SinkSpec)) else {}
     try:
-        schema.model_validate(config)  # type: ignore[attr-defined]
+        schema.model_validate(config)
     except ValidationError as exc:
-        for err in exc.errors():
-            message = {
-                "missing": "required field is missing",
-                "extra_forbidden": "unknown field",
-            }.get(err["type"], err["msg"])
-            yield Issue(ctx.path(n, "config", *err["loc"]), message, "connector-config")
+        yield from pydantic_issues(exc, (*ctx.loaded.prefix, "model", n.section, n.index, "config"))
 
 
 def _check_semantics(ctx: _Context) -> Iterator[Issue]:

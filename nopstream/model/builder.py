@@ -1,0 +1,168 @@
+"""The Python builder API: the same StreamModel as YAML, written as chained calls.
+
+    job = JobBuilder("wordcount", parallelism=2)
+    words = job.source("lines", "file", config={"path": "in/*.txt"}).flat_map("wordcount:split", id="split")
+    counts = words.key_by(fn="wordcount:word", id="by-word").aggregate("count", id="count")
+    counts.sink("out", "file", config={"path": "out"}, parallelism=1)
+    model = job.build()
+
+Every operator records its inputs explicitly, so the built model compiles to the
+same plan (and fingerprint) as the equivalent YAML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nopstream.model.spec import (
+    AggregateSpec,
+    GraphSpec,
+    KeySpec,
+    OperatorSpec,
+    PatternSpec,
+    PatternStep,
+    SinkSpec,
+    SourceSpec,
+    StreamModel,
+    WatermarkSpec,
+    WindowSpec,
+)
+
+
+class JobBuilder:
+    """Collects sources, operators and sinks; `build()` returns the StreamModel."""
+
+    def __init__(self, job_id: str, **settings: Any) -> None:
+        """Start a job; `settings` are StreamModel fields (snake_case), e.g. parallelism=2."""
+        self._job_id = job_id
+        self._settings = settings
+        self._sources: list[SourceSpec] = []
+        self._operators: list[OperatorSpec] = []
+        self._sinks: list[SinkSpec] = []
+
+    def source(
+        self,
+        id: str,
+        type: str,
+        *,
+        config: dict[str, Any] | None = None,
+        parallelism: int | None = None,
+        watermark: WatermarkSpec | None = None,
+    ) -> Stream:
+        """Add a source and return its stream."""
+        self._sources.append(
+            SourceSpec(id=id, type=type, config=config or {}, parallelism=parallelism, watermark=watermark)
+        )
+        return Stream(self, id)
+
+    def build(self) -> StreamModel:
+        """The StreamModel of everything added so far."""
+        graph = GraphSpec(sources=self._sources, operators=self._operators, sinks=self._sinks)
+        return StreamModel.model_validate({"job_id": self._job_id, **self._settings, "graph": graph})
+
+    def _add(self, op: OperatorSpec) -> Stream:
+        self._operators.append(op)
+        return Stream(self, op.id or f"operators-{len(self._operators) - 1}")
+
+
+@dataclass(frozen=True)
+class Stream:
+    """The output of one node (or one of its side outputs), to chain operators on."""
+
+    job: JobBuilder
+    ref: str
+
+    def _op(self, type: str, inputs: list[str] | None = None, **fields: Any) -> Stream:
+        return self.job._add(
+            OperatorSpec.model_validate({"type": type, "inputs": inputs or [self.ref], **fields})
+        )
+
+    def map(self, fn: str, *, id: str | None = None, parallelism: int | None = None) -> Stream:
+        """One record out for each record in."""
+        return self._op("map", fn=fn, id=id, parallelism=parallelism)
+
+    def filter(self, fn: str, *, id: str | None = None, parallelism: int | None = None) -> Stream:
+        """Keep the records for which `fn` is true."""
+        return self._op("filter", fn=fn, id=id, parallelism=parallelism)
+
+    def flat_map(self, fn: str, *, id: str | None = None, parallelism: int | None = None) -> Stream:
+        """Zero or more records out for each record in."""
+        return self._op("flat_map", fn=fn, id=id, parallelism=parallelism)
+
+    def key_by(self, *, field: str | None = None, fn: str | None = None, id: str | None = None) -> Stream:
+        """Partition by a key; the next keyed operator keeps its state per key."""
+        return self._op("key_by", key=KeySpec(field=field, fn=fn), id=id)
+
+    def reduce(
+        self, fn: str, *, id: str, key: KeySpec | None = None, parallelism: int | None = None
+    ) -> Stream:
+        """Fold each key's records with `fn(accumulator, record)`."""
+        return self._op("reduce", fn=fn, id=id, key=key, parallelism=parallelism)
+
+    def aggregate(
+        self,
+        aggregate: str | AggregateSpec,
+        *,
+        id: str,
+        key: KeySpec | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """A running aggregate per key: count/sum/min/max/avg or a function."""
+        return self._op("aggregate", aggregate=aggregate, id=id, key=key, parallelism=parallelism)
+
+    def union(self, *others: Stream, id: str | None = None, parallelism: int | None = None) -> Stream:
+        """Merge this stream with others."""
+        return self._op("union", inputs=[self.ref, *(o.ref for o in others)], id=id, parallelism=parallelism)
+
+    def window(
+        self,
+        window: WindowSpec,
+        *,
+        id: str,
+        aggregate: str | AggregateSpec | None = None,
+        fn: str | None = None,
+        key: KeySpec | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """Group each key's records into windows and emit one result per window."""
+        return self._op(
+            "window", window=window, aggregate=aggregate, fn=fn, id=id, key=key, parallelism=parallelism
+        )
+
+    def process(
+        self, fn: str, *, id: str, key: KeySpec | None = None, parallelism: int | None = None
+    ) -> Stream:
+        """A keyed process function with state and timers (`fn` names its class)."""
+        return self._op("process", fn=fn, id=id, key=key, parallelism=parallelism)
+
+    def cep(
+        self,
+        steps: list[PatternStep],
+        *,
+        id: str,
+        within_ms: int,
+        time: str,
+        key: KeySpec | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """Match a pattern sequence per key within a time bound."""
+        pattern = PatternSpec(steps=steps, within_ms=within_ms, time=time)
+        return self._op("cep", pattern=pattern, id=id, key=key, parallelism=parallelism)
+
+    def side_output(self, name: str) -> Stream:
+        """A named side output of this node (a window's late records)."""
+        return Stream(self.job, f"{self.ref}:{name}")
+
+    def sink(
+        self,
+        id: str,
+        type: str,
+        *,
+        config: dict[str, Any] | None = None,
+        parallelism: int | None = None,
+    ) -> None:
+        """Write this stream to a sink."""
+        self.job._sinks.append(
+            SinkSpec(id=id, type=type, inputs=[self.ref], config=config or {}, parallelism=parallelism)
+        )
