@@ -66,7 +66,7 @@ build_kube() {
     echo
     echo "require k8s.io/kubernetes $KUBE_VERSION"
     echo
-    grep -oE '^\s*k8s\.io/[a-z0-9-]+ v0\.0\.0' "$gomod" | awk '{print $1}' | sort -u \
+    grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" | awk '{print $1}' | sort -u \
       | while read -r m; do echo "replace $m => $m $staging"; done
   } > "$mod/go.mod"
   cat > "$mod/tools.go" <<'GO'

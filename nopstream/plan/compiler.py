@@ -13,7 +13,7 @@ from typing import Any
 
 from nopstream.model.errors import Issue, ModelError
 from nopstream.model.load import LoadedModel
-from nopstream.plan.canonical import canonical_json, fingerprint, from_plain, to_plain
+from nopstream.plan.canonical import fingerprint, from_plain, plain_json, to_plain
 from nopstream.plan.deployment import DeploymentPlan, build_deployment_plan
 from nopstream.plan.jobgraph import JobGraph, build_job_graph
 from nopstream.plan.partitioned import PartitionedPlan, build_partitioned_plan
@@ -68,8 +68,9 @@ def layer_name(plan: Plan) -> str:
 
 def dump_document(plan: Plan) -> str:
     """The plan document of a plan, as canonical JSON text."""
-    doc = {"layer": layer_name(plan), "fingerprint": fingerprint(plan), "plan": to_plain(plan)}
-    return canonical_json(doc).decode("utf-8")
+    plain = to_plain(plan)
+    doc = {"layer": layer_name(plan), "fingerprint": fingerprint(plan), "plan": plain}
+    return plain_json(doc).decode("utf-8")
 
 
 def load_document(text: str, *, origin: str = "<plan>") -> Plan:

@@ -10,7 +10,7 @@ equal and is all-to-all otherwise; SINGLETON joins every upstream subtask to sub
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from nopstream.plan.jobgraph import JobEdge, JobGraph, JobVertex
 from nopstream.plan.keys import shard_range
@@ -63,13 +63,16 @@ class Vertex:
     subtasks: tuple[Subtask, ...]
 
 
-@dataclass(frozen=True)
-class Channel:
-    """One ordered connection from an upstream subtask to a downstream subtask."""
+class Channel(NamedTuple):
+    """One ordered connection from an upstream subtask to a downstream subtask.
+
+    A NamedTuple, not a dataclass: plans hold tens of thousands of them, and plan
+    documents write each as `[upstream, downstream, index]`.
+    """
 
     upstream: int
     downstream: int
-    index: int
+    channel_index: int
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ class Edge:
 
     def channel_id(self, channel: Channel) -> str:
         """The channel identity `edgeId/upstream/downstream/channelIndex`."""
-        return f"{self.edge_id}/{channel.upstream}/{channel.downstream}/{channel.index}"
+        return f"{self.edge_id}/{channel.upstream}/{channel.downstream}/{channel.channel_index}"
 
 
 @dataclass(frozen=True)

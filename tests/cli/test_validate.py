@@ -47,8 +47,7 @@ FAMILIES = {
         "spec.model.operators[0].type: must be 'map', 'filter', 'flat_map', 'key_by', 'reduce',"
         " 'aggregate', 'union', 'window', 'process' or 'cep' (rule: schema)",
         "spec.model.sources[0].paralelism: unknown field (rule: known-fields)",
-        "spec.stateShardCount: must be a valid integer, unable to parse string as an integer"
-        " (rule: schema)",
+        "spec.stateShardCount: must be a valid integer, unable to parse string as an integer (rule: schema)",
     ],
 }
 
@@ -91,7 +90,9 @@ def test_yaml_syntax_error_names_line_and_column(nopstream, tmp_path):
 
 def test_bare_model_needs_job_id(nopstream, tmp_path):
     bare = tmp_path / "bare.yaml"
-    bare.write_text("model: {sources: [{id: s, type: generator}], sinks: [{id: o, type: file, config: {path: o}}]}\n")
+    bare.write_text(
+        "model: {sources: [{id: s, type: generator}], sinks: [{id: o, type: file, config: {path: o}}]}\n"
+    )
     result = nopstream("validate", str(bare))
     assert result.code == 1
     assert result.err.splitlines()[1] == "  jobId: required in a bare StreamModel file (rule: job-id)"

@@ -6,7 +6,6 @@ from typing import Any
 
 from nopstream.model.load import load_data, load_file
 from nopstream.plan import compiler
-
 from tests.conftest import EXAMPLES
 
 

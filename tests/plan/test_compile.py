@@ -10,7 +10,6 @@ from nopstream.plan import compiler
 from nopstream.plan.canonical import fingerprint
 from nopstream.plan.keys import owner_of_shard
 from nopstream.plan.streamgraph import EdgePolicy
-
 from tests.conftest import EXAMPLES, ROOT
 from tests.plan.conftest import compile_data, compile_example, linear
 
@@ -176,7 +175,11 @@ def test_default_ids_inputs_and_parallelism():
         ("operators-1", 2),
         ("out", 3),
     ]
-    assert [e.edge_id for e in stream.edges] == ["src->operators-0", "operators-0->operators-1", "operators-1->out"]
+    assert [e.edge_id for e in stream.edges] == [
+        "src->operators-0",
+        "operators-0->operators-1",
+        "operators-1->out",
+    ]
     assert stream.identity.checkpoint_namespace == "defaults/main"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -9,7 +10,6 @@ import sys
 import pytest
 
 from nopstream.plan.keys import encode_key, owner_of_shard, shard_of, shard_range, stable_hash
-
 from tests.conftest import ROOT
 
 # Test vectors of policy blake2b64-v1 (docs/hashing.md); they never change. Each was
@@ -48,7 +48,7 @@ def test_ranges_are_contiguous_and_owner_matches(shards, parallelism):
         return
     ranges = [shard_range(i, parallelism, shards) for i in range(parallelism)]
     assert ranges[0][0] == 0 and ranges[-1][1] == shards
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
     for s in range(shards):
         lo, hi = ranges[owner_of_shard(s, parallelism, shards)]
         assert lo <= s < hi

@@ -31,7 +31,10 @@ def models(draw: st.DrawFn) -> dict[str, Any]:
         kind = draw(st.sampled_from(["stateless", "key_by", "keyed", "union"]))
         op: dict[str, Any] = {"id": f"o{i}", "parallelism": draw(par)}
         if kind == "union" and len(nodes) >= 2:
-            op.update(type="union", inputs=draw(st.lists(st.sampled_from(nodes), min_size=2, max_size=3, unique=True)))
+            op.update(
+                type="union",
+                inputs=draw(st.lists(st.sampled_from(nodes), min_size=2, max_size=3, unique=True)),
+            )
         elif kind == "key_by":
             op.update(type="key_by", inputs=[draw(st.sampled_from(nodes))], key={"field": "k"})
             key_bys.add(op["id"])

@@ -1,0 +1,104 @@
+"""Validation rules not covered by the example files: all issues at once, effectively-once."""
+
+from __future__ import annotations
+
+import pytest
+
+from nopstream.model import connectors
+from nopstream.model.capabilities import SinkCapability
+from nopstream.model.load import load_data
+from nopstream.plan.validation import validate
+from tests.plan.conftest import linear
+
+
+def messages(data) -> list[str]:
+    return [str(i) for i in validate(load_data(data))]
+
+
+def test_all_issues_are_reported_at_once():
+    data = linear(
+        {"id": "Bad_Id", "type": "map", "fn": "nocolon"},
+        {
+            "id": "w",
+            "type": "window",
+            "key": {"field": "k", "fn": "m:f"},
+            "window": {"kind": "sliding", "sizeMs": 0},
+        },
+        parallelism=0,
+    )
+    assert messages(data) == [
+        "model.operators[0].fn: 'nocolon' is not a function reference of the form 'module:attribute'"
+        " (rule: fn-format)",
+        "model.operators[0].id: 'Bad_Id' is not a valid id: lower-case letters, digits and '-', 1 to 40"
+        " characters, starting and ending with a letter or digit (rule: id-format)",
+        "model.operators[1]: a window needs exactly one of 'aggregate' or 'fn' (a function over the window's"
+        " records) (rule: one-of)",
+        "model.operators[1].key: needs exactly one of 'field' or 'fn' (rule: one-of)",
+        "model.operators[1].window.sizeMs: a sliding window needs sizeMs of at least 1 (rule: window-size)",
+        "model.operators[1].window.slideMs: a sliding window needs slideMs of at least 1 (rule: window-size)",
+        "model.operators[1].window.time: a window needs a time characteristic: 'event' or 'processing'"
+        " (rule: window-time)",
+        "parallelism: must be at least 1, got 0 (rule: positive)",
+    ]
+
+
+def test_event_time_needs_a_watermark_and_keyed_parallelism_fits_the_shards():
+    data = linear(
+        {
+            "id": "w",
+            "type": "window",
+            "key": {"field": "k"},
+            "aggregate": "count",
+            "parallelism": 9,
+            "window": {"kind": "session", "gapMs": 5, "time": "event"},
+        },
+        stateShardCount=8,
+    )
+    assert messages(data) == [
+        "model.operators[0].parallelism: keyed operator parallelism 9 exceeds stateShardCount 8"
+        " (rule: shards-per-subtask)",
+        "model.operators[0].window.time: event time needs a watermark strategy on source 'src'"
+        " (rule: event-time-watermarks)",
+    ]
+
+
+def test_forward_needs_equal_parallelism_and_fields_must_apply():
+    data = linear(
+        {
+            "id": "m",
+            "type": "map",
+            "fn": "m:f",
+            "parallelism": 3,
+            "partitioning": "forward",
+            "window": {"kind": "tumbling", "sizeMs": 1, "time": "event"},
+        }
+    )
+    assert messages(data) == [
+        "model.operators[0].partitioning: forward needs equal parallelism, but 'src' has 2 and 'm' has 3"
+        " (rule: forward-parallelism)",
+        "model.operators[0].window: not used by an operator of type map (rule: field-applies)",
+    ]
+
+
+@pytest.fixture
+def idempotent_sink(monkeypatch):
+    """A catalogue entry for an IDEMPOTENT sink type: only the rule is under test, no sink runs."""
+    entry = connectors.SinkType("kv", SinkCapability.IDEMPOTENT, connectors.StdoutSinkConfig)
+    monkeypatch.setitem(connectors.SINK_TYPES, "kv", entry)
+
+
+def test_idempotent_sinks_need_effectively_once(idempotent_sink):
+    data = linear()
+    data["model"]["sinks"] = [{"id": "kv", "type": "kv", "inputs": ["src"]}]
+    assert messages(data) == [
+        "model.sinks[0].type: sink 'kv' (kv) is IDEMPOTENT; semanticMode STRICT_EXACTLY_ONCE needs"
+        " OUTBOX_EPOCH_LOG, STAGED_ATOMIC_COMMIT or TWO_PHASE_COMMIT (rule: semantic-mode)"
+    ]
+    data["semanticMode"] = "EFFECTIVELY_ONCE"
+    assert messages(data) == []
+
+
+def test_at_least_once_sink_is_accepted_when_chosen_explicitly():
+    data = linear(semanticMode="AT_LEAST_ONCE")
+    data["model"]["sinks"] = [{"id": "console", "type": "stdout", "inputs": ["src"]}]
+    assert messages(data) == []
