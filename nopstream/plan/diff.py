@@ -14,7 +14,7 @@ from nopstream.plan.canonical import to_plain
 from nopstream.plan.compiler import Plan
 from nopstream.plan.partitioned import Edge, PartitionedPlan, Vertex
 
-_ID_FIELDS = ("vertexId", "edgeId", "nodeId", "taskId", "operatorId")
+_ID_FIELDS = ("taskId", "edgeId", "nodeId", "operatorId", "vertexId")  # most specific first
 
 
 def diff(old: Plan, new: Plan) -> list[str]:

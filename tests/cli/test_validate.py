@@ -119,3 +119,17 @@ def test_usage_errors_exit_2(nopstream):
     assert nopstream("validate").code == 2
     assert nopstream("plan", "x.yaml", "--layer", "nope").code == 2
     assert nopstream("frobnicate").code == 2
+
+
+def test_json_input_is_accepted(nopstream, tmp_path):
+    import json
+
+    import yaml
+
+    manifest = yaml.safe_load((EXAMPLES / "wordcount.yaml").read_text())
+    path = tmp_path / "wordcount.json"
+    path.write_text(json.dumps(manifest))
+    yaml_fp = nopstream("validate", str(EXAMPLES / "wordcount.yaml")).out.splitlines()[1]
+    result = nopstream("validate", str(path))
+    assert result.code == 0
+    assert result.out.splitlines()[1] == yaml_fp

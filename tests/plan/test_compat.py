@@ -145,3 +145,19 @@ def test_diff_command_prints_diff_and_verdict(nopstream, tmp_path):
     assert refused.code == 1
     assert "verdict: REFUSED" in refused.out.splitlines()
     assert "  edge 'by-word->count': key fn 'wordcount:word' -> field 'w'" in refused.out.splitlines()
+
+
+def test_diff_of_the_other_layers_names_fields_by_path():
+    from nopstream.plan.diff import diff
+
+    old, new = wordcount(), wordcount()
+    new["parallelism"] = 3
+    new["image"] = "registry.local/wc:2"
+    a, b = compile_data(old), compile_data(new)
+    stream = diff(a.stream, b.stream)
+    assert "nodes['count'].parallelism: 2 -> 3" in stream
+    assert "nodes['count'].spec.parallelism: 2 -> 3" in stream
+    deployment = diff(a.deployment, b.deployment)
+    assert "image: 'nopstream/runtime:0.1.0' -> 'registry.local/wc:2'" in deployment
+    assert "tasks['wordcount/main/count/2'] added" in deployment
+    assert diff(a.job, a.job) == []
