@@ -42,3 +42,48 @@ def run_nopstream(*args: str, env: dict[str, str] | None = None, cwd: Path = ROO
 def nopstream():
     """The command runner, as a fixture."""
     return run_nopstream
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory):
+    """A real etcd server shared by the session; tests use their own key prefixes."""
+    from e2e import servers
+
+    server = servers.start_etcd(tmp_path_factory.mktemp("etcd"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def minio_server(tmp_path_factory):
+    """A real MinIO server shared by the session; each test gets its own bucket."""
+    from e2e import servers
+
+    server = servers.start_minio(tmp_path_factory.mktemp("minio"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def minio_client(minio_server):
+    """A `minio.Minio` client for the session's server."""
+    from minio import Minio
+
+    return Minio(
+        minio_server.endpoint,
+        access_key=minio_server.access_key,
+        secret_key=minio_server.secret_key,
+        secure=False,
+    )
+
+
+@pytest.fixture
+def bucket(minio_client, request):
+    """A fresh bucket for this test, named after it."""
+    import re
+    import secrets
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    name = f"{name}-{secrets.token_hex(3)}"
+    minio_client.make_bucket(name)
+    return name

@@ -1,0 +1,241 @@
+"""Real servers for tests, started on free loopback ports in temporary directories.
+
+Every server is a child process in its own session, stopped by PID (SIGTERM, then
+SIGKILL after a grace period) when its context ends, and on interpreter exit as a
+last resort, so no test leaves a process behind. Binaries come from
+`scripts/install-servers.sh`: Debian's etcd, and MinIO built into the cache.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CACHE = Path(os.environ.get("NOPSTREAM_CACHE", Path.home() / ".cache" / "nopstream"))
+BIN = CACHE / "bin"
+
+_RUNNING: dict[int, subprocess.Popen[bytes]] = {}
+
+
+class ServerError(RuntimeError):
+    """A server could not be found, started, or made ready."""
+
+
+def binary(name: str) -> str:
+    """The path of a server binary: the cache first, then PATH; ServerError when absent."""
+    cached = BIN / name
+    if cached.exists():
+        return str(cached)
+    found = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
+    if found is None:
+        raise ServerError(f"{name} is not installed: run scripts/install-servers.sh")
+    return found
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on `host` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Process:
+    """A child process in its own session, with its log file."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        """The child's PID."""
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        """Whether the process is still running."""
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 30) -> str:
+        """The last lines of its log."""
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+    def signal(self, sig: int) -> None:
+        """Send a signal to the process (not its group)."""
+        if self.alive():
+            os.kill(self.pid, sig)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM the process group, then SIGKILL after `grace` seconds; reap it."""
+        stop_popen(self.popen, grace)
+
+
+def stop_popen(popen: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """Stop a child started in its own session, by PID, and forget it."""
+    _RUNNING.pop(popen.pid, None)
+    if popen.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(popen.pid, signal.SIGTERM)
+    try:
+        popen.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait(10)
+
+
+def spawn(name: str, argv: list[str], *, log: Path, env: dict[str, str] | None = None,
+          cwd: Path | None = None) -> Process:
+    """Start `argv` in its own session with stdout and stderr going to `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        popen = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            start_new_session=True,
+        )
+    _RUNNING[popen.pid] = popen
+    return Process(name, popen, log)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for popen in list(_RUNNING.values()):
+        stop_popen(popen, grace=5)
+
+
+def wait_until(what: str, ready: Callable[[], bool], *, process: Process | None = None,
+               timeout: float = 60.0) -> None:
+    """Poll `ready` until it is true; ServerError with the log tail on timeout or exit."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and not process.alive():
+            raise ServerError(f"{what}: exited with {process.popen.returncode}\n{process.tail()}")
+        with contextlib.suppress(OSError, urllib.error.URLError, ConnectionError):
+            if ready():
+                return
+        time.sleep(0.1)
+    tail = process.tail() if process else ""
+    raise ServerError(f"{what}: not ready after {timeout:.0f}s\n{tail}")
+
+
+def http_ok(url: str, expect: bytes | None = None) -> bool:
+    """Whether GET `url` answers 200 (and contains `expect` when given)."""
+    with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 (loopback test URL)
+        body: bytes = resp.read()
+        return resp.status == 200 and (expect is None or expect in body)
+
+
+@dataclass
+class Etcd:
+    """A single-member etcd server on loopback."""
+
+    process: Process
+    client_url: str
+    data_dir: Path
+
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        """(host, port) of the client URL."""
+        host, port = self.client_url.removeprefix("http://").split(":")
+        return host, int(port)
+
+    def stop(self) -> None:
+        """Stop the server by PID."""
+        self.process.stop()
+
+
+def start_etcd(workdir: Path, *, name: str = "etcd", data_dir: Path | None = None,
+               client_port: int | None = None) -> Etcd:
+    """Start etcd in `workdir` (or on an existing data dir and port, to restart it)."""
+    client = client_port or free_port()
+    peer = free_port()
+    data = data_dir or workdir / f"{name}-data"
+    url = f"http://127.0.0.1:{client}"
+    argv = [
+        binary("etcd"),
+        "--name", name,
+        "--data-dir", str(data),
+        "--listen-client-urls", url,
+        "--advertise-client-urls", url,
+        "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+        "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+        "--initial-cluster", f"{name}=http://127.0.0.1:{peer}",
+        "--listen-metrics-urls", f"http://127.0.0.1:{free_port()}",
+    ]
+    proc = spawn(name, argv, log=workdir / f"{name}.log", env={"ETCD_LOG_LEVEL": "warn"})
+    wait_until(name, lambda: http_ok(f"{url}/health", b'"health":"true"'), process=proc)
+    return Etcd(proc, url, data)
+
+
+@dataclass
+class Minio:
+    """A single-drive MinIO server on loopback with generated credentials."""
+
+    process: Process
+    endpoint: str
+    access_key: str
+    secret_key: str
+    data_dir: Path = field(repr=False)
+
+    @property
+    def url(self) -> str:
+        """The server's HTTP URL."""
+        return f"http://{self.endpoint}"
+
+    def stop(self) -> None:
+        """Stop the server by PID."""
+        self.process.stop()
+
+
+def start_minio(workdir: Path) -> Minio:
+    """Start MinIO with a temporary data directory and fresh credentials."""
+    port, console = free_port(), free_port()
+    access, secret = f"nop{secrets.token_hex(4)}", secrets.token_hex(16)
+    data = workdir / "minio-data"
+    data.mkdir(parents=True, exist_ok=True)
+    argv = [
+        binary("minio"), "server", str(data),
+        "--address", f"127.0.0.1:{port}",
+        "--console-address", f"127.0.0.1:{console}",
+        "--quiet",
+    ]
+    env = {
+        "MINIO_ROOT_USER": access,
+        "MINIO_ROOT_PASSWORD": secret,
+        "MINIO_BROWSER": "off",
+        "MINIO_UPDATE": "off",
+        "HOME": str(workdir),
+    }
+    proc = spawn("minio", argv, log=workdir / "minio.log", env=env)
+    wait_until("minio", lambda: http_ok(f"http://127.0.0.1:{port}/minio/health/ready"), process=proc)
+    return Minio(proc, f"127.0.0.1:{port}", access, secret, data)
+
+
+@contextlib.contextmanager
+def running(server: Etcd | Minio) -> Iterator[Etcd | Minio]:
+    """Yield a started server and stop it by PID afterwards."""
+    try:
+        yield server
+    finally:
+        server.stop()
