@@ -100,8 +100,9 @@ def stop_popen(popen: subprocess.Popen[bytes], grace: float = 10.0) -> None:
         popen.wait(10)
 
 
-def spawn(name: str, argv: list[str], *, log: Path, env: dict[str, str] | None = None,
-          cwd: Path | None = None) -> Process:
+def spawn(
+    name: str, argv: list[str], *, log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Process:
     """Start `argv` in its own session with stdout and stderr going to `log`."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
@@ -124,8 +125,9 @@ def _stop_all() -> None:
         stop_popen(popen, grace=5)
 
 
-def wait_until(what: str, ready: Callable[[], bool], *, process: Process | None = None,
-               timeout: float = 60.0) -> None:
+def wait_until(
+    what: str, ready: Callable[[], bool], *, process: Process | None = None, timeout: float = 60.0
+) -> None:
     """Poll `ready` until it is true; ServerError with the log tail on timeout or exit."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -141,7 +143,7 @@ def wait_until(what: str, ready: Callable[[], bool], *, process: Process | None 
 
 def http_ok(url: str, expect: bytes | None = None) -> bool:
     """Whether GET `url` answers 200 (and contains `expect` when given)."""
-    with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 (loopback test URL)
+    with urllib.request.urlopen(url, timeout=2) as resp:
         body: bytes = resp.read()
         return resp.status == 200 and (expect is None or expect in body)
 
@@ -165,8 +167,9 @@ class Etcd:
         self.process.stop()
 
 
-def start_etcd(workdir: Path, *, name: str = "etcd", data_dir: Path | None = None,
-               client_port: int | None = None) -> Etcd:
+def start_etcd(
+    workdir: Path, *, name: str = "etcd", data_dir: Path | None = None, client_port: int | None = None
+) -> Etcd:
     """Start etcd in `workdir` (or on an existing data dir and port, to restart it)."""
     client = client_port or free_port()
     peer = free_port()
@@ -174,14 +177,22 @@ def start_etcd(workdir: Path, *, name: str = "etcd", data_dir: Path | None = Non
     url = f"http://127.0.0.1:{client}"
     argv = [
         binary("etcd"),
-        "--name", name,
-        "--data-dir", str(data),
-        "--listen-client-urls", url,
-        "--advertise-client-urls", url,
-        "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-        "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-        "--initial-cluster", f"{name}=http://127.0.0.1:{peer}",
-        "--listen-metrics-urls", f"http://127.0.0.1:{free_port()}",
+        "--name",
+        name,
+        "--data-dir",
+        str(data),
+        "--listen-client-urls",
+        url,
+        "--advertise-client-urls",
+        url,
+        "--listen-peer-urls",
+        f"http://127.0.0.1:{peer}",
+        "--initial-advertise-peer-urls",
+        f"http://127.0.0.1:{peer}",
+        "--initial-cluster",
+        f"{name}=http://127.0.0.1:{peer}",
+        "--listen-metrics-urls",
+        f"http://127.0.0.1:{free_port()}",
     ]
     proc = spawn(name, argv, log=workdir / f"{name}.log", env={"ETCD_LOG_LEVEL": "warn"})
     wait_until(name, lambda: http_ok(f"{url}/health", b'"health":"true"'), process=proc)
@@ -215,9 +226,13 @@ def start_minio(workdir: Path) -> Minio:
     data = workdir / "minio-data"
     data.mkdir(parents=True, exist_ok=True)
     argv = [
-        binary("minio"), "server", str(data),
-        "--address", f"127.0.0.1:{port}",
-        "--console-address", f"127.0.0.1:{console}",
+        binary("minio"),
+        "server",
+        str(data),
+        "--address",
+        f"127.0.0.1:{port}",
+        "--console-address",
+        f"127.0.0.1:{console}",
         "--quiet",
     ]
     env = {

@@ -82,9 +82,17 @@ import (
 )
 GO
   (cd "$mod" && GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>&1 || true)
+  # Stamp the release into the binaries, as the Kubernetes release build does, so
+  # /version and `kubectl version` report it (helm reads it).
+  local minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
+  local pkg ldflags=""
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
   local cmd
   for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
-    (cd "$mod" && GOFLAGS=-mod=mod go build -o "$BIN/$cmd" "k8s.io/kubernetes/cmd/$cmd")
+    (cd "$mod" && GOFLAGS=-mod=mod go build -ldflags "$ldflags" -o "$BIN/$cmd" "k8s.io/kubernetes/cmd/$cmd")
     log "  built $cmd"
   done
 }
@@ -96,7 +104,7 @@ for w in "${what[@]}"; do
     etcd) install_etcd ;;
     minio) timed "minio $MINIO_VERSION" "$BIN/.minio-$MINIO_VERSION" build_minio ;;
     helm) timed "helm $HELM_VERSION" "$BIN/.helm-$HELM_VERSION" build_helm ;;
-    kube) timed "kubernetes $KUBE_VERSION" "$BIN/.kube-$KUBE_VERSION" build_kube ;;
+    kube) timed "kubernetes $KUBE_VERSION" "$BIN/.kube-$KUBE_VERSION-stamped" build_kube ;;
     *) log "unknown server '$w' (known: etcd minio kube helm)"; exit 2 ;;
   esac
 done
