@@ -47,7 +47,9 @@ build_minio() {
 }
 
 build_helm() {
-  GOBIN="$BIN" go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  # Stamp the release, as helm's own build does, so `helm version` reports it.
+  GOBIN="$BIN" go install -ldflags "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 }
 
 build_kube() {
@@ -103,7 +105,7 @@ for w in "${what[@]}"; do
   case "$w" in
     etcd) install_etcd ;;
     minio) timed "minio $MINIO_VERSION" "$BIN/.minio-$MINIO_VERSION" build_minio ;;
-    helm) timed "helm $HELM_VERSION" "$BIN/.helm-$HELM_VERSION" build_helm ;;
+    helm) timed "helm $HELM_VERSION" "$BIN/.helm-$HELM_VERSION-stamped" build_helm ;;
     kube) timed "kubernetes $KUBE_VERSION" "$BIN/.kube-$KUBE_VERSION-stamped" build_kube ;;
     *) log "unknown server '$w' (known: etcd minio kube helm)"; exit 2 ;;
   esac
