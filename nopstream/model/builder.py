@@ -95,10 +95,16 @@ class Stream:
         return self._op("key_by", key=KeySpec(field=field, fn=fn), id=id)
 
     def reduce(
-        self, fn: str, *, id: str, key: KeySpec | None = None, parallelism: int | None = None
+        self,
+        fn: str,
+        *,
+        id: str,
+        key: KeySpec | None = None,
+        parallelism: int | None = None,
+        emit: str | None = None,
     ) -> Stream:
-        """Fold each key's records with `fn(accumulator, record)`."""
-        return self._op("reduce", fn=fn, id=id, key=key, parallelism=parallelism)
+        """Fold each key's records with `fn(accumulator, record)`; emit rolling or final values."""
+        return self._op("reduce", fn=fn, id=id, key=key, parallelism=parallelism, emit=emit)
 
     def aggregate(
         self,
@@ -107,9 +113,10 @@ class Stream:
         id: str,
         key: KeySpec | None = None,
         parallelism: int | None = None,
+        emit: str | None = None,
     ) -> Stream:
-        """A running aggregate per key: count/sum/min/max/avg or a function."""
-        return self._op("aggregate", aggregate=aggregate, id=id, key=key, parallelism=parallelism)
+        """An aggregate per key (count/sum/min/max/avg or a function); rolling or final values."""
+        return self._op("aggregate", aggregate=aggregate, id=id, key=key, parallelism=parallelism, emit=emit)
 
     def union(self, *others: Stream, id: str | None = None, parallelism: int | None = None) -> Stream:
         """Merge this stream with others."""

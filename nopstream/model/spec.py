@@ -138,6 +138,7 @@ class OperatorSpec(Spec):
     window: WindowSpec | None = None
     pattern: PatternSpec | None = None
     partitioning: Partitioning | None = None
+    emit: Literal["rolling", "final"] | None = None
     state_version: int = 1
 
 

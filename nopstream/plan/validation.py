@@ -29,14 +29,14 @@ _FIELDS_BY_TYPE: dict[str, frozenset[str]] = {
     "filter": frozenset({"fn"}),
     "flat_map": frozenset({"fn"}),
     "key_by": frozenset({"key"}),
-    "reduce": frozenset({"fn", "key"}),
-    "aggregate": frozenset({"aggregate", "key"}),
+    "reduce": frozenset({"fn", "key", "emit"}),
+    "aggregate": frozenset({"aggregate", "key", "emit"}),
     "union": frozenset(),
     "window": frozenset({"window", "key", "aggregate", "fn"}),
     "process": frozenset({"fn", "key"}),
     "cep": frozenset({"pattern", "key"}),
 }
-_OPTIONAL_FIELDS = ("fn", "key", "aggregate", "window", "pattern")
+_OPTIONAL_FIELDS = ("fn", "key", "aggregate", "window", "pattern", "emit")
 _NEEDS_FN = frozenset({"map", "filter", "flat_map", "reduce", "process"})
 
 

@@ -58,6 +58,7 @@ def test_crd_is_accepted_and_a_streamjob_round_trips(cluster):
         "type": "aggregate",
         "inputs": ["by-word"],
         "aggregate": "count",
+        "emit": "final",
         "stateVersion": 1,
     }
     assert got["spec"]["semanticMode"] == "STRICT_EXACTLY_ONCE"

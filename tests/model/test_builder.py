@@ -31,7 +31,9 @@ def test_wordcount_both_ways():
     )
     words = job.source("lines", "file", config={"path": "examples/data/wordcount/*.txt", "format": "text"})
     counts = words.flat_map("wordcount:split", id="split").key_by(fn="wordcount:word", id="by-word")
-    counts.aggregate("count", id="count").sink("out", "file", config={"path": "out/wordcount"}, parallelism=1)
+    counts.aggregate("count", id="count", emit="final").sink(
+        "out", "file", config={"path": "out/wordcount"}, parallelism=1
+    )
     same_as_example(job.build(), "wordcount")
 
 
