@@ -1,6 +1,7 @@
-"""The `nopstream` command: validate, plan, diff and crd (run comes with the runtime).
+"""The `nopstream` command: run, validate, plan, diff, crd (and `task`, for the runner).
 
-Exit codes: 0 ok, 1 invalid input (or a refused change for `diff`), 2 usage error.
+Exit codes: 0 ok, 1 invalid input (or a refused change for `diff`), 2 usage error,
+3 the job failed while running.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import yaml
 
@@ -19,11 +21,23 @@ from nopstream.plan import compat, compiler, diff, render
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_USAGE = 2
+EXIT_JOB_FAILED = 3
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nopstream", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("run", help="run a job on this machine (the embedded default)")
+    p.add_argument("file")
+    p.add_argument("--in-process", action="store_true", help="all tasks in this process over local queues")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument("--workdir", default=".nopstream", help="run files and logs (default .nopstream)")
+    p = sub.add_parser("task", help=argparse.SUPPRESS)
+    p.add_argument("--plan", required=True)
+    p.add_argument("--task", required=True)
+    p.add_argument("--control", required=True)
+    p.add_argument("--run", type=int, required=True)
+    p.add_argument("--attempt", required=True)
     p = sub.add_parser("validate", help="check a StreamJob or StreamModel file; list every issue")
     p.add_argument("file")
     p = sub.add_parser("plan", help="compile a model and print one plan layer")
@@ -83,6 +97,54 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return EXIT_INVALID if verdict.change is compat.ChangeKind.REFUSED else EXIT_OK
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a job to completion on this machine; exit 3 with the task's error when it fails."""
+    from nopstream.local import runner
+
+    loaded = load_file(args.file)
+    plans = compiler.compile_model(loaded, backend="local", namespace="local")
+    job_dir = str(Path(args.file).resolve().parent)
+    options = runner.RunOptions(
+        in_process=args.in_process, quiet=args.quiet, workdir=Path(args.workdir), python_path=(job_dir,)
+    )
+    try:
+        result = runner.run_job(plans, options)
+    except runner.JobFailed as failure:
+        print(f"job '{plans.partitioned.identity.job_id}' failed: {failure}", file=sys.stderr)
+        return EXIT_JOB_FAILED
+    if not args.quiet:
+        print(f"job '{plans.partitioned.identity.job_id}' finished in {result.seconds:.2f}s", file=sys.stderr)
+        for sink in _sinks(plans):
+            print(f"  sink '{sink}' wrote to {sink_location(plans, sink)}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _sinks(plans: compiler.CompiledPlans) -> list[str]:
+    return [op.node_id for op in plans.partitioned.operators().values() if op.kind == "sink"]
+
+
+def sink_location(plans: compiler.CompiledPlans, sink_id: str) -> str:
+    """Where a sink's output goes, in words."""
+    node = plans.partitioned.operators()[sink_id]
+    config = node.spec.get("config", {})
+    if node.type == "file":
+        return str(Path(config["path"]).resolve())
+    if node.type == "s3":
+        return f"s3://{config['bucket']}/{config.get('prefix', '')}"
+    return node.type
+
+
+def cmd_task(args: argparse.Namespace) -> int:
+    """Run one task process of the local runner."""
+    import asyncio
+
+    from nopstream.local import worker
+
+    settings = worker.WorkerSettings(Path(args.plan), args.task, args.control, args.run, args.attempt)
+    asyncio.run(worker.serve(settings))
+    return EXIT_OK
+
+
 def cmd_crd(args: argparse.Namespace) -> int:
     """Print the StreamJob CRD as YAML."""
     print(dump_crd(), end="")
@@ -95,7 +157,14 @@ def dump_crd() -> str:
     return header + yaml.safe_dump(crd.streamjob_crd(), sort_keys=False, width=100)
 
 
-_COMMANDS = {"validate": cmd_validate, "plan": cmd_plan, "diff": cmd_diff, "crd": cmd_crd}
+_COMMANDS = {
+    "run": cmd_run,
+    "task": cmd_task,
+    "validate": cmd_validate,
+    "plan": cmd_plan,
+    "diff": cmd_diff,
+    "crd": cmd_crd,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,143 @@
+"""The `file` source and sink.
+
+Source (REPLAYABLE): the files matching a glob, one split per file, each read to its
+end as text lines or JSON lines. Split `path` belongs to subtask
+`stableHash(path) mod parallelism` (the plan's hash-mod policy). Cursor: the byte
+offset of the next line (an exclusive cut). `snapshot` returns every split's cursor
+and the enumerator state (discovered and finished files); `restore` resumes each
+split at its cursor. With `discoveryIntervalMs` the source never ends and picks up
+new files as they appear; files are taken as complete once visible.
+
+Sink: one output file per sink subtask, `{path}/{operatorId}-{subtask}.{jsonl|txt}`,
+written as batches arrive and flushed at end of input. (Exactly-once staging and
+commit come with the checkpoint protocol.)
+"""
+
+from __future__ import annotations
+
+import glob
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from nopstream.plan.keys import stable_hash
+from nopstream.runtime.frames import Batch
+
+_READ_HINT = 1 << 16
+
+
+class FileSource:
+    """Reads the files of one source subtask."""
+
+    def __init__(self, config: dict[str, Any], *, subtask: int, parallelism: int) -> None:
+        """Discover the files of this subtask."""
+        self.pattern = config["path"]
+        self.jsonl = config.get("format", "text") == "jsonl"
+        self.discovery_ms = config.get("discoveryIntervalMs")
+        self.subtask = subtask
+        self.parallelism = parallelism
+        self.cursors: dict[str, int] = {}
+        self.finished: set[str] = set()
+        self._queue: list[str] = []
+        self._current: Any = None
+        self._current_path: str | None = None
+        self._last_discovery = 0.0
+        self._discover()
+
+    def _mine(self, path: str) -> bool:
+        return stable_hash(path) % self.parallelism == self.subtask
+
+    def _discover(self) -> None:
+        self._last_discovery = time.monotonic()
+        for path in sorted(glob.glob(self.pattern, recursive=True)):
+            if Path(path).is_file() and path not in self.cursors and self._mine(path):
+                self.cursors[path] = 0
+                self._queue.append(path)
+
+    def read(self, max_records: int) -> Batch | None:
+        """Up to `max_records` lines of the current file (a few more may come at a buffer edge)."""
+        while True:
+            if self._current is None:
+                due = (time.monotonic() - self._last_discovery) * 1000 >= (self.discovery_ms or 0)
+                if not self._queue and self.discovery_ms is not None and due:
+                    self._discover()
+                if not self._queue:
+                    return None if self.discovery_ms is None else Batch([])
+                self._open(self._queue.pop(0))
+            lines = self._current.readlines(_READ_HINT if max_records >= 256 else 1)
+            if not lines:
+                self._close_current(finished=True)
+                continue
+            assert self._current_path is not None
+            self.cursors[self._current_path] += sum(len(line) for line in lines)
+            return Batch(self._records(lines))
+
+    def _records(self, lines: list[bytes]) -> list[Any]:
+        if self.jsonl:
+            return [orjson.loads(line) for line in lines if line.strip()]
+        return [line.decode("utf-8").rstrip("\r\n") for line in lines]
+
+    def _open(self, path: str) -> None:
+        self._current = open(path, "rb")  # noqa: SIM115 (kept open across reads)
+        self._current.seek(self.cursors[path])
+        self._current_path = path
+
+    def _close_current(self, *, finished: bool) -> None:
+        if self._current is not None:
+            self._current.close()
+            if finished and self._current_path is not None:
+                self.finished.add(self._current_path)
+        self._current = None
+        self._current_path = None
+
+    def snapshot(self) -> dict[str, Any]:
+        """Cursor of every split and the enumerator's discovered and finished files."""
+        return {"cursors": dict(self.cursors), "finished": sorted(self.finished)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Resume every split at its cursor; finished files are not read again."""
+        self._close_current(finished=False)
+        self.cursors = {p: int(c) for p, c in state.get("cursors", {}).items() if self._mine(p)}
+        self.finished = {p for p in state.get("finished", []) if self._mine(p)}
+        self._queue = sorted(p for p in self.cursors if p not in self.finished)
+        self._discover()
+
+    def close(self) -> None:
+        """Close the open file."""
+        self._close_current(finished=False)
+
+
+class FileSink:
+    """Writes one output file per sink subtask."""
+
+    def __init__(self, config: dict[str, Any], *, operator_id: str, subtask: int) -> None:
+        """Open `{path}/{operatorId}-{subtask}.{ext}` for writing."""
+        directory = Path(config["path"])
+        directory.mkdir(parents=True, exist_ok=True)
+        self.jsonl = config.get("format", "jsonl") == "jsonl"
+        self.path = directory / f"{operator_id}-{subtask}.{'jsonl' if self.jsonl else 'txt'}"
+        self._file = open(self.path, "wb")  # noqa: SIM115 (kept open until finish)
+        self.written = 0
+
+    def write(self, batch: Batch) -> None:
+        """Append the batch's records, one per line."""
+        if self.jsonl:
+            data = b"".join(orjson.dumps(r) + b"\n" for r in batch.records)
+        else:
+            data = "".join(f"{r}\n" for r in batch.records).encode("utf-8")
+        self._file.write(data)
+        self.written += len(batch.records)
+
+    def snapshot(self) -> dict[str, Any]:
+        """How many records were written."""
+        return {"written": self.written}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Nothing to resume before staged commits exist."""
+
+    def finish(self) -> None:
+        """Flush and close the file."""
+        self._file.flush()
+        self._file.close()

@@ -1,0 +1,89 @@
+"""The `generator` source (REPLAYABLE): deterministic records from a seed.
+
+Split `split-n` of S produces the record indexes n, n+S, n+2S, ... below `count`
+(forever when `count` is unset). A record depends only on its index and the seed, so
+a replay from a cursor (the next index) gives the same records. Kinds: `sequence`
+(the index), `words` (a line of `wordsPerLine` words from a `vocabulary` of
+`w0`..`wN`), `events` (`{"key": "k{i mod keys}", "value": i, "ts": 10 * i}`).
+`ratePerSecond` paces the whole source (each split takes its share).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from nopstream.runtime.frames import Batch
+
+_MASK = (1 << 64) - 1
+
+
+def mix(x: int) -> int:
+    """splitmix64: a fast, well-spread 64-bit mix."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+class GeneratorSource:
+    """Generates the records of the splits assigned to one subtask."""
+
+    def __init__(self, config: dict[str, Any], splits: tuple[str, ...], *, total_splits: int) -> None:
+        """Prepare the cursors of `splits` (`split-n` names)."""
+        self.kind = config.get("kind", "sequence")
+        self.count = config.get("count")
+        self.seed = int(config.get("seed", 0))
+        self.vocabulary = int(config.get("vocabulary", 10_000))
+        self.words_per_line = int(config.get("wordsPerLine", 10))
+        self.keys = int(config.get("keys", 100))
+        rate = config.get("ratePerSecond")
+        self.rate = None if rate is None else float(rate) * len(splits) / max(total_splits, 1)
+        self.stride = total_splits
+        self.cursors = {s: int(s.rsplit("-", 1)[1]) for s in splits}
+        self._started = time.monotonic()
+        self._emitted = 0
+
+    def record(self, index: int) -> Any:
+        """The record at an index."""
+        if self.kind == "sequence":
+            return index
+        if self.kind == "events":
+            return {"key": f"k{index % self.keys}", "value": index, "ts": 10 * index}
+        base = mix(self.seed ^ (index * 0x100000001B3))
+        return " ".join(f"w{mix(base + j) % self.vocabulary}" for j in range(self.words_per_line))
+
+    def read(self, max_records: int) -> Batch | None:
+        """The next records, split after split in turn; None when all are done."""
+        live = [s for s, i in self.cursors.items() if self.count is None or i < self.count]
+        if not live:
+            return None
+        if self.rate is not None:
+            allowed = int((time.monotonic() - self._started) * self.rate) - self._emitted
+            if allowed <= 0:
+                return Batch([])
+            max_records = min(max_records, allowed)
+        out: list[Any] = []
+        per_split = max(1, max_records // len(live))
+        for split in live:
+            i = self.cursors[split]
+            end = i + per_split * self.stride
+            if self.count is not None:
+                end = min(end, self.count)
+            out.extend(self.record(j) for j in range(i, end, self.stride))
+            self.cursors[split] = i + len(range(i, end, self.stride)) * self.stride
+        self._emitted += len(out)
+        return Batch(out)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The next index of every split."""
+        return {"cursors": dict(self.cursors)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Resume every split at its cursor."""
+        for split, cursor in state.get("cursors", {}).items():
+            if split in self.cursors:
+                self.cursors[split] = int(cursor)
+
+    def close(self) -> None:
+        """Nothing to release."""

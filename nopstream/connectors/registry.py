@@ -1,0 +1,42 @@
+"""The connector factory: builds each source and sink type of the model's catalogue."""
+
+from __future__ import annotations
+
+from nopstream.connectors.files import FileSink, FileSource
+from nopstream.connectors.generator import GeneratorSource
+from nopstream.connectors.stdout import StdoutSink
+from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES
+from nopstream.plan.partitioned import SourceSplits
+from nopstream.plan.streamgraph import StreamNode
+from nopstream.runtime.connectors import SinkWriter, SourceReader
+
+
+class Connectors:
+    """Builds readers and writers for the connector types this build implements."""
+
+    def source(
+        self, node: StreamNode, splits: SourceSplits, *, subtask: int, parallelism: int
+    ) -> SourceReader:
+        """The reader of one source subtask."""
+        config = node.spec.get("config", {})
+        if node.type == "file":
+            return FileSource(config, subtask=subtask, parallelism=parallelism)
+        if node.type == "generator":
+            assignment = splits.assignment or ()
+            total = sum(len(a) for a in assignment)
+            return GeneratorSource(config, assignment[subtask], total_splits=total)
+        raise NotImplementedError(
+            f"source type '{node.type}' ({SOURCE_TYPES[node.type].capability}) is not"
+            " implemented by this build"
+        )
+
+    def sink(self, node: StreamNode, *, subtask: int, parallelism: int) -> SinkWriter:
+        """The writer of one sink subtask."""
+        config = node.spec.get("config", {})
+        if node.type == "file":
+            return FileSink(config, operator_id=node.node_id, subtask=subtask)
+        if node.type == "stdout":
+            return StdoutSink(config)
+        raise NotImplementedError(
+            f"sink type '{node.type}' ({SINK_TYPES[node.type].capability}) is not implemented by this build"
+        )

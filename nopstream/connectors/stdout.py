@@ -1,0 +1,40 @@
+"""The `stdout` sink (AT_LEAST_ONCE): records printed as they arrive, one per line.
+
+It cannot take back what it printed, so after a recovery records since the last
+durable epoch are printed again; the compiler refuses it under STRICT_EXACTLY_ONCE.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import orjson
+
+from nopstream.runtime.frames import Batch
+
+
+class StdoutSink:
+    """Prints records to the task's standard output."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        """Print as JSON lines or as text."""
+        self.jsonl = config.get("format", "jsonl") == "jsonl"
+
+    def write(self, batch: Batch) -> None:
+        """Print the batch."""
+        if self.jsonl:
+            sys.stdout.buffer.write(b"".join(orjson.dumps(r) + b"\n" for r in batch.records))
+        else:
+            sys.stdout.write("".join(f"{r}\n" for r in batch.records))
+
+    def snapshot(self) -> dict[str, Any]:
+        """No state."""
+        return {}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """No state."""
+
+    def finish(self) -> None:
+        """Flush standard output."""
+        sys.stdout.flush()

@@ -1,0 +1,110 @@
+"""The local runner's control server: where task processes register, report and find each other.
+
+JSON over HTTP on loopback:
+  POST /register {taskId, attempt, run, endpoint}    a task's server is up
+  GET  /endpoint?task=ID                              that task's endpoint (waits until known)
+  POST /stats {taskId, recordsIn, recordsOut, watermark}
+  POST /done {taskId}  |  POST /failed {taskId, error}
+  GET  /run                                           the current run
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class TaskReport:
+    """What the runner knows of one task."""
+
+    endpoint: str | None = None
+    attempt: str | None = None
+    records_in: int = 0
+    records_out: int = 0
+    watermark: int | None = None
+    done: bool = False
+    error: str | None = None
+    registered: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class ControlServer:
+    """Registry and reports of the task processes of one run."""
+
+    def __init__(self, task_ids: list[str], *, run: int) -> None:
+        """Expect these tasks, in run `run`."""
+        self.run = run
+        self.tasks = {t: TaskReport() for t in task_ids}
+        self.changed = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> str:
+        """Serve on a free loopback port; returns the base URL."""
+        app = web.Application()
+        app.router.add_post("/register", self._register)
+        app.router.add_get("/endpoint", self._endpoint)
+        app.router.add_post("/stats", self._stats)
+        app.router.add_post("/done", self._done)
+        app.router.add_post("/failed", self._failed)
+        app.router.add_get("/run", self._run)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop serving."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def _report(self, body: dict[str, Any]) -> TaskReport:
+        task = self.tasks.get(body.get("taskId", ""))
+        if task is None:
+            raise web.HTTPNotFound(text=f"unknown task {body.get('taskId')!r}")
+        return task
+
+    async def _register(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if int(body["run"]) != self.run:
+            raise web.HTTPConflict(text=f"stale run {body['run']}: the current run is {self.run}")
+        task = self._report(body)
+        task.endpoint, task.attempt = body["endpoint"], body["attempt"]
+        task.registered.set()
+        return web.json_response({"ok": True})
+
+    async def _endpoint(self, request: web.Request) -> web.Response:
+        task = self._report({"taskId": request.query.get("task", "")})
+        try:
+            await asyncio.wait_for(task.registered.wait(), 60)
+        except TimeoutError:
+            raise web.HTTPGatewayTimeout(text=f"task {request.query['task']} did not register") from None
+        return web.json_response({"endpoint": task.endpoint})
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        task = self._report(body)
+        task.records_in, task.records_out = int(body["recordsIn"]), int(body["recordsOut"])
+        task.watermark = body.get("watermark")
+        return web.json_response({"ok": True})
+
+    async def _done(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self._report(body).done = True
+        self.changed.set()
+        return web.json_response({"ok": True})
+
+    async def _failed(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self._report(body).error = str(body.get("error", "unknown error"))
+        self.changed.set()
+        return web.json_response({"ok": True})
+
+    async def _run(self, request: web.Request) -> web.Response:
+        return web.json_response({"run": self.run})

@@ -1,0 +1,70 @@
+"""Every task of a plan in one process, over `local` channels (`nopstream run --in-process`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from nopstream.connectors.registry import Connectors
+from nopstream.plan.partitioned import PartitionedPlan
+from nopstream.runtime.connectors import ConnectorFactory
+from nopstream.runtime.gate import InputChannel, InputGate
+from nopstream.runtime.task import Task, TaskListener, TaskSettings
+from nopstream.runtime.transport import LocalNetwork, LocalOutput, TransportSettings
+
+
+class _LocalIO:
+    """TaskIO over one shared LocalNetwork."""
+
+    def __init__(self, network: LocalNetwork) -> None:
+        self.network = network
+
+    def input(
+        self, gate: InputGate, channel_id: str, *, edge_id: str, input_index: int, upstream: int
+    ) -> InputChannel:
+        return self.network.input(
+            gate, channel_id, edge_id=edge_id, input_index=input_index, upstream=upstream
+        )
+
+    async def output(self, channel_id: str, downstream_task: str) -> LocalOutput:
+        return self.network.output(channel_id)
+
+
+def build_tasks(
+    plan: PartitionedPlan,
+    *,
+    connectors: ConnectorFactory | None = None,
+    listener: TaskListener | None = None,
+    settings: TaskSettings | None = None,
+    transport: TransportSettings | None = None,
+    clock: Callable[[], int] | None = None,
+) -> list[Task]:
+    """One Task per subtask of the plan, joined by a LocalNetwork."""
+    network = LocalNetwork(transport) if transport is not None else LocalNetwork()
+    io = _LocalIO(network)
+    factory = connectors or Connectors()
+    extra: dict[str, Any] = {"clock": clock} if clock is not None else {}
+    return [
+        Task(
+            plan,
+            v.vertex_id,
+            s.index,
+            io=io,
+            connectors=factory,
+            listener=listener,
+            settings=settings,
+            **extra,
+        )
+        for v in plan.vertices
+        for s in v.subtasks
+    ]
+
+
+async def run_tasks(tasks: list[Task]) -> None:
+    """Connect and run every task; the first failure cancels the others and is raised."""
+    for task in tasks:
+        await task.connect()
+    async with asyncio.TaskGroup() as group:
+        for task in tasks:
+            group.create_task(task.run(), name=task.task_id)

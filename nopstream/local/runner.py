@@ -1,0 +1,232 @@
+"""The single-machine runner behind `nopstream run`: the embedded default.
+
+Multi-process (the default): one OS process per task, talking over http channels on
+loopback and reporting to a control server in this process. In-process
+(`--in-process`): every task in this process over local queues. A bounded job ends
+when every task has finished; the first task that fails stops the others and the
+run fails with that task's error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from nopstream.local import inprocess
+from nopstream.local.control import ControlServer
+from nopstream.plan import compiler
+from nopstream.plan.partitioned import PartitionedPlan
+
+
+class JobFailed(RuntimeError):
+    """A task of the job failed; the message names it and carries its error."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run: in one process or many, where to keep run files, what to show."""
+
+    in_process: bool = False
+    quiet: bool = False
+    workdir: Path = Path(".nopstream")
+    python_path: tuple[str, ...] = ()
+    progress: TextIO | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a finished run reports."""
+
+    seconds: float
+    records_in: dict[str, int]
+    records_out: dict[str, int]
+
+
+def run_job(plans: compiler.CompiledPlans, options: RunOptions) -> RunResult:
+    """Run a compiled job to completion; JobFailed when a task fails."""
+    for path in options.python_path:
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    if options.in_process:
+        return asyncio.run(_run_in_process(plans.partitioned, options))
+    return asyncio.run(_run_processes(plans.partitioned, options))
+
+
+async def _run_in_process(plan: PartitionedPlan, options: RunOptions) -> RunResult:
+    started = time.monotonic()
+    tasks = inprocess.build_tasks(plan)
+    progress = _Progress(
+        plan,
+        options,
+        lambda: {
+            t.task_id: (t.metrics.records_in, t.metrics.records_out, t.metrics.watermark) for t in tasks
+        },
+    )
+    ticker = asyncio.create_task(progress.loop(), name="progress")
+    try:
+        await inprocess.run_tasks(tasks)
+    except* Exception as group:
+        raise JobFailed(f"task failed: {group.exceptions[0]!r}") from group.exceptions[0]
+    finally:
+        ticker.cancel()
+        await asyncio.gather(ticker, return_exceptions=True)
+        progress.done()
+    return _result(plan, started, {t.task_id: (t.metrics.records_in, t.metrics.records_out) for t in tasks})
+
+
+async def _run_processes(plan: PartitionedPlan, options: RunOptions) -> RunResult:
+    started = time.monotonic()
+    run = 1
+    run_dir = options.workdir / "runs" / plan.identity.job_id / f"run-{run}"
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    plan_path = run_dir / "plan.json"
+    plan_path.write_text(compiler.dump_document(plan))
+    control = ControlServer(list(plan.task_ids()), run=run)
+    await control.start()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*options.python_path, *filter(None, [env.get("PYTHONPATH")])])
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for i, task_id in enumerate(plan.task_ids()):
+            log_path = run_dir / "logs" / f"{task_id.replace('/', '_')}.log"
+            with open(log_path, "wb") as log:
+                procs[task_id] = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "nopstream.cli",
+                        "task",
+                        "--plan",
+                        str(plan_path),
+                        "--task",
+                        task_id,
+                        "--control",
+                        control.url,
+                        "--run",
+                        str(run),
+                        "--attempt",
+                        f"r{run}-a{i}",
+                    ],
+                    stdout=None,
+                    stderr=log,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                )
+        progress = _Progress(
+            plan,
+            options,
+            lambda: {t: (r.records_in, r.records_out, r.watermark) for t, r in control.tasks.items()},
+        )
+        ticker = asyncio.create_task(progress.loop(), name="progress")
+        try:
+            await _supervise(procs, control, run_dir)
+        finally:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+            progress.done()
+    finally:
+        _stop(procs)
+        await control.stop()
+    return _result(plan, started, {t: (r.records_in, r.records_out) for t, r in control.tasks.items()})
+
+
+async def _supervise(
+    procs: dict[str, subprocess.Popen[bytes]], control: ControlServer, run_dir: Path
+) -> None:
+    while True:
+        for task_id, report in control.tasks.items():
+            if report.error is not None:
+                raise JobFailed(f"task {task_id} failed:\n{report.error.rstrip()}")
+        for task_id, proc in procs.items():
+            code = proc.poll()
+            if code is not None and code != 0:
+                log = (run_dir / "logs" / f"{task_id.replace('/', '_')}.log").read_text(errors="replace")
+                tail = "\n".join(log.splitlines()[-15:])
+                raise JobFailed(f"task {task_id} exited with {code}:\n{tail}")
+        if all(p.poll() == 0 for p in procs.values()) and all(r.done for r in control.tasks.values()):
+            return
+        control.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(control.changed.wait(), 0.1)
+
+
+def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Stop every task process by PID: SIGTERM, then SIGKILL after 5 seconds."""
+    live = [p for p in procs.values() if p.poll() is None]
+    for p in live:
+        p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    for p in live:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _result(plan: PartitionedPlan, started: float, counts: dict[str, tuple[int, int]]) -> RunResult:
+    per_in: dict[str, int] = {}
+    per_out: dict[str, int] = {}
+    for v in plan.vertices:
+        per_in[v.vertex_id] = sum(counts.get(s.task_id, (0, 0))[0] for s in v.subtasks)
+        per_out[v.vertex_id] = sum(counts.get(s.task_id, (0, 0))[1] for s in v.subtasks)
+    return RunResult(time.monotonic() - started, per_in, per_out)
+
+
+class _Progress:
+    """A one-line progress display on a terminal: records/s in and out per vertex, watermarks."""
+
+    def __init__(
+        self,
+        plan: PartitionedPlan,
+        options: RunOptions,
+        sample: Callable[[], dict[str, tuple[int, int, int | None]]],
+    ) -> None:
+        self.plan = plan
+        self.sample = sample
+        self.out = options.progress if options.progress is not None else sys.stderr
+        self.enabled = not options.quiet and (options.progress is not None or sys.stderr.isatty())
+        self._last: dict[str, tuple[int, int]] = {}
+        self._shown = False
+
+    async def loop(self) -> None:
+        if not self.enabled:
+            return
+        last_time = time.monotonic()
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            self.show(now - last_time)
+            last_time = now
+
+    def show(self, elapsed: float) -> None:
+        counts = self.sample()
+        parts = []
+        for v in self.plan.vertices:
+            rin = sum(counts.get(s.task_id, (0, 0, None))[0] for s in v.subtasks)
+            rout = sum(counts.get(s.task_id, (0, 0, None))[1] for s in v.subtasks)
+            marks = [counts.get(s.task_id, (0, 0, None))[2] for s in v.subtasks]
+            before = self._last.get(v.vertex_id, (0, 0))
+            self._last[v.vertex_id] = (rin, rout)
+            rate_in, rate_out = (rin - before[0]) / elapsed, (rout - before[1]) / elapsed
+            text = f"{v.vertex_id} in {rate_in:,.0f}/s out {rate_out:,.0f}/s"
+            if any(m is not None for m in marks):
+                text += f" wm {min(m for m in marks if m is not None)}"
+            parts.append(text)
+        self.out.write("\r" + " | ".join(parts) + "\x1b[K")
+        self.out.flush()
+        self._shown = True
+
+    def done(self) -> None:
+        if self._shown:
+            self.out.write("\n")
+            self.out.flush()

@@ -1,0 +1,67 @@
+"""What the task asks of source readers and sink writers; `nopstream.connectors` implements it.
+
+The runtime depends on these protocols only; the runner passes a `ConnectorFactory`
+that builds the reader or writer of a node's connector type.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from nopstream.plan.partitioned import SourceSplits
+from nopstream.plan.streamgraph import StreamNode
+from nopstream.runtime.frames import Batch
+
+
+class SourceReader(Protocol):
+    """Reads the splits assigned to one source subtask, batch by batch."""
+
+    def read(self, max_records: int) -> Batch | None:
+        """Up to `max_records` records; an empty batch when none are ready; None when finished."""
+        ...
+
+    def snapshot(self) -> dict[str, Any]:
+        """Split cursors (exclusive: the next record to read) and enumerator state."""
+        ...
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Resume from a snapshot."""
+        ...
+
+    def close(self) -> None:
+        """Release files and connections."""
+        ...
+
+
+class SinkWriter(Protocol):
+    """Writes the batches that reach one sink subtask."""
+
+    def write(self, batch: Batch) -> None:
+        """Write a batch."""
+        ...
+
+    def snapshot(self) -> dict[str, Any]:
+        """The sink's state at a barrier."""
+        ...
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Resume from a snapshot."""
+        ...
+
+    def finish(self) -> None:
+        """End of input: make everything written visible and release resources."""
+        ...
+
+
+class ConnectorFactory(Protocol):
+    """Builds source readers and sink writers by connector type."""
+
+    def source(
+        self, node: StreamNode, splits: SourceSplits, *, subtask: int, parallelism: int
+    ) -> SourceReader:
+        """The reader of one source subtask."""
+        ...
+
+    def sink(self, node: StreamNode, *, subtask: int, parallelism: int) -> SinkWriter:
+        """The writer of one sink subtask."""
+        ...

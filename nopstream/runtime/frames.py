@@ -1,0 +1,174 @@
+"""Channel frames and their binary encoding: pure code, no I/O.
+
+A channel carries, in order: record batches, watermarks, barriers and one
+end-of-input marker; the receiver sends credits back. Binary layout (big-endian):
+
+    BATCH      0x01 | u8 has_timestamps | u32 n | n x i64 timestamps (if any) | codec bytes
+    WATERMARK  0x02 | u8 idle | i64 timestamp
+    BARRIER    0x03 | u64 epoch | u8 kind (0 checkpoint, 1 savepoint, 2 final)
+    END        0x04
+    CREDIT     0x05 | u64 units
+    HELLO      0x06 | JSON {job, pipeline, run, attempt, channel}
+    WELCOME    0x07
+    REFUSED    0x08 | UTF-8 reason
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from nopstream.runtime.codec import Codec
+
+BATCH, WATERMARK, BARRIER, END, CREDIT, HELLO, WELCOME, REFUSED = range(1, 9)
+BARRIER_KINDS = ("checkpoint", "savepoint", "final")
+MIN_TIMESTAMP = -(2**63)
+MAX_TIMESTAMP = 2**63 - 1
+
+
+class FrameError(ValueError):
+    """Bytes that are not a valid frame."""
+
+
+@dataclass(slots=True)
+class Batch:
+    """Records in channel order, with their event timestamps when the job has event time."""
+
+    records: list[Any]
+    timestamps: list[int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """Event time has reached `timestamp` on this channel (or the channel is idle)."""
+
+    timestamp: int
+    idle: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """Epoch `epoch`'s cut on this channel."""
+
+    epoch: int
+    kind: str = "checkpoint"
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfInput:
+    """No more frames will follow on this channel."""
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    """The receiver consumed `units` more and lets the sender send that much again."""
+
+    units: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """The first frame of a channel: who is connecting, for which run."""
+
+    job: str
+    pipeline: str
+    run: int
+    attempt: str
+    channel: str
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """The receiver accepted the handshake."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The receiver refused the handshake, and why."""
+
+    reason: str
+
+
+Frame = Batch | Watermark | Barrier | EndOfInput
+Control = Credit | Hello | Welcome | Refused
+DATA_FRAMES = (Batch, Watermark, Barrier, EndOfInput)
+
+_I64 = struct.Struct(">q")
+_U64 = struct.Struct(">Q")
+_WM = struct.Struct(">Bq")
+_BARRIER = struct.Struct(">QB")
+_BATCH_HEAD = struct.Struct(">BI")
+
+
+def encode(frame: Frame | Control, codec: Codec) -> bytes:
+    """The bytes of a frame."""
+    if isinstance(frame, Batch):
+        if frame.timestamps is None:
+            return bytes((BATCH,)) + _BATCH_HEAD.pack(0, 0) + codec.encode(frame.records)
+        n = len(frame.timestamps)
+        return b"".join(
+            (
+                bytes((BATCH,)),
+                _BATCH_HEAD.pack(1, n),
+                struct.pack(f">{n}q", *frame.timestamps),
+                codec.encode(frame.records),
+            )
+        )
+    if isinstance(frame, Watermark):
+        return bytes((WATERMARK,)) + _WM.pack(int(frame.idle), frame.timestamp)
+    if isinstance(frame, Barrier):
+        return bytes((BARRIER,)) + _BARRIER.pack(frame.epoch, BARRIER_KINDS.index(frame.kind))
+    if isinstance(frame, EndOfInput):
+        return bytes((END,))
+    if isinstance(frame, Credit):
+        return bytes((CREDIT,)) + _U64.pack(frame.units)
+    if isinstance(frame, Hello):
+        body = {
+            "job": frame.job,
+            "pipeline": frame.pipeline,
+            "run": frame.run,
+            "attempt": frame.attempt,
+            "channel": frame.channel,
+        }
+        return bytes((HELLO,)) + json.dumps(body, sort_keys=True).encode()
+    if isinstance(frame, Welcome):
+        return bytes((WELCOME,))
+    return bytes((REFUSED,)) + frame.reason.encode()
+
+
+def decode(data: bytes, codec: Codec) -> Frame | Control:
+    """A frame from its bytes; FrameError when they are not one."""
+    if not data:
+        raise FrameError("empty frame")
+    kind = data[0]
+    try:
+        if kind == BATCH:
+            has_ts, n = _BATCH_HEAD.unpack_from(data, 1)
+            offset = 1 + _BATCH_HEAD.size
+            timestamps = None
+            if has_ts:
+                timestamps = list(struct.unpack_from(f">{n}q", data, offset))
+                offset += 8 * n
+            return Batch(codec.decode(data[offset:]), timestamps)
+        if kind == WATERMARK:
+            idle, ts = _WM.unpack_from(data, 1)
+            return Watermark(ts, bool(idle))
+        if kind == BARRIER:
+            epoch, barrier_kind = _BARRIER.unpack_from(data, 1)
+            return Barrier(epoch, BARRIER_KINDS[barrier_kind])
+        if kind == END:
+            return EndOfInput()
+        if kind == CREDIT:
+            return Credit(_U64.unpack_from(data, 1)[0])
+        if kind == HELLO:
+            body: dict[str, Any] = json.loads(data[1:])
+            return Hello(body["job"], body["pipeline"], int(body["run"]), body["attempt"], body["channel"])
+        if kind == WELCOME:
+            return Welcome()
+        if kind == REFUSED:
+            return Refused(data[1:].decode())
+    except (struct.error, ValueError, KeyError, IndexError) as exc:
+        raise FrameError(f"bad frame of kind {kind}: {exc}") from None
+    raise FrameError(f"unknown frame kind {kind}")

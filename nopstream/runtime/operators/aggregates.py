@@ -1,0 +1,164 @@
+"""Keyed aggregates and reduce: a running value per key, emitted rolling or at the end.
+
+`emit: rolling` (the default, Flink's semantics) emits `{"key", "value"}` for every
+input record with the key's updated value; `emit: final` emits each key's value
+once, at end of input. Accumulators are plain data, so they snapshot as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from nopstream.runtime.frames import Batch
+from nopstream.runtime.functions import resolve
+from nopstream.runtime.keyed import key_function
+from nopstream.runtime.operators.base import Context, KeyedOperator, empty_like
+
+
+class Aggregator(Protocol):
+    """create / add / merge / result over plain-data accumulators."""
+
+    def create(self) -> Any:
+        """A fresh accumulator."""
+        ...
+
+    def add(self, acc: Any, record: Any) -> Any:
+        """The accumulator with one more record."""
+        ...
+
+    def merge(self, a: Any, b: Any) -> Any:
+        """Two accumulators combined (session windows merge)."""
+        ...
+
+    def result(self, acc: Any) -> Any:
+        """The value an accumulator stands for."""
+        ...
+
+
+class _Builtin:
+    def __init__(self, kind: str, field: str | None) -> None:
+        self.kind = kind
+        self.field = field
+
+    def value(self, record: Any) -> Any:
+        return record[self.field] if self.field is not None else record
+
+    def create(self) -> Any:
+        return [0, 0] if self.kind == "avg" else (0 if self.kind in ("count", "sum") else None)
+
+    def add(self, acc: Any, record: Any) -> Any:
+        kind = self.kind
+        if kind == "count":
+            return acc + 1
+        v = self.value(record)
+        if kind == "sum":
+            return acc + v
+        if kind == "min":
+            return v if acc is None or v < acc else acc
+        if kind == "max":
+            return v if acc is None or v > acc else acc
+        return [acc[0] + v, acc[1] + 1]
+
+    def merge(self, a: Any, b: Any) -> Any:
+        kind = self.kind
+        if kind in ("count", "sum"):
+            return a + b
+        if kind == "avg":
+            return [a[0] + b[0], a[1] + b[1]]
+        if a is None or b is None:
+            return b if a is None else a
+        return min(a, b) if kind == "min" else max(a, b)
+
+    def result(self, acc: Any) -> Any:
+        if self.kind == "avg":
+            return acc[0] / acc[1] if acc[1] else None
+        return acc
+
+
+def aggregator(spec: dict[str, Any]) -> Aggregator:
+    """The aggregator of an `aggregate` spec: built in, or a user object/class with the same methods."""
+    if "kind" in spec:
+        return _Builtin(spec["kind"], spec.get("field"))
+    obj = resolve(spec["fn"])
+    instance: Aggregator = obj() if isinstance(obj, type) else obj
+    return instance
+
+
+def output_key(key: Any) -> Any:
+    """A key as written in output records (tuples back to lists)."""
+    return list(key) if isinstance(key, tuple) else key
+
+
+class Aggregate(KeyedOperator):
+    """A running aggregate per key."""
+
+    def __init__(self, ctx: Context) -> None:
+        """Prepare the key function, the aggregator and the state table."""
+        self.ctx = ctx
+        spec = ctx.node.spec
+        self.key_fn = key_function(ctx.node.key)  # type: ignore[arg-type]
+        self.agg = aggregator(spec["aggregate"])
+        self.final = spec.get("emit") == "final"
+        self.table = ctx.keyed().table("acc")
+        self.shard = ctx.shard_cache.shard
+        self.count_fast = isinstance(self.agg, _Builtin) and self.agg.kind == "count"
+
+    def on_batch(self, batch: Batch, input_index: int) -> Batch:
+        """Fold the batch into the per-key accumulators."""
+        key_fn, table, shard = self.key_fn, self.table, self.shard
+        if self.final and self.count_fast:
+            for r in batch.records:
+                k = key_fn(r)
+                d = table[shard(k)]
+                d[k] = d.get(k, 0) + 1
+            return empty_like(batch)
+        agg, out = self.agg, []
+        for r in batch.records:
+            k = key_fn(r)
+            d = table[shard(k)]
+            acc = d[k] = agg.add(d[k] if k in d else agg.create(), r)
+            if not self.final:
+                out.append({"key": output_key(k), "value": agg.result(acc)})
+        if self.final:
+            return empty_like(batch)
+        return Batch(out, batch.timestamps)
+
+    def on_end(self) -> Batch | None:
+        """With `emit: final`, every key's value."""
+        if not self.final:
+            return None
+        result = self.agg.result
+        return Batch([{"key": output_key(k), "value": result(v)} for k, v in self.ctx.keyed().items("acc")])
+
+
+class Reduce(KeyedOperator):
+    """A running reduction per key: `fn(accumulated, record)`; the value is the reduced record."""
+
+    def __init__(self, ctx: Context) -> None:
+        """Prepare the key function, the reduce function and the state table."""
+        self.ctx = ctx
+        self.key_fn = key_function(ctx.node.key)  # type: ignore[arg-type]
+        self.fn = resolve(ctx.node.spec["fn"])
+        self.final = ctx.node.spec.get("emit") == "final"
+        self.table = ctx.keyed().table("acc")
+        self.shard = ctx.shard_cache.shard
+
+    def on_batch(self, batch: Batch, input_index: int) -> Batch:
+        """Reduce the batch into the per-key values."""
+        key_fn, table, shard, fn = self.key_fn, self.table, self.shard, self.fn
+        out = []
+        for r in batch.records:
+            k = key_fn(r)
+            d = table[shard(k)]
+            value = fn(d[k], r) if k in d else r
+            d[k] = value
+            out.append(value)
+        if self.final:
+            return empty_like(batch)
+        return Batch(out, batch.timestamps)
+
+    def on_end(self) -> Batch | None:
+        """With `emit: final`, every key's reduced record."""
+        if not self.final:
+            return None
+        return Batch([v for _, v in self.ctx.keyed().items("acc")])

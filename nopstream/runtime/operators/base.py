@@ -1,0 +1,132 @@
+"""The operator contract and the context the task gives each operator.
+
+An operator is a small class with explicit callbacks, all batch at a time:
+`on_batch` (records in, records out), `on_watermark` (event time advanced: fire
+timers and windows), `on_end` (end of input: flush), `snapshot` and `restore`
+(plain data with a schema version). Side outputs go through `Context.side`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from nopstream.plan.partitioned import ShardRange
+from nopstream.plan.streamgraph import StreamNode
+from nopstream.runtime.frames import Batch
+from nopstream.runtime.keyed import KeyedState, ShardCache
+
+STATE_SCHEMA_VERSION = 1
+
+
+@dataclass
+class Context:
+    """What an operator may know and use: its identity, shards, clock and side outputs."""
+
+    node: StreamNode
+    subtask: int
+    parallelism: int
+    shards: ShardRange | None
+    shard_cache: ShardCache
+    side: Callable[[str, Batch], None]
+    clock: Callable[[], int]
+    keyed_state: KeyedState | None = field(default=None)
+
+    def keyed(self) -> KeyedState:
+        """The operator's keyed state (created on first use; keyed vertices only)."""
+        if self.keyed_state is None:
+            if self.shards is None:
+                raise RuntimeError(f"operator '{self.node.node_id}' is keyed but its vertex owns no shards")
+            self.keyed_state = KeyedState(self.shards, self.shard_cache)
+        return self.keyed_state
+
+
+class Operator(Protocol):
+    """One operator of a chain."""
+
+    def on_batch(self, batch: Batch, input_index: int) -> Batch:
+        """Process a batch; return the main output (possibly empty)."""
+        ...
+
+    def on_watermark(self, watermark: int) -> Batch | None:
+        """Event time reached `watermark`: fire what is due."""
+        ...
+
+    def on_processing_time(self, now: int) -> Batch | None:
+        """The wall clock reached `now` (ms): fire processing-time timers and windows."""
+        ...
+
+    def on_end(self) -> Batch | None:
+        """No more input: flush what is held."""
+        ...
+
+    def snapshot(self) -> dict[str, Any]:
+        """The operator's state as plain data (`schemaVersion`, `keyed`, `operator`)."""
+        ...
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Load a snapshot made by `snapshot`."""
+        ...
+
+
+class StatelessOperator:
+    """Base of operators without state: no watermark or end behaviour, empty snapshots."""
+
+    def on_watermark(self, watermark: int) -> Batch | None:
+        """Nothing to fire."""
+        return None
+
+    def on_processing_time(self, now: int) -> Batch | None:
+        """Nothing to fire."""
+        return None
+
+    def on_end(self) -> Batch | None:
+        """Nothing held."""
+        return None
+
+    def snapshot(self) -> dict[str, Any]:
+        """No state."""
+        return {"schemaVersion": STATE_SCHEMA_VERSION}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """No state to load."""
+
+
+class KeyedOperator:
+    """Base of keyed operators: state in `ctx.keyed()`, snapshots shard by shard."""
+
+    ctx: Context
+
+    def on_watermark(self, watermark: int) -> Batch | None:
+        """Nothing waits for event time unless the operator says so."""
+        return None
+
+    def on_processing_time(self, now: int) -> Batch | None:
+        """Nothing waits for processing time unless the operator says so."""
+        return None
+
+    def snapshot(self) -> dict[str, Any]:
+        """Keyed state by shard, plus `operator_state()`."""
+        return {
+            "schemaVersion": STATE_SCHEMA_VERSION,
+            "keyed": self.ctx.keyed().snapshot(),
+            "operator": self.operator_state(),
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Load the owned shards and the operator state."""
+        self.ctx.keyed().restore(state.get("keyed", {}))
+        self.restore_operator_state(state.get("operator", {}))
+
+    def operator_state(self) -> dict[str, Any]:
+        """Non-keyed state of the operator (none by default)."""
+        return {}
+
+    def restore_operator_state(self, state: dict[str, Any]) -> None:
+        """Load what `operator_state` returned."""
+
+
+def empty_like(batch: Batch) -> Batch:
+    """An empty batch with timestamps when `batch` has them."""
+    return Batch([], [] if batch.timestamps is not None else None)

@@ -1,0 +1,191 @@
+"""The keyed process operator: a user class with keyed state and timers.
+
+`fn` names a class (instantiated once per subtask) or an object with:
+
+    process(record, ctx) -> iterable of output records
+    on_timer(timestamp, ctx) -> iterable of output records      (optional)
+
+`ctx` is scoped to the current key: `ctx.key`, `ctx.timestamp`, `ctx.watermark`,
+`ctx.value(name, default)`, `ctx.set_value(name, value)`, `ctx.clear(name)`,
+`ctx.list(name)` and `ctx.map(name)` (mutable, stored), `ctx.register_event_timer(ts)`,
+`ctx.register_processing_timer(ts)`, `ctx.delete_event_timer(ts)`,
+`ctx.delete_processing_timer(ts)`. State values must be JSON-compatible; state and
+timers live in the keyed state of the key's shard, so snapshots hold both. Event
+timers fire when the watermark reaches them (all of them at end of input);
+processing timers when the wall clock does. Outputs carry the timestamp of the
+record or timer that produced them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterable
+from typing import Any
+
+from nopstream.runtime.frames import MIN_TIMESTAMP, Batch
+from nopstream.runtime.functions import resolve
+from nopstream.runtime.keyed import key_function
+from nopstream.runtime.operators.base import Context, KeyedOperator
+
+EVENT, PROCESSING = "event", "processing"
+
+
+class ProcessContext:
+    """The per-key view a process function gets."""
+
+    def __init__(self, op: Process) -> None:
+        """Bound to one operator; `bind` sets the current key."""
+        self._op = op
+        self.key: Any = None
+        self.timestamp: int | None = None
+        self._state: dict[str, Any] = {}
+
+    @property
+    def watermark(self) -> int:
+        """The operator's current event time."""
+        return self._op.watermark
+
+    def bind(self, key: Any, timestamp: int | None) -> None:
+        """Make `key` the current key."""
+        self.key = key
+        self.timestamp = timestamp
+        d = self._op.states[self._op.shard(key)]
+        self._state = d.setdefault(key, {})
+
+    def value(self, name: str, default: Any = None) -> Any:
+        """A value state of the current key."""
+        return self._state.get(name, default)
+
+    def set_value(self, name: str, value: Any) -> None:
+        """Set a value state of the current key."""
+        self._state[name] = value
+
+    def clear(self, name: str) -> None:
+        """Forget a state of the current key."""
+        self._state.pop(name, None)
+
+    def list(self, name: str) -> list[Any]:
+        """A list state of the current key (mutate it in place)."""
+        value: list[Any] = self._state.setdefault(name, [])
+        return value
+
+    def map(self, name: str) -> dict[str, Any]:
+        """A map state of the current key, string keys (mutate it in place)."""
+        value: dict[str, Any] = self._state.setdefault(name, {})
+        return value
+
+    def register_event_timer(self, timestamp: int) -> None:
+        """Call `on_timer` when the watermark reaches `timestamp`."""
+        self._op.add_timer(self.key, EVENT, int(timestamp))
+
+    def register_processing_timer(self, timestamp: int) -> None:
+        """Call `on_timer` when the wall clock reaches `timestamp` (ms)."""
+        self._op.add_timer(self.key, PROCESSING, int(timestamp))
+
+    def delete_event_timer(self, timestamp: int) -> None:
+        """Cancel an event-time timer of the current key."""
+        self._op.delete_timer(self.key, EVENT, int(timestamp))
+
+    def delete_processing_timer(self, timestamp: int) -> None:
+        """Cancel a processing-time timer of the current key."""
+        self._op.delete_timer(self.key, PROCESSING, int(timestamp))
+
+
+class Process(KeyedOperator):
+    """Runs a user process function per key, with state and timers."""
+
+    def __init__(self, ctx: Context) -> None:
+        """Instantiate the user function and prepare state and timer tables."""
+        self.ctx = ctx
+        target = resolve(ctx.node.spec["fn"])
+        self.fn = target() if isinstance(target, type) else target
+        self.key_fn = key_function(ctx.node.key)  # type: ignore[arg-type]
+        self.states = ctx.keyed().table("state")
+        self.timer_table = ctx.keyed().table("timers")
+        self.shard = ctx.shard_cache.shard
+        self.watermark = MIN_TIMESTAMP
+        self._heaps: dict[str, list[tuple[int, int, Any]]] = {EVENT: [], PROCESSING: []}
+        self._seq = itertools.count()
+        self.pctx = ProcessContext(self)
+
+    def add_timer(self, key: Any, domain: str, ts: int) -> None:
+        """Register a timer (once per key, domain and time)."""
+        timers: list[list[Any]] = self.timer_table[self.shard(key)].setdefault(key, [])
+        if [ts, domain] not in timers:
+            timers.append([ts, domain])
+            heapq.heappush(self._heaps[domain], (ts, next(self._seq), key))
+
+    def delete_timer(self, key: Any, domain: str, ts: int) -> None:
+        """Remove a timer; its heap entry is skipped when it comes up."""
+        d = self.timer_table[self.shard(key)]
+        timers = d.get(key, [])
+        if [ts, domain] in timers:
+            timers.remove([ts, domain])
+            if not timers:
+                del d[key]
+
+    def on_batch(self, batch: Batch, input_index: int) -> Batch:
+        """Call `process` for every record with its key bound."""
+        out: list[Any] = []
+        stamps: list[int] = []
+        ctx, process, key_fn = self.pctx, self.fn.process, self.key_fn
+        timestamps = batch.timestamps
+        for i, record in enumerate(batch.records):
+            ts = timestamps[i] if timestamps is not None else None
+            ctx.bind(key_fn(record), ts)
+            self._collect(process(record, ctx), ts, out, stamps)
+        return Batch(out, stamps if timestamps is not None else None)
+
+    def _collect(
+        self, produced: Iterable[Any] | None, ts: int | None, out: list[Any], stamps: list[int]
+    ) -> None:
+        if produced is None:
+            return
+        for record in produced:
+            out.append(record)
+            stamps.append(ts if ts is not None else 0)
+
+    def _fire(self, domain: str, until: int) -> Batch | None:
+        heap = self._heaps[domain]
+        out: list[Any] = []
+        stamps: list[int] = []
+        on_timer = getattr(self.fn, "on_timer", None)
+        while heap and heap[0][0] <= until:
+            ts, _, key = heapq.heappop(heap)
+            d = self.timer_table[self.shard(key)]
+            timers = d.get(key, [])
+            if [ts, domain] not in timers:
+                continue
+            timers.remove([ts, domain])
+            if not timers:
+                del d[key]
+            if on_timer is not None:
+                self.pctx.bind(key, ts)
+                self._collect(on_timer(ts, self.pctx), ts, out, stamps)
+        return Batch(out, stamps) if out else None
+
+    def on_watermark(self, watermark: int) -> Batch | None:
+        """Fire event-time timers up to the watermark."""
+        self.watermark = max(self.watermark, watermark)
+        return self._fire(EVENT, watermark)
+
+    def on_processing_time(self, now: int) -> Batch | None:
+        """Fire processing-time timers up to now."""
+        return self._fire(PROCESSING, now)
+
+    def on_end(self) -> Batch | None:
+        """Nothing more: event timers have fired with the final watermark."""
+        return None
+
+    def operator_state(self) -> dict[str, Any]:
+        """The operator's watermark."""
+        return {"watermark": self.watermark}
+
+    def restore_operator_state(self, state: dict[str, Any]) -> None:
+        """Restore the watermark and rebuild the timer heaps from the restored timers."""
+        self.watermark = int(state.get("watermark", MIN_TIMESTAMP))
+        self._heaps = {EVENT: [], PROCESSING: []}
+        for key, timers in self.ctx.keyed().items("timers"):
+            for ts, domain in timers:
+                heapq.heappush(self._heaps[domain], (int(ts), next(self._seq), key))

@@ -1,0 +1,236 @@
+"""The window operator family: tumbling, sliding and session windows, one implementation.
+
+Per key, state holds the key's open windows as `[start, end, accumulator, fired]`.
+Event time: a window fires when the watermark reaches `end - 1`; with allowed
+lateness it stays until `end - 1 + lateness`, and each record that arrives in that
+time fires it again with the updated result. A record whose windows are all past
+their lateness is late: it goes to the side output `lateOutput` (or is dropped).
+Processing time: a record belongs to the windows of its arrival time, and windows
+fire when the wall clock passes their end. Sessions merge overlapping windows.
+At end of input every open window fires. Results are
+`{"key", "start", "end", "value"}` with event timestamp `end - 1`; `value` is the
+aggregate's result, or `fn(key, records)` for a window function.
+Timers are derived from the windows in state, so they are part of every snapshot.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Any
+
+from nopstream.runtime.frames import MIN_TIMESTAMP, Batch
+from nopstream.runtime.functions import resolve
+from nopstream.runtime.keyed import key_function
+from nopstream.runtime.operators.aggregates import aggregator, output_key
+from nopstream.runtime.operators.base import Context, KeyedOperator
+
+START, END, ACC, FIRED = range(4)
+
+
+class _Records:
+    """The accumulator of a window function: the window's records, in arrival order."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def create(self) -> list[Any]:
+        return []
+
+    def add(self, acc: list[Any], record: Any) -> list[Any]:
+        acc.append(record)
+        return acc
+
+    def merge(self, a: list[Any], b: list[Any]) -> list[Any]:
+        return a + b
+
+    def result_for(self, key: Any, acc: list[Any]) -> Any:
+        return self.fn(output_key(key), acc)
+
+
+class Window(KeyedOperator):
+    """Keyed windows with event- or processing-time triggers."""
+
+    def __init__(self, ctx: Context) -> None:
+        """Read the window spec and prepare state and timers."""
+        self.ctx = ctx
+        spec = ctx.node.spec
+        w = spec["window"]
+        self.kind = w["kind"]
+        self.event_time = w["time"] == "event"
+        self.size = int(w.get("sizeMs") or 0)
+        self.slide = int(w.get("slideMs") or 0)
+        self.gap = int(w.get("gapMs") or 0)
+        self.lateness = int(w.get("allowedLatenessMs", 0)) if self.event_time else 0
+        self.late_tag = w.get("lateOutput")
+        self.records = _Records(resolve(spec["fn"])) if "fn" in spec else None
+        self.agg = aggregator(spec["aggregate"]) if "aggregate" in spec else None
+        self.key_fn = key_function(ctx.node.key)  # type: ignore[arg-type]
+        self.table = ctx.keyed().table("windows")
+        self.shard = ctx.shard_cache.shard
+        self.watermark = MIN_TIMESTAMP
+        self._timers: list[tuple[int, int, str, Any, int, int]] = []
+        self._seq = itertools.count()
+
+    # --- assignment ---------------------------------------------------------------------
+
+    def assign(self, ts: int) -> list[tuple[int, int]]:
+        """The windows a timestamp falls in."""
+        if self.kind == "tumbling":
+            start = ts - ts % self.size
+            return [(start, start + self.size)]
+        if self.kind == "sliding":
+            last = ts - ts % self.slide
+            return [(s, s + self.size) for s in range(last, ts - self.size, -self.slide)]
+        return [(ts, ts + self.gap)]
+
+    def _acc(self) -> Any:
+        return self.agg if self.agg is not None else self.records
+
+    def _result(self, key: Any, acc: Any) -> Any:
+        if self.agg is not None:
+            return self.agg.result(acc)
+        assert self.records is not None
+        return self.records.result_for(key, acc)
+
+    # --- input -----------------------------------------------------------------------------
+
+    def on_batch(self, batch: Batch, input_index: int) -> Batch:
+        """Add each record to its windows; late ones go to the side output."""
+        out: list[Any] = []
+        stamps: list[int] = []
+        late: list[Any] = []
+        late_ts: list[int] = []
+        now = self.ctx.clock()
+        timestamps = batch.timestamps if self.event_time else None
+        if self.event_time and timestamps is None:
+            raise RuntimeError(f"event-time window '{self.ctx.node.node_id}' got records without timestamps")
+        for i, record in enumerate(batch.records):
+            ts = timestamps[i] if timestamps is not None else now
+            key = self.key_fn(record)
+            if not self._add(key, ts, record, out, stamps):
+                late.append(record)
+                late_ts.append(ts)
+        if late and self.late_tag is not None:
+            self.ctx.side(self.late_tag, Batch(late, late_ts))
+        return Batch(out, stamps)
+
+    def _add(self, key: Any, ts: int, record: Any, out: list[Any], stamps: list[int]) -> bool:
+        windows = [w for w in self.assign(ts) if not self._expired(w[1])]
+        if not windows:
+            return False
+        d = self.table[self.shard(key)]
+        open_windows: list[list[Any]] = d.setdefault(key, [])
+        acc = self._acc()
+        for start, end in windows:
+            if self.kind == "session":
+                target = self._merge_session(key, open_windows, start, end, acc, record)
+            else:
+                found = [w for w in open_windows if w[START] == start and w[END] == end]
+                if found:
+                    target = found[0]
+                else:
+                    target = [start, end, acc.create(), False]
+                    open_windows.append(target)
+                    self._schedule(key, target)
+                target[ACC] = acc.add(target[ACC], record)
+            if target[FIRED] or (self.event_time and target[END] - 1 <= self.watermark):
+                # a record within the allowed lateness fires its (already due) window again
+                self._emit(key, target, out, stamps)
+                target[FIRED] = True
+        return True
+
+    def _merge_session(
+        self, key: Any, sessions: list[list[Any]], start: int, end: int, acc: Any, record: Any
+    ) -> list[Any]:
+        merged = [start, end, acc.add(acc.create(), record), False]
+        for s in [s for s in sessions if s[START] < end and start < s[END]]:
+            sessions.remove(s)
+            merged[START] = min(merged[START], s[START])
+            merged[END] = max(merged[END], s[END])
+            merged[ACC] = acc.merge(s[ACC], merged[ACC])
+            merged[FIRED] = merged[FIRED] or s[FIRED]
+        sessions.append(merged)
+        self._schedule(key, merged)
+        return merged
+
+    def _expired(self, end: int) -> bool:
+        return self.event_time and end - 1 + self.lateness <= self.watermark
+
+    # --- timers --------------------------------------------------------------------------
+
+    def _schedule(self, key: Any, window: list[Any]) -> None:
+        fire_at = window[END] - 1 if self.event_time else window[END]
+        heapq.heappush(self._timers, (fire_at, next(self._seq), "fire", key, window[START], window[END]))
+        if self.lateness:
+            heapq.heappush(
+                self._timers,
+                (fire_at + self.lateness, next(self._seq), "purge", key, window[START], window[END]),
+            )
+
+    def _due(self, time: int) -> Batch | None:
+        out: list[Any] = []
+        stamps: list[int] = []
+        timers = self._timers
+        while timers and timers[0][0] <= time:
+            _, _, what, key, start, end = heapq.heappop(timers)
+            d = self.table[self.shard(key)]
+            windows = d.get(key, [])
+            window = next((w for w in windows if w[START] == start and w[END] == end), None)
+            if window is None:
+                continue
+            if what == "fire" and not window[FIRED]:
+                self._emit(key, window, out, stamps)
+                window[FIRED] = True
+            if what == "purge" or not self.lateness:
+                windows.remove(window)
+                if not windows:
+                    del d[key]
+        return Batch(out, stamps) if out else None
+
+    def _emit(self, key: Any, window: list[Any], out: list[Any], stamps: list[int]) -> None:
+        out.append(
+            {
+                "key": output_key(key),
+                "start": window[START],
+                "end": window[END],
+                "value": self._result(key, window[ACC]),
+            }
+        )
+        stamps.append(window[END] - 1)
+
+    def on_watermark(self, watermark: int) -> Batch | None:
+        """Fire event-time windows that are due."""
+        if watermark <= self.watermark:
+            return None
+        self.watermark = watermark
+        return self._due(watermark) if self.event_time else None
+
+    def on_processing_time(self, now: int) -> Batch | None:
+        """Fire processing-time windows that are due."""
+        return None if self.event_time else self._due(now)
+
+    def on_end(self) -> Batch | None:
+        """Fire every window that has not fired."""
+        out: list[Any] = []
+        stamps: list[int] = []
+        for key, windows in sorted(self.ctx.keyed().items("windows"), key=lambda kv: repr(kv[0])):
+            for window in sorted(windows, key=lambda w: (w[START], w[END])):
+                if not window[FIRED]:
+                    self._emit(key, window, out, stamps)
+                    window[FIRED] = True
+        return Batch(out, stamps) if out else None
+
+    # --- snapshots -------------------------------------------------------------------------
+
+    def operator_state(self) -> dict[str, Any]:
+        """The operator's watermark (lateness is judged against it)."""
+        return {"watermark": self.watermark}
+
+    def restore_operator_state(self, state: dict[str, Any]) -> None:
+        """Restore the watermark and rebuild the timers from the restored windows."""
+        self.watermark = int(state.get("watermark", MIN_TIMESTAMP))
+        self._timers = []
+        for key, windows in self.ctx.keyed().items("windows"):
+            for window in windows:
+                self._schedule(key, window)

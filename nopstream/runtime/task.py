@@ -1,0 +1,395 @@
+"""The task executor: one subtask of one vertex of a PartitionedPlan.
+
+A task runs its vertex's chain of operators batch at a time. Input frames come from
+its gate (every input channel); output batches are split by each edge's partitioner
+and sent on the edge's channels, exactly as the plan says. Barriers: a source task
+injects barrier N from its own reading loop, between batches, after recording its
+split cursors; a task with several inputs aligns (blocks each channel that delivered
+barrier N until all open channels have, ignoring ended ones), then snapshots every
+operator of its chain and forwards the barrier. Watermarks are combined over input
+channels and forwarded when they advance.
+WARNING: the task never re-derives routing; every channel and policy is the plan's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from nopstream.plan.partitioned import Edge, PartitionedPlan
+from nopstream.plan.streamgraph import StreamNode
+from nopstream.runtime.connectors import ConnectorFactory, SourceReader
+from nopstream.runtime.frames import MAX_TIMESTAMP, Barrier, Batch, EndOfInput, Frame, Watermark
+from nopstream.runtime.gate import InputChannel, InputGate
+from nopstream.runtime.keyed import ShardCache
+from nopstream.runtime.operators.base import Context, Operator
+from nopstream.runtime.operators.registry import build_operator
+from nopstream.runtime.operators.sinks import SinkOperator
+from nopstream.runtime.partitioners import Partitioner
+from nopstream.runtime.transport import OutputChannel
+from nopstream.runtime.watermarks import InputWatermarks, WatermarkGenerator, timestamp_function
+
+
+def wall_clock_ms() -> int:
+    """Milliseconds since the epoch."""
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """Batch size, processing-time tick and idle poll of a task."""
+
+    batch_size: int = 1000
+    tick_ms: int = 100
+    idle_poll_ms: int = 20
+
+
+class TaskIO(Protocol):
+    """A transport bound to one task: its input channels and output channels."""
+
+    def input(
+        self, gate: InputGate, channel_id: str, *, edge_id: str, input_index: int, upstream: int
+    ) -> InputChannel:
+        """Register the receiving end of a channel in the task's gate."""
+        ...
+
+    async def output(self, channel_id: str, downstream_task: str) -> OutputChannel:
+        """Open the sending end of a channel to a downstream task."""
+        ...
+
+
+class TaskListener(Protocol):
+    """Who hears about a task's snapshots."""
+
+    def on_snapshot(self, task_id: str, epoch: int, kind: str, state: dict[str, Any]) -> None:
+        """The task snapshotted its chain at barrier `epoch` (state is a private copy)."""
+        ...
+
+
+@dataclass
+class _OutputEdge:
+    edge: Edge
+    partitioner: Partitioner
+    channels: dict[int, OutputChannel]
+
+
+@dataclass
+class TaskMetrics:
+    """Counters a runner shows as progress."""
+
+    records_in: int = 0
+    records_out: int = 0
+    watermark: int | None = None
+    barriers: int = 0
+
+
+class Task:
+    """Runs one subtask; `await connect()` then `await run()`."""
+
+    def __init__(
+        self,
+        plan: PartitionedPlan,
+        vertex_id: str,
+        subtask: int,
+        *,
+        io: TaskIO,
+        connectors: ConnectorFactory,
+        listener: TaskListener | None = None,
+        settings: TaskSettings | None = None,
+        clock: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        """Build the chain, the input gate and the partitioners of a subtask."""
+        self.plan = plan
+        self.vertex = plan.vertex(vertex_id)
+        self.subtask = self.vertex.subtasks[subtask]
+        self.task_id = self.subtask.task_id
+        self.io = io
+        self.listener = listener
+        self.settings = settings or TaskSettings()
+        self.clock = clock
+        self.metrics = TaskMetrics()
+        self.gate = InputGate()
+        self._pending_barriers: deque[Barrier] = deque()
+        self._side: list[tuple[str, str, Batch]] = []
+        self._ended_inputs = False
+        cache = ShardCache(plan.identity.state_shard_count)
+        chain = list(self.vertex.operators)
+        self.source: SourceReader | None = None
+        self.source_node: StreamNode | None = None
+        if chain[0].kind == "source":
+            self.source_node = chain.pop(0)
+            (splits,) = [s for s in plan.sources if s.operator_id == self.source_node.node_id]
+            self.source = connectors.source(
+                self.source_node, splits, subtask=subtask, parallelism=self.vertex.parallelism
+            )
+        self.op_ids = [n.node_id for n in chain]
+        self.ops: list[Operator] = []
+        for node in chain:
+            ctx = Context(
+                node, subtask, self.vertex.parallelism, self.subtask.shards, cache, self._collect_side, clock
+            )
+            if node.kind == "sink":
+                writer = connectors.sink(node, subtask=subtask, parallelism=self.vertex.parallelism)
+                self.ops.append(SinkOperator(writer))
+            else:
+                self.ops.append(build_operator(ctx))
+        self.processing_time = any(_uses_processing_time(n) for n in chain)
+        self._timestamps: Callable[[Any], int] | None = None
+        self._generator: WatermarkGenerator | None = None
+        watermark_spec = self.source_node.spec.get("watermark") if self.source_node else None
+        if watermark_spec:
+            self._timestamps = timestamp_function(watermark_spec)
+            self._generator = WatermarkGenerator(watermark_spec, clock)
+        inputs = []
+        for edge in plan.edges:
+            if edge.target_vertex != vertex_id:
+                continue
+            for ch in edge.channels:
+                if ch.downstream == subtask:
+                    cid = edge.channel_id(ch)
+                    inputs.append(cid)
+                    io.input(
+                        self.gate,
+                        cid,
+                        edge_id=edge.edge_id,
+                        input_index=edge.input_index,
+                        upstream=ch.upstream,
+                    )
+        self.watermarks = InputWatermarks(inputs)
+        self._outputs: list[_OutputEdge] = []
+
+    # --- set-up ------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Open every output channel of this subtask."""
+        for edge in self.plan.edges:
+            if edge.source_vertex != self.vertex.vertex_id:
+                continue
+            target = self.plan.vertex(edge.target_vertex)
+            channels: dict[int, OutputChannel] = {}
+            for ch in edge.channels:
+                if ch.upstream == self.subtask.index:
+                    task = target.subtasks[ch.downstream].task_id
+                    channels[ch.downstream] = await self.io.output(edge.channel_id(ch), task)
+            self._outputs.append(_OutputEdge(edge, Partitioner(edge, sorted(channels)), channels))
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Load a task snapshot taken by `snapshot`."""
+        for op_id, op in zip(self.op_ids, self.ops, strict=True):
+            if op_id in state.get("operators", {}):
+                op.restore(state["operators"][op_id])
+        if self.source is not None and "source" in state:
+            self.source.restore(state["source"])
+        if self._generator is not None and "sourceWatermark" in state:
+            self._generator.restore(state["sourceWatermark"])
+        self.watermarks.restore(state.get("watermarks", {}))
+
+    def trigger_barrier(self, epoch: int, kind: str = "checkpoint") -> None:
+        """Ask a source task to inject barrier `epoch` at its next safe point."""
+        if self.source is None:
+            raise RuntimeError(f"task {self.task_id} is not a source task; barriers start at sources")
+        self._pending_barriers.append(Barrier(epoch, kind))
+
+    # --- the loops ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Process until every input ended (or the source finished), then end the outputs."""
+        if self.source is not None:
+            await self._run_source()
+        else:
+            await self._run_inputs()
+        await self._finish()
+
+    async def _run_source(self) -> None:
+        assert self.source is not None
+        reader, gen, ts_fn = self.source, self._generator, self._timestamps
+        size, idle = self.settings.batch_size, self.settings.idle_poll_ms / 1000
+        while True:
+            while self._pending_barriers:
+                await self._snapshot_and_forward(self._pending_barriers.popleft())
+            batch = reader.read(size)
+            if batch is None:
+                break
+            if not batch.records:
+                await self._source_watermark(gen)
+                await self._tick()
+                await asyncio.sleep(idle)
+                continue
+            self.metrics.records_in += len(batch.records)
+            if ts_fn is not None and gen is not None:
+                batch.timestamps = [ts_fn(r) for r in batch.records]
+                gen.observe(batch.timestamps)
+            await self._push(0, batch, 0)
+            await self._source_watermark(gen)
+            await self._tick()
+            await asyncio.sleep(0)
+        while self._pending_barriers:
+            await self._snapshot_and_forward(self._pending_barriers.popleft())
+        if gen is not None:
+            await self._advance_watermark(MAX_TIMESTAMP)
+
+    async def _source_watermark(self, gen: WatermarkGenerator | None) -> None:
+        due = gen.due() if gen is not None else None
+        if due is None:
+            return
+        wm, idle = due
+        if idle:
+            await self._send_all(Watermark(wm, idle=True))
+        else:
+            await self._advance_watermark(wm)
+
+    async def _run_inputs(self) -> None:
+        aligning: Barrier | None = None
+        arrived: set[str] = set()
+        tick = self.settings.tick_ms / 1000
+        while self.gate.open_channels():
+            if self.processing_time:
+                try:
+                    ch, frame, units = await asyncio.wait_for(self.gate.next(), tick)
+                except TimeoutError:
+                    await self._tick()
+                    continue
+            else:
+                ch, frame, units = await self.gate.next()
+            if isinstance(frame, Batch):
+                self.metrics.records_in += len(frame.records)
+                self.watermarks.activity(ch.channel_id)
+                await self._push(0, frame, ch.input_index)
+                await self._tick()
+            elif isinstance(frame, Watermark):
+                advanced = self.watermarks.update(ch.channel_id, frame.timestamp, idle=frame.idle)
+                if advanced is not None:
+                    await self._advance_watermark(advanced)
+            elif isinstance(frame, Barrier):
+                if aligning is None:
+                    aligning, arrived = frame, set()
+                elif frame.epoch != aligning.epoch:
+                    raise RuntimeError(
+                        f"task {self.task_id}: barrier {frame.epoch} on {ch.channel_id} while aligning"
+                        f" barrier {aligning.epoch}"
+                    )
+                arrived.add(ch.channel_id)
+                self.gate.block(ch)
+            elif isinstance(frame, EndOfInput):
+                ch.ended = True
+                advanced = self.watermarks.end(ch.channel_id)
+                if advanced is not None and advanced != MAX_TIMESTAMP:
+                    await self._advance_watermark(advanced)
+            ch.consumed(units)
+            if aligning is not None and all(c.channel_id in arrived for c in self.gate.open_channels()):
+                await self._snapshot_and_forward(aligning)
+                aligning = None
+                self.gate.unblock_all()
+        # Every input ended: event time is over (the last end above moved it to MAX
+        # without firing, so that timers fire once, here).
+        if self.watermarks.marks:
+            await self._advance_watermark(MAX_TIMESTAMP)
+
+    async def _finish(self) -> None:
+        for i, op in enumerate(self.ops):
+            out = op.on_end()
+            await self._flush_side()
+            if out is not None and out.records:
+                await self._push(i + 1, out, 0)
+        await self._send_all(EndOfInput())
+        for out_edge in self._outputs:
+            for channel in out_edge.channels.values():
+                await channel.close()
+        if self.source is not None:
+            self.source.close()
+
+    # --- pushing through the chain ---------------------------------------------------
+
+    def _collect_side(self, tag: str, batch: Batch) -> None:
+        self._side.append((self.op_ids[self._current_op], tag, batch))
+
+    async def _push(self, start: int, batch: Batch, input_index: int) -> None:
+        """Run `batch` through the chain from operator `start`, then emit the main output."""
+        ops = self.ops
+        for i in range(start, len(ops)):
+            self._current_op = i
+            batch = ops[i].on_batch(batch, input_index if i == start else 0)
+            if self._side:
+                await self._flush_side()
+            if not batch.records:
+                return
+        origin = self.op_ids[-1] if self.op_ids else (self.source_node.node_id if self.source_node else "")
+        await self._emit(origin, "main", batch)
+
+    async def _flush_side(self) -> None:
+        side, self._side = self._side, []
+        for op_id, tag, batch in side:
+            await self._emit(op_id, tag, batch)
+
+    async def _emit(self, op_id: str, output: str, batch: Batch) -> None:
+        self.metrics.records_out += len(batch.records)
+        for out in self._outputs:
+            if out.edge.source_operator != op_id or out.edge.output != output:
+                continue
+            channels = out.channels
+            for downstream, part in out.partitioner.split(batch):
+                await channels[downstream].send(part)
+
+    async def _advance_watermark(self, watermark: int) -> None:
+        self.metrics.watermark = watermark
+        for i, op in enumerate(self.ops):
+            self._current_op = i
+            out = op.on_watermark(watermark)
+            await self._flush_side()
+            if out is not None and out.records:
+                await self._push(i + 1, out, 0)
+        await self._send_all(Watermark(watermark))
+
+    async def _tick(self) -> None:
+        if not self.processing_time:
+            return
+        now = self.clock()
+        for i, op in enumerate(self.ops):
+            self._current_op = i
+            out = op.on_processing_time(now)
+            await self._flush_side()
+            if out is not None and out.records:
+                await self._push(i + 1, out, 0)
+
+    async def _send_all(self, frame: Frame) -> None:
+        for out in self._outputs:
+            for channel in out.channels.values():
+                await channel.send(frame)
+
+    # --- snapshots ----------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """A private copy of the task's state: operators, source cursors, watermarks."""
+        state: dict[str, Any] = {
+            "operators": {op_id: op.snapshot() for op_id, op in zip(self.op_ids, self.ops, strict=True)},
+            "watermarks": self.watermarks.snapshot(),
+        }
+        if self.source is not None:
+            state["source"] = self.source.snapshot()
+        if self._generator is not None:
+            state["sourceWatermark"] = self._generator.snapshot()
+        copied: dict[str, Any] = orjson.loads(orjson.dumps(state))
+        return copied
+
+    async def _snapshot_and_forward(self, barrier: Barrier) -> None:
+        state = self.snapshot()
+        self.metrics.barriers += 1
+        if self.listener is not None:
+            self.listener.on_snapshot(self.task_id, barrier.epoch, barrier.kind, state)
+        await self._send_all(barrier)
+
+    _current_op: int = 0
+
+
+def _uses_processing_time(node: StreamNode) -> bool:
+    spec = node.spec
+    for part in ("window", "pattern"):
+        if isinstance(spec.get(part), dict) and spec[part].get("time") == "processing":
+            return True
+    return node.type == "process"

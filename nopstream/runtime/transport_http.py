@@ -1,0 +1,259 @@
+"""The `http` transport: one aiohttp server per task, one websocket per channel.
+
+The upstream task opens a websocket to the downstream task's server and sends
+HELLO (job, pipeline, run, attempt, channel). The receiver checks it against the
+current run and its expected channels and answers WELCOME, or REFUSED with the
+reason and closes: a channel from an older run (a fenced attempt) never delivers a
+frame. Then binary frames flow in channel order; credits flow back on the same
+websocket (bytes, granted by `credit.CreditLedger`). Frame bytes are made by
+`frames.encode`/`decode`; nothing here knows their layout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from nopstream.runtime.codec import DEFAULT_CODEC, Codec
+from nopstream.runtime.credit import CreditLedger, CreditWindow
+from nopstream.runtime.frames import DATA_FRAMES, Credit, Frame, Hello, Refused, Welcome, decode, encode
+from nopstream.runtime.gate import InputChannel, InputGate
+from nopstream.runtime.transport import HTTP_SETTINGS, TransportSettings
+
+log = logging.getLogger(__name__)
+MAX_MESSAGE = 256 << 20
+
+
+class ChannelRefused(ConnectionError):
+    """The downstream task refused a channel's handshake."""
+
+
+class ChannelBroken(ConnectionError):
+    """A channel's connection ended before its end-of-input."""
+
+
+@dataclass
+class Fencing:
+    """What a receiver accepts: this job and pipeline, and only the current run."""
+
+    job: str
+    pipeline: str
+    current_run: Callable[[], int]
+    refused: int = 0
+    refusals: list[str] = field(default_factory=list)
+
+    def check(self, hello: Hello) -> str | None:
+        """None when the handshake is acceptable, else the reason to refuse it."""
+        if (hello.job, hello.pipeline) != (self.job, self.pipeline):
+            theirs, ours = f"{hello.job}/{hello.pipeline}", f"{self.job}/{self.pipeline}"
+            return f"channel {hello.channel} belongs to {theirs}, not {ours}"
+        run = self.current_run()
+        if hello.run != run:
+            return f"stale run {hello.run} of attempt {hello.attempt}: the current run is {run}"
+        return None
+
+
+class HttpReceiver:
+    """The receiving side of a task: its server routes and its input channels."""
+
+    def __init__(
+        self, fencing: Fencing, *, settings: TransportSettings = HTTP_SETTINGS, codec: Codec = DEFAULT_CODEC
+    ) -> None:
+        """Receive for one task, accepting only what `fencing` allows."""
+        self.gate: InputGate | None = None
+        self.fencing = fencing
+        self.settings = settings
+        self.codec = codec
+        self.channels: dict[str, InputChannel] = {}
+        self.connected: set[str] = set()
+
+    def input(
+        self, gate: InputGate, channel_id: str, *, edge_id: str, input_index: int, upstream: int
+    ) -> InputChannel:
+        """Expect a channel; its credits go back over its websocket once connected."""
+        self.gate = gate
+        ch = InputChannel(
+            channel_id,
+            edge_id,
+            input_index,
+            upstream,
+            CreditLedger(self.settings.grant_interval),
+            _not_connected,
+        )
+        gate.add(ch)
+        self.channels[channel_id] = ch
+        return ch
+
+    def routes(self, app: web.Application) -> None:
+        """Add the channel route to an application."""
+        app.router.add_get("/channel", self.handle)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """One channel: handshake, then frames in and credits out until it closes."""
+        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE, autoping=True, heartbeat=None)
+        await ws.prepare(request)
+        first = await ws.receive()
+        hello = decode(first.data, self.codec) if first.type == aiohttp.WSMsgType.BINARY else None
+        if not isinstance(hello, Hello):
+            await ws.close(code=aiohttp.WSCloseCode.PROTOCOL_ERROR, message=b"expected HELLO")
+            return ws
+        reason = self.fencing.check(hello)
+        if reason is None and hello.channel not in self.channels:
+            reason = f"channel {hello.channel} is not an input of this task"
+        if reason is None and hello.channel in self.connected:
+            reason = f"channel {hello.channel} is already connected"
+        if reason is not None:
+            self.fencing.refused += 1
+            self.fencing.refusals.append(reason)
+            log.warning("refused channel %s from attempt %s: %s", hello.channel, hello.attempt, reason)
+            await ws.send_bytes(encode(Refused(reason), self.codec))
+            await ws.close()
+            return ws
+        ch = self.channels[hello.channel]
+        gate = self.gate
+        assert gate is not None  # a channel is only known once input() registered it in the gate
+        self.connected.add(hello.channel)
+        credits: asyncio.Queue[int] = asyncio.Queue()
+        ch.send_credit = credits.put_nowait
+        await ws.send_bytes(encode(Welcome(), self.codec))
+        writer = asyncio.create_task(self._credit_writer(ws, credits), name=f"credits {hello.channel}")
+        try:
+            async for msg in ws:
+                if msg.type != aiohttp.WSMsgType.BINARY:
+                    break
+                frame = decode(msg.data, self.codec)
+                if not isinstance(frame, DATA_FRAMES):
+                    raise ChannelBroken(f"channel {hello.channel}: unexpected {type(frame).__name__} frame")
+                gate.deliver(ch, frame, len(msg.data))
+        finally:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                await writer
+        return ws
+
+    async def _credit_writer(self, ws: web.WebSocketResponse, credits: asyncio.Queue[int]) -> None:
+        while True:
+            units = await credits.get()
+            while not credits.empty():
+                units += credits.get_nowait()
+            await ws.send_bytes(encode(Credit(units), self.codec))
+
+
+def _not_connected(units: int) -> None:
+    raise ChannelBroken("credit granted on a channel that is not connected")
+
+
+class HttpOutput:
+    """The sending end of a channel over a websocket."""
+
+    def __init__(
+        self, channel_id: str, ws: aiohttp.ClientWebSocketResponse, window: CreditWindow, codec: Codec
+    ) -> None:
+        """Wrap a connected, welcomed websocket."""
+        self.channel_id = channel_id
+        self.window = window
+        self._ws = ws
+        self._codec = codec
+        self._reader = asyncio.create_task(self._read_credits(), name=f"credits {channel_id}")
+
+    @classmethod
+    async def connect(
+        cls,
+        session: aiohttp.ClientSession,
+        url: str,
+        hello: Hello,
+        *,
+        settings: TransportSettings = HTTP_SETTINGS,
+        codec: Codec = DEFAULT_CODEC,
+    ) -> HttpOutput:
+        """Open the websocket, shake hands, and return the channel; ChannelRefused when refused."""
+        ws = await session.ws_connect(url, max_msg_size=MAX_MESSAGE, autoping=True, heartbeat=None)
+        await ws.send_bytes(encode(hello, codec))
+        reply = await ws.receive()
+        answer = decode(reply.data, codec) if reply.type == aiohttp.WSMsgType.BINARY else None
+        if isinstance(answer, Refused):
+            await ws.close()
+            raise ChannelRefused(answer.reason)
+        if not isinstance(answer, Welcome):
+            await ws.close()
+            raise ChannelBroken(f"channel {hello.channel}: no WELCOME from {url} ({reply.type.name})")
+        return cls(hello.channel, ws, CreditWindow(settings.window), codec)
+
+    async def _read_credits(self) -> None:
+        try:
+            async for msg in self._ws:
+                if msg.type == aiohttp.WSMsgType.BINARY:
+                    frame = decode(msg.data, self._codec)
+                    if isinstance(frame, Credit):
+                        self.window.grant(frame.units)
+        finally:
+            self.window.fail(ChannelBroken(f"channel {self.channel_id} closed by the receiver"))
+
+    async def send(self, frame: Frame) -> None:
+        """Send a frame once credit allows."""
+        data = encode(frame, self._codec)
+        await self.window.acquire(len(data))
+        await self._ws.send_bytes(data)
+
+    async def close(self) -> None:
+        """Close the websocket and stop reading credits."""
+        await self._ws.close()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
+Resolver = Callable[[str], Awaitable[str]]
+"""task id -> base URL of that task's server (waits until it is known)."""
+
+
+class HttpIO:
+    """TaskIO over http: a receiver for inputs, websocket clients for outputs."""
+
+    def __init__(
+        self,
+        receiver: HttpReceiver,
+        session: aiohttp.ClientSession,
+        resolve: Resolver,
+        *,
+        run: int,
+        attempt: str,
+        settings: TransportSettings = HTTP_SETTINGS,
+        codec: Codec = DEFAULT_CODEC,
+    ) -> None:
+        """Connect outputs through `session`, finding downstream tasks with `resolve`."""
+        self.receiver = receiver
+        self.session = session
+        self.resolve = resolve
+        self.run = run
+        self.attempt = attempt
+        self.settings = settings
+        self.codec = codec
+
+    def input(
+        self, gate: InputGate, channel_id: str, *, edge_id: str, input_index: int, upstream: int
+    ) -> InputChannel:
+        """Expect a channel in the receiver."""
+        return self.receiver.input(
+            gate, channel_id, edge_id=edge_id, input_index=input_index, upstream=upstream
+        )
+
+    async def output(self, channel_id: str, downstream_task: str) -> HttpOutput:
+        """Connect to the downstream task's server."""
+        base = await self.resolve(downstream_task)
+        hello = Hello(
+            self.receiver.fencing.job, self.receiver.fencing.pipeline, self.run, self.attempt, channel_id
+        )
+        return await HttpOutput.connect(
+            self.session,
+            f"{base.replace('http', 'ws', 1)}/channel",
+            hello,
+            settings=self.settings,
+            codec=self.codec,
+        )
