@@ -1,7 +1,9 @@
 """The `file` source and sink.
 
 Source (REPLAYABLE): the files matching a glob, one split per file, each read to its
-end as text lines or JSON lines. Split `path` belongs to subtask
+end as text lines or JSON lines, in batches of exactly `max_records` lines (the last
+batch of a file may be shorter), so batch boundaries, and the watermarks emitted
+after each batch, are the same on every run. Split `path` belongs to subtask
 `stableHash(path) mod parallelism` (the plan's hash-mod policy). Cursor: the byte
 offset of the next line (an exclusive cut). `snapshot` returns every split's cursor
 and the enumerator state (discovered and finished files); `restore` resumes each
@@ -41,6 +43,7 @@ class FileSource:
         self.cursors: dict[str, int] = {}
         self.finished: set[str] = set()
         self._queue: list[str] = []
+        self._ahead: list[bytes] = []
         self._current: Any = None
         self._current_path: str | None = None
         self._last_discovery = 0.0
@@ -66,10 +69,15 @@ class FileSource:
                 if not self._queue:
                     return None if self.discovery_ms is None else Batch([])
                 self._open(self._queue.pop(0))
-            lines = self._current.readlines(_READ_HINT if max_records >= 256 else 1)
-            if not lines:
+            while len(self._ahead) < max_records:
+                more = self._current.readlines(_READ_HINT)
+                if not more:
+                    break
+                self._ahead.extend(more)
+            if not self._ahead:
                 self._close_current(finished=True)
                 continue
+            lines, self._ahead = self._ahead[:max_records], self._ahead[max_records:]
             assert self._current_path is not None
             self.cursors[self._current_path] += sum(len(line) for line in lines)
             return Batch(self._records(lines))
@@ -91,6 +99,7 @@ class FileSource:
                 self.finished.add(self._current_path)
         self._current = None
         self._current_path = None
+        self._ahead = []
 
     def snapshot(self) -> dict[str, Any]:
         """Cursor of every split and the enumerator's discovered and finished files."""

@@ -100,7 +100,15 @@ async def serve(settings: WorkerSettings) -> None:
         endpoint = f"http://{settings.host}:{port}"
         try:
             await post("/register", {"attempt": settings.attempt, "run": settings.run, "endpoint": endpoint})
+            log.info(
+                "task %s serves %s (run %d, attempt %s)",
+                settings.task_id,
+                endpoint,
+                settings.run,
+                settings.attempt,
+            )
             await task.connect()
+            log.info("task %s connected its outputs", settings.task_id)
             stats = asyncio.create_task(_push_stats(task, post), name="stats")
             try:
                 await task.run()
@@ -110,6 +118,12 @@ async def serve(settings: WorkerSettings) -> None:
                     await stats
             await post("/stats", _stats_body(task))
             await post("/done", {})
+            log.info(
+                "task %s finished: %d records in, %d out",
+                settings.task_id,
+                task.metrics.records_in,
+                task.metrics.records_out,
+            )
         except Exception:
             with contextlib.suppress(aiohttp.ClientError):
                 await post("/failed", {"error": traceback.format_exc(limit=8)})

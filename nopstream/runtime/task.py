@@ -298,9 +298,7 @@ class Task:
             if out is not None and out.records:
                 await self._push(i + 1, out, 0)
         await self._send_all(EndOfInput())
-        for out_edge in self._outputs:
-            for channel in out_edge.channels.values():
-                await channel.close()
+        await asyncio.gather(*(ch.close() for out in self._outputs for ch in out.channels.values()))
         if self.source is not None:
             self.source.close()
 

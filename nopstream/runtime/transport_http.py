@@ -22,12 +22,23 @@ from aiohttp import web
 
 from nopstream.runtime.codec import DEFAULT_CODEC, Codec
 from nopstream.runtime.credit import CreditLedger, CreditWindow
-from nopstream.runtime.frames import DATA_FRAMES, Credit, Frame, Hello, Refused, Welcome, decode, encode
+from nopstream.runtime.frames import (
+    DATA_FRAMES,
+    Credit,
+    EndOfInput,
+    Frame,
+    Hello,
+    Refused,
+    Welcome,
+    decode,
+    encode,
+)
 from nopstream.runtime.gate import InputChannel, InputGate
 from nopstream.runtime.transport import HTTP_SETTINGS, TransportSettings
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE = 256 << 20
+CLOSE_TIMEOUT = 2.0  # seconds to wait for the peer's close frame; a finished peer may be gone
 
 
 class ChannelRefused(ConnectionError):
@@ -131,6 +142,8 @@ class HttpReceiver:
                 if not isinstance(frame, DATA_FRAMES):
                     raise ChannelBroken(f"channel {hello.channel}: unexpected {type(frame).__name__} frame")
                 gate.deliver(ch, frame, len(msg.data))
+                if isinstance(frame, EndOfInput):
+                    break  # the channel is complete: close it from this side, while this task still runs
         finally:
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError, ConnectionError):
@@ -173,7 +186,13 @@ class HttpOutput:
         codec: Codec = DEFAULT_CODEC,
     ) -> HttpOutput:
         """Open the websocket, shake hands, and return the channel; ChannelRefused when refused."""
-        ws = await session.ws_connect(url, max_msg_size=MAX_MESSAGE, autoping=True, heartbeat=None)
+        ws = await session.ws_connect(
+            url,
+            max_msg_size=MAX_MESSAGE,
+            autoping=True,
+            heartbeat=None,
+            timeout=aiohttp.ClientWSTimeout(ws_close=CLOSE_TIMEOUT),
+        )
         await ws.send_bytes(encode(hello, codec))
         reply = await ws.receive()
         answer = decode(reply.data, codec) if reply.type == aiohttp.WSMsgType.BINARY else None
@@ -202,11 +221,11 @@ class HttpOutput:
         await self._ws.send_bytes(data)
 
     async def close(self) -> None:
-        """Close the websocket and stop reading credits."""
-        await self._ws.close()
+        """Stop reading credits and close the websocket (the receiver closes it on end-of-input)."""
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
+        await self._ws.close()
 
 
 Resolver = Callable[[str], Awaitable[str]]

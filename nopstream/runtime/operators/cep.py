@@ -10,7 +10,9 @@ after its first event. A completed match is emitted as `{step name: [records]}`
 with the timestamp of its last event.
 Event time: events are buffered per key and processed in timestamp order once the
 watermark passes them (all of them at end of input), so out-of-order input gives
-the same matches as ordered input. Partial matches and buffers live in keyed state.
+the same matches as ordered input; an event at or below the watermark when it
+arrives is late and dropped (counted in `late_dropped`). Partial matches and buffers
+live in keyed state.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Cep(KeyedOperator):
         self.buffers = ctx.keyed().table("buffer")
         self.shard = ctx.shard_cache.shard
         self.watermark = MIN_TIMESTAMP
+        self.late_dropped = 0
 
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
         """Buffer events (event time) or match them at once (processing time)."""
@@ -52,6 +55,9 @@ class Cep(KeyedOperator):
             if batch.timestamps is None:
                 raise RuntimeError(f"event-time cep '{self.ctx.node.node_id}' got records without timestamps")
             for record, ts in zip(batch.records, batch.timestamps, strict=True):
+                if ts <= self.watermark:
+                    self.late_dropped += 1
+                    continue
                 key = self.key_fn(record)
                 self.buffers[self.shard(key)].setdefault(key, []).append([ts, record])
             return Batch(out, stamps)

@@ -1,0 +1,62 @@
+"""Helpers for runtime tests: run a job through `nopstream run` and read what its sinks wrote."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import run_nopstream
+
+MODES = ["processes", "in-process"]
+
+
+def multiset(records: list[Any]) -> Counter[str]:
+    """Records as a multiset (each as canonical JSON)."""
+    return Counter(json.dumps(r, sort_keys=True) for r in records)
+
+
+def write_jsonl(path: Path, records: list[Any]) -> None:
+    """Write records as JSON lines."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def run_job(
+    workdir: Path,
+    model: dict[str, Any],
+    *,
+    mode: str,
+    fns: str = "",
+    inputs: dict[str, list[Any]] | None = None,
+    expect_code: int = 0,
+    **job: Any,
+) -> dict[str, list[Any]]:
+    """Write inputs, user functions (module `jobfns`) and the job; run it; return each sink's records."""
+    for name, records in (inputs or {}).items():
+        write_jsonl(workdir / "in" / name, records)
+    (workdir / "jobfns.py").write_text(textwrap.dedent(fns))
+    spec = {"jobId": "test", "semanticMode": "STRICT_EXACTLY_ONCE", **job, "model": model}
+    (workdir / "job.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    args = ["run", "job.yaml", "--quiet"] + (["--in-process"] if mode == "in-process" else [])
+    result = run_nopstream(*args, cwd=workdir)
+    assert result.code == expect_code, f"exit {result.code}\n{result.err}"
+    outputs: dict[str, list[Any]] = {}
+    for sink in model["sinks"]:
+        directory = workdir / sink["config"]["path"]
+        records: list[Any] = []
+        for f in sorted(directory.glob("*.jsonl")) if directory.exists() else []:
+            records.extend(json.loads(line) for line in f.read_text().splitlines() if line)
+        outputs[sink["id"]] = records
+    return outputs
+
+
+@pytest.fixture(params=MODES)
+def mode(request):
+    """Each runtime test runs multi-process and in-process."""
+    return request.param
