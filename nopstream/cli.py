@@ -141,10 +141,9 @@ def sink_location(plans: compiler.CompiledPlans, sink_id: str) -> str:
 def cmd_task(args: argparse.Namespace) -> int:
     """Run one task process of the local runner."""
     import asyncio
+    import logging
 
     from nopstream.local import worker
-
-    import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = worker.WorkerSettings(Path(args.plan), args.task, args.control, args.run, args.attempt)
