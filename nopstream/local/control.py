@@ -26,6 +26,7 @@ class TaskReport:
     records_in: int = 0
     records_out: int = 0
     watermark: int | None = None
+    channels: dict[str, dict[str, int]] = field(default_factory=dict)
     done: bool = False
     error: str | None = None
     registered: asyncio.Event = field(default_factory=asyncio.Event)
@@ -92,6 +93,7 @@ class ControlServer:
         task = self._report(body)
         task.records_in, task.records_out = int(body["recordsIn"]), int(body["recordsOut"])
         task.watermark = body.get("watermark")
+        task.channels = body.get("channels", {})
         return web.json_response({"ok": True})
 
     async def _done(self, request: web.Request) -> web.Response:

@@ -49,6 +49,7 @@ class RunResult:
     seconds: float
     records_in: dict[str, int]
     records_out: dict[str, int]
+    channels: dict[str, dict[str, int]]
 
 
 def run_job(plans: compiler.CompiledPlans, options: RunOptions) -> RunResult:
@@ -80,7 +81,12 @@ async def _run_in_process(plan: PartitionedPlan, options: RunOptions) -> RunResu
         ticker.cancel()
         await asyncio.gather(ticker, return_exceptions=True)
         progress.done()
-    return _result(plan, started, {t.task_id: (t.metrics.records_in, t.metrics.records_out) for t in tasks})
+    channels: dict[str, dict[str, int]] = {}
+    for t in tasks:
+        for cid, stats in t.channel_stats().items():
+            channels.setdefault(cid, {}).update(stats)
+    counts = {t.task_id: (t.metrics.records_in, t.metrics.records_out) for t in tasks}
+    return _result(plan, started, counts, channels)
 
 
 async def _run_processes(plan: PartitionedPlan, options: RunOptions) -> RunResult:
@@ -136,7 +142,12 @@ async def _run_processes(plan: PartitionedPlan, options: RunOptions) -> RunResul
     finally:
         _stop(procs)
         await control.stop()
-    return _result(plan, started, {t: (r.records_in, r.records_out) for t, r in control.tasks.items()})
+    channels: dict[str, dict[str, int]] = {}
+    for report in control.tasks.values():
+        for cid, stats in report.channels.items():
+            channels.setdefault(cid, {}).update(stats)
+    counts = {t: (r.records_in, r.records_out) for t, r in control.tasks.items()}
+    return _result(plan, started, counts, channels)
 
 
 async def _supervise(
@@ -173,13 +184,18 @@ def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
             p.wait()
 
 
-def _result(plan: PartitionedPlan, started: float, counts: dict[str, tuple[int, int]]) -> RunResult:
+def _result(
+    plan: PartitionedPlan,
+    started: float,
+    counts: dict[str, tuple[int, int]],
+    channels: dict[str, dict[str, int]],
+) -> RunResult:
     per_in: dict[str, int] = {}
     per_out: dict[str, int] = {}
     for v in plan.vertices:
         per_in[v.vertex_id] = sum(counts.get(s.task_id, (0, 0))[0] for s in v.subtasks)
         per_out[v.vertex_id] = sum(counts.get(s.task_id, (0, 0))[1] for s in v.subtasks)
-    return RunResult(time.monotonic() - started, per_in, per_out)
+    return RunResult(time.monotonic() - started, per_in, per_out, channels)
 
 
 class _Progress:

@@ -134,7 +134,12 @@ async def serve(settings: WorkerSettings) -> None:
 
 def _stats_body(task: Task) -> dict[str, Any]:
     m = task.metrics
-    return {"recordsIn": m.records_in, "recordsOut": m.records_out, "watermark": m.watermark}
+    return {
+        "recordsIn": m.records_in,
+        "recordsOut": m.records_out,
+        "watermark": m.watermark,
+        "channels": task.channel_stats(),
+    }
 
 
 async def _push_stats(task: Task, post: Any) -> None:

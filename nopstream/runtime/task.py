@@ -179,6 +179,17 @@ class Task:
                     channels[ch.downstream] = await self.io.output(edge.channel_id(ch), task)
             self._outputs.append(_OutputEdge(edge, Partitioner(edge, sorted(channels)), channels))
 
+    def channel_stats(self) -> dict[str, dict[str, int]]:
+        """Per channel: the most credit units ever outstanding (outputs) or buffered (inputs)."""
+        stats = {
+            ch.channel_id: {"maxOutstanding": ch.window.max_outstanding, "window": ch.window.window}
+            for out in self._outputs
+            for ch in out.channels.values()
+        }
+        for ch in self.gate.channels:
+            stats.setdefault(ch.channel_id, {})["maxBuffered"] = ch.max_buffered_units
+        return stats
+
     def restore(self, state: dict[str, Any]) -> None:
         """Load a task snapshot taken by `snapshot`."""
         for op_id, op in zip(self.op_ids, self.ops, strict=True):

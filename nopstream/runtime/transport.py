@@ -9,6 +9,8 @@ websocket per channel.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,7 +28,18 @@ class TransportSettings:
 
 
 LOCAL_SETTINGS = TransportSettings(window=16_384, grant_interval=4_096)  # records
-HTTP_SETTINGS = TransportSettings(window=4 << 20, grant_interval=1 << 20)  # bytes
+
+
+def http_settings(env: Mapping[str, str] = os.environ) -> TransportSettings:
+    """Bytes of credit per http channel: NOPSTREAM_CREDIT_WINDOW (default 4 MiB) and
+    NOPSTREAM_CREDIT_GRANT (default a quarter of the window)."""
+    window = int(env.get("NOPSTREAM_CREDIT_WINDOW", 4 << 20))
+    return TransportSettings(
+        window=window, grant_interval=int(env.get("NOPSTREAM_CREDIT_GRANT", window // 4))
+    )
+
+
+HTTP_SETTINGS = http_settings()
 
 
 class OutputChannel(Protocol):

@@ -84,8 +84,14 @@ def sinks(*names: str) -> list[dict[str, Any]]:
     for name in names:
         node, _, output = name.partition(":")
         ref = f"{node}:{output}" if output else node
-        out.append({"id": f"{node}-{output or 'main'}", "type": "file", "inputs": [ref],
-                    "config": {"path": f"out/{node}-{output or 'main'}"}})
+        out.append(
+            {
+                "id": f"{node}-{output or 'main'}",
+                "type": "file",
+                "inputs": [ref],
+                "config": {"path": f"out/{node}-{output or 'main'}"},
+            }
+        )
     return out
 
 
@@ -124,11 +130,25 @@ def tumbling_reference(events, *, size: int, delay: int, lateness: int):
 @pytest.mark.parametrize("parallelism", [1, 2, 4])
 def test_tumbling_event_time_with_lateness_and_late_output(tmp_path, mode, parallelism):
     events = stream(3500, delay=300, seed=parallelism, late_every=97)
-    window = {"kind": "tumbling", "time": "event", "sizeMs": 2000, "allowedLatenessMs": 1500, "lateOutput": "late"}
+    window = {
+        "kind": "tumbling",
+        "time": "event",
+        "sizeMs": 2000,
+        "allowedLatenessMs": 1500,
+        "lateOutput": "late",
+    }
     model = {
         "sources": [event_source(300)],
-        "operators": [{"id": "win", "type": "window", "inputs": ["src"], "key": {"field": "k"}, "window": window,
-                       "aggregate": {"kind": "sum", "field": "v"}}],
+        "operators": [
+            {
+                "id": "win",
+                "type": "window",
+                "inputs": ["src"],
+                "key": {"field": "k"},
+                "window": window,
+                "aggregate": {"kind": "sum", "field": "v"},
+            }
+        ],
         "sinks": sinks("win", "win:late"),
     }
     out = run_job(tmp_path, model, mode=mode, inputs={"events.jsonl": events}, parallelism=parallelism)
@@ -146,20 +166,36 @@ def test_sliding_and_session_windows(tmp_path, mode, parallelism):
     model = {
         "sources": [event_source(200)],
         "operators": [
-            {"id": "slide", "type": "window", "inputs": ["src"], "key": {"field": "k"}, "fn": "jobfns:values",
-             "window": {"kind": "sliding", "time": "event", "sizeMs": 3000, "slideMs": 1000}},
-            {"id": "session", "type": "window", "inputs": ["src"], "key": {"field": "k"}, "aggregate": "count",
-             "window": {"kind": "session", "time": "event", "gapMs": 90}},
+            {
+                "id": "slide",
+                "type": "window",
+                "inputs": ["src"],
+                "key": {"field": "k"},
+                "fn": "jobfns:values",
+                "window": {"kind": "sliding", "time": "event", "sizeMs": 3000, "slideMs": 1000},
+            },
+            {
+                "id": "session",
+                "type": "window",
+                "inputs": ["src"],
+                "key": {"field": "k"},
+                "aggregate": "count",
+                "window": {"kind": "session", "time": "event", "gapMs": 90},
+            },
         ],
         "sinks": sinks("slide", "session"),
     }
-    out = run_job(tmp_path, model, mode=mode, fns=FNS, inputs={"events.jsonl": events}, parallelism=parallelism)
+    out = run_job(
+        tmp_path, model, mode=mode, fns=FNS, inputs={"events.jsonl": events}, parallelism=parallelism
+    )
     sliding: dict[tuple[str, int], list[int]] = defaultdict(list)
     for e in events:
         last = e["ts"] - e["ts"] % 1000
         for start in range(last, e["ts"] - 3000, -1000):
             sliding[(e["k"], start)].append(e["v"])
-    expected = [{"key": k, "start": s, "end": s + 3000, "value": sorted(vs)} for (k, s), vs in sliding.items()]
+    expected = [
+        {"key": k, "start": s, "end": s + 3000, "value": sorted(vs)} for (k, s), vs in sliding.items()
+    ]
     assert multiset(out["slide-main"]) == multiset(expected)
     sessions = []
     by_key: dict[str, list[int]] = defaultdict(list)
@@ -183,8 +219,16 @@ def test_processing_time_window_fires_everything_at_end(tmp_path, mode, parallel
     events = stream(2000, delay=1, seed=3)
     model = {
         "sources": [{"id": "src", "type": "file", "config": {"path": "in/events.jsonl", "format": "jsonl"}}],
-        "operators": [{"id": "win", "type": "window", "inputs": ["src"], "key": {"field": "k"}, "aggregate": "count",
-                       "window": {"kind": "tumbling", "time": "processing", "sizeMs": 86_400_000}}],
+        "operators": [
+            {
+                "id": "win",
+                "type": "window",
+                "inputs": ["src"],
+                "key": {"field": "k"},
+                "aggregate": "count",
+                "window": {"kind": "tumbling", "time": "processing", "sizeMs": 86_400_000},
+            }
+        ],
         "sinks": sinks("win"),
     }
     out = run_job(tmp_path, model, mode=mode, inputs={"events.jsonl": events}, parallelism=parallelism)
@@ -203,17 +247,28 @@ def test_process_function_with_state_and_event_timers(tmp_path, mode, parallelis
     events = stream(3000, delay=150, seed=20 + parallelism)
     model = {
         "sources": [event_source(150)],
-        "operators": [{"id": "buckets", "type": "process", "inputs": ["src"], "key": {"field": "k"},
-                       "fn": "jobfns:Buckets"}],
+        "operators": [
+            {
+                "id": "buckets",
+                "type": "process",
+                "inputs": ["src"],
+                "key": {"field": "k"},
+                "fn": "jobfns:Buckets",
+            }
+        ],
         "sinks": sinks("buckets"),
     }
-    out = run_job(tmp_path, model, mode=mode, fns=FNS, inputs={"events.jsonl": events}, parallelism=parallelism)
+    out = run_job(
+        tmp_path, model, mode=mode, fns=FNS, inputs={"events.jsonl": events}, parallelism=parallelism
+    )
     groups: dict[tuple[str, int], list[int]] = defaultdict(list)
     first: dict[str, int] = {}
     for e in events:
         groups[(e["k"], e["ts"] // 1000)].append(e["v"])
         first[e["k"]] = min(first.get(e["k"], e["ts"] // 1000), e["ts"] // 1000)
-    expected = [{"key": k, "bucket": b, "values": sorted(vs), "first": first[k]} for (k, b), vs in groups.items()]
+    expected = [
+        {"key": k, "bucket": b, "values": sorted(vs), "first": first[k]} for (k, b), vs in groups.items()
+    ]
     assert multiset(out["buckets-main"]) == multiset(expected)
 
 
@@ -264,12 +319,23 @@ def test_cep_patterns_with_out_of_order_and_late_events(tmp_path, mode, parallel
     is_small = lambda r: r["amount"] < 1  # noqa: E731
     is_mid = lambda r: 1 <= r["amount"] < 500  # noqa: E731
     is_large = lambda r: r["amount"] >= 500  # noqa: E731
-    pattern_a = {"steps": [{"name": "small", "where": "jobfns:is_small"},
-                           {"name": "large", "where": "jobfns:is_large"}], "withinMs": 3000, "time": "event"}
-    pattern_b = {"steps": [{"name": "small", "where": "jobfns:is_small"},
-                           {"name": "mid", "where": "jobfns:is_mid", "quantifier": "oneOrMore", "contiguity": "strict"},
-                           {"name": "large", "where": "jobfns:is_large", "contiguity": "strict"}],
-                 "withinMs": 5000, "time": "event"}
+    pattern_a = {
+        "steps": [
+            {"name": "small", "where": "jobfns:is_small"},
+            {"name": "large", "where": "jobfns:is_large"},
+        ],
+        "withinMs": 3000,
+        "time": "event",
+    }
+    pattern_b = {
+        "steps": [
+            {"name": "small", "where": "jobfns:is_small"},
+            {"name": "mid", "where": "jobfns:is_mid", "quantifier": "oneOrMore", "contiguity": "strict"},
+            {"name": "large", "where": "jobfns:is_large", "contiguity": "strict"},
+        ],
+        "withinMs": 5000,
+        "time": "event",
+    }
     src = event_source(400)
     src["config"]["path"] = "in/events.jsonl"
     model = {
@@ -281,10 +347,15 @@ def test_cep_patterns_with_out_of_order_and_late_events(tmp_path, mode, parallel
         "sinks": sinks("probe", "climb"),
     }
     model["sources"][0]["watermark"]["timestampField"] = "ts"
-    out = run_job(tmp_path, model, mode=mode, fns=FNS, inputs={"events.jsonl": events}, parallelism=parallelism)
+    out = run_job(
+        tmp_path, model, mode=mode, fns=FNS, inputs={"events.jsonl": events}, parallelism=parallelism
+    )
     steps_a = [("small", is_small, "relaxed", "one"), ("large", is_large, "relaxed", "one")]
-    steps_b = [("small", is_small, "relaxed", "one"), ("mid", is_mid, "strict", "oneOrMore"),
-               ("large", is_large, "strict", "one")]
+    steps_b = [
+        ("small", is_small, "relaxed", "one"),
+        ("mid", is_mid, "strict", "oneOrMore"),
+        ("large", is_large, "strict", "one"),
+    ]
     expected_a = cep_reference(events, steps_a, 3000, 400)
     expected_b = cep_reference(events, steps_b, 5000, 400)
     assert expected_a and expected_b
