@@ -11,6 +11,8 @@ JSON over HTTP on loopback:
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +31,8 @@ class TaskReport:
     channels: dict[str, dict[str, int]] = field(default_factory=dict)
     done: bool = False
     error: str | None = None
+    registered_at: float | None = None
+    done_at: float | None = None
     registered: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -43,8 +47,8 @@ class ControlServer:
         self._runner: web.AppRunner | None = None
         self.url = ""
 
-    async def start(self) -> str:
-        """Serve on a free loopback port; returns the base URL."""
+    async def start(self, sock: socket.socket) -> str:
+        """Serve on a listening loopback socket; returns the base URL."""
         app = web.Application()
         app.router.add_post("/register", self._register)
         app.router.add_get("/endpoint", self._endpoint)
@@ -54,10 +58,8 @@ class ControlServer:
         app.router.add_get("/run", self._run)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        await web.SockSite(self._runner, sock).start()
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         return self.url
 
     async def stop(self) -> None:
@@ -77,6 +79,7 @@ class ControlServer:
             raise web.HTTPConflict(text=f"stale run {body['run']}: the current run is {self.run}")
         task = self._report(body)
         task.endpoint, task.attempt = body["endpoint"], body["attempt"]
+        task.registered_at = time.monotonic()
         task.registered.set()
         return web.json_response({"ok": True})
 
@@ -98,7 +101,8 @@ class ControlServer:
 
     async def _done(self, request: web.Request) -> web.Response:
         body = await request.json()
-        self._report(body).done = True
+        report = self._report(body)
+        report.done, report.done_at = True, time.monotonic()
         self.changed.set()
         return web.json_response({"ok": True})
 
@@ -107,6 +111,12 @@ class ControlServer:
         self._report(body).error = str(body.get("error", "unknown error"))
         self.changed.set()
         return web.json_response({"ok": True})
+
+    def processing_seconds(self) -> float:
+        """From the last task's registration to the last task's end (0 when unknown)."""
+        starts = [t.registered_at for t in self.tasks.values() if t.registered_at is not None]
+        ends = [t.done_at for t in self.tasks.values() if t.done_at is not None]
+        return max(ends) - max(starts) if starts and ends else 0.0
 
     async def _run(self, request: web.Request) -> web.Response:
         return web.json_response({"run": self.run})

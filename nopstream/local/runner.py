@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import subprocess
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from nopstream.local import inprocess
+from nopstream.local import inprocess, processes, worker
 from nopstream.local.control import ControlServer
 from nopstream.plan import compiler
 from nopstream.plan.partitioned import PartitionedPlan
@@ -47,6 +45,7 @@ class RunResult:
     """What a finished run reports."""
 
     seconds: float
+    processing_seconds: float
     records_in: dict[str, int]
     records_out: dict[str, int]
     channels: dict[str, dict[str, int]]
@@ -59,12 +58,13 @@ def run_job(plans: compiler.CompiledPlans, options: RunOptions) -> RunResult:
             sys.path.insert(0, path)
     if options.in_process:
         return asyncio.run(_run_in_process(plans.partitioned, options))
-    return asyncio.run(_run_processes(plans.partitioned, options))
+    return _run_processes(plans.partitioned, options)
 
 
 async def _run_in_process(plan: PartitionedPlan, options: RunOptions) -> RunResult:
     started = time.monotonic()
     tasks = inprocess.build_tasks(plan)
+    processing_started = time.monotonic()
     progress = _Progress(
         plan,
         options,
@@ -86,107 +86,87 @@ async def _run_in_process(plan: PartitionedPlan, options: RunOptions) -> RunResu
         for cid, stats in t.channel_stats().items():
             channels.setdefault(cid, {}).update(stats)
     counts = {t.task_id: (t.metrics.records_in, t.metrics.records_out) for t in tasks}
-    return _result(plan, started, counts, channels)
+    return _result(plan, started, time.monotonic() - processing_started, counts, channels)
 
 
-async def _run_processes(plan: PartitionedPlan, options: RunOptions) -> RunResult:
+def _run_processes(plan: PartitionedPlan, options: RunOptions) -> RunResult:
     started = time.monotonic()
     run = 1
     run_dir = options.workdir / "runs" / plan.identity.job_id / f"run-{run}"
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     plan_path = run_dir / "plan.json"
     plan_path.write_text(compiler.dump_document(plan))
-    control = ControlServer(list(plan.task_ids()), run=run)
-    await control.start()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([*options.python_path, *filter(None, [env.get("PYTHONPATH")])])
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    try:
-        for i, task_id in enumerate(plan.task_ids()):
-            log_path = run_dir / "logs" / f"{task_id.replace('/', '_')}.log"
-            with open(log_path, "wb") as log:
-                procs[task_id] = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "nopstream.cli",
-                        "task",
-                        "--plan",
-                        str(plan_path),
-                        "--task",
-                        task_id,
-                        "--control",
-                        control.url,
-                        "--run",
-                        str(run),
-                        "--attempt",
-                        f"r{run}-a{i}",
-                    ],
-                    stdout=None,
-                    stderr=log,
-                    stdin=subprocess.DEVNULL,
-                    env=env,
-                )
-        progress = _Progress(
-            plan,
-            options,
-            lambda: {t: (r.records_in, r.records_out, r.watermark) for t, r in control.tasks.items()},
+    # The control socket listens before the tasks are forked (they may call it at once);
+    # the children close their copy.
+    sock = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    procs = [
+        processes.fork_task(
+            worker.WorkerSettings(plan_path, task_id, url, run, f"r{run}-a{i}"),
+            run_dir / "logs" / f"{task_id.replace('/', '_')}.log",
+            close_fds=(sock.fileno(),),
         )
-        ticker = asyncio.create_task(progress.loop(), name="progress")
-        try:
-            await _supervise(procs, control, run_dir)
-        finally:
-            ticker.cancel()
-            await asyncio.gather(ticker, return_exceptions=True)
-            progress.done()
+        for i, task_id in enumerate(plan.task_ids())
+    ]
+    try:
+        control = asyncio.run(_control_run(plan, options, run, sock, procs))
     finally:
-        _stop(procs)
-        await control.stop()
+        processes.stop_all(procs)
+        sock.close()
     channels: dict[str, dict[str, int]] = {}
     for report in control.tasks.values():
         for cid, stats in report.channels.items():
             channels.setdefault(cid, {}).update(stats)
     counts = {t: (r.records_in, r.records_out) for t, r in control.tasks.items()}
-    return _result(plan, started, counts, channels)
+    return _result(plan, started, control.processing_seconds(), counts, channels)
 
 
-async def _supervise(
-    procs: dict[str, subprocess.Popen[bytes]], control: ControlServer, run_dir: Path
-) -> None:
+async def _control_run(
+    plan: PartitionedPlan,
+    options: RunOptions,
+    run: int,
+    sock: socket.socket,
+    procs: list[processes.TaskProcess],
+) -> ControlServer:
+    control = ControlServer(list(plan.task_ids()), run=run)
+    await control.start(sock)
+    progress = _Progress(
+        plan,
+        options,
+        lambda: {t: (r.records_in, r.records_out, r.watermark) for t, r in control.tasks.items()},
+    )
+    ticker = asyncio.create_task(progress.loop(), name="progress")
+    try:
+        await _supervise(procs, control)
+    finally:
+        ticker.cancel()
+        await asyncio.gather(ticker, return_exceptions=True)
+        progress.done()
+        await control.stop()
+    return control
+
+
+async def _supervise(procs: list[processes.TaskProcess], control: ControlServer) -> None:
     while True:
         for task_id, report in control.tasks.items():
             if report.error is not None:
                 raise JobFailed(f"task {task_id} failed:\n{report.error.rstrip()}")
-        for task_id, proc in procs.items():
+        for proc in procs:
             code = proc.poll()
             if code is not None and code != 0:
-                log = (run_dir / "logs" / f"{task_id.replace('/', '_')}.log").read_text(errors="replace")
-                tail = "\n".join(log.splitlines()[-15:])
-                raise JobFailed(f"task {task_id} exited with {code}:\n{tail}")
-        if all(p.poll() == 0 for p in procs.values()) and all(r.done for r in control.tasks.values()):
+                tail = "\n".join(proc.log.read_text(errors="replace").splitlines()[-15:])
+                raise JobFailed(f"task {proc.task_id} exited with {code}:\n{tail}")
+        if all(p.poll() == 0 for p in procs) and all(r.done for r in control.tasks.values()):
             return
         control.changed.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(control.changed.wait(), 0.1)
 
 
-def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
-    """Stop every task process by PID: SIGTERM, then SIGKILL after 5 seconds."""
-    live = [p for p in procs.values() if p.poll() is None]
-    for p in live:
-        p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 5
-    for p in live:
-        try:
-            p.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def _result(
     plan: PartitionedPlan,
     started: float,
+    processing: float,
     counts: dict[str, tuple[int, int]],
     channels: dict[str, dict[str, int]],
 ) -> RunResult:
@@ -195,7 +175,7 @@ def _result(
     for v in plan.vertices:
         per_in[v.vertex_id] = sum(counts.get(s.task_id, (0, 0))[0] for s in v.subtasks)
         per_out[v.vertex_id] = sum(counts.get(s.task_id, (0, 0))[1] for s in v.subtasks)
-    return RunResult(time.monotonic() - started, per_in, per_out, channels)
+    return RunResult(time.monotonic() - started, processing, per_in, per_out, channels)
 
 
 class _Progress:

@@ -48,15 +48,15 @@ class ShardCache:
     def __init__(self, shard_count: int) -> None:
         """A cache for `shard_count` shards."""
         self.shard_count = shard_count
-        self._cache: dict[Any, int] = {}
+        self.known: dict[Any, int] = {}  # hot loops may read it directly before calling shard()
 
     def shard(self, key: Any) -> int:
         """The shard of a key."""
-        shard = self._cache.get(key)
+        shard = self.known.get(key)
         if shard is None:
-            if len(self._cache) >= _CACHE_LIMIT:
-                self._cache.clear()
-            shard = self._cache[key] = shard_of(key, self.shard_count)
+            if len(self.known) >= _CACHE_LIMIT:
+                self.known.clear()
+            shard = self.known[key] = shard_of(key, self.shard_count)
         return shard
 
 

@@ -34,11 +34,10 @@ from nopstream.runtime.frames import (
     encode,
 )
 from nopstream.runtime.gate import InputChannel, InputGate
-from nopstream.runtime.transport import HTTP_SETTINGS, TransportSettings
+from nopstream.runtime.transport import TransportSettings, http_settings
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE = 256 << 20
-CLOSE_TIMEOUT = 2.0  # seconds to wait for the peer's close frame; a finished peer may be gone
 
 
 class ChannelRefused(ConnectionError):
@@ -74,12 +73,12 @@ class HttpReceiver:
     """The receiving side of a task: its server routes and its input channels."""
 
     def __init__(
-        self, fencing: Fencing, *, settings: TransportSettings = HTTP_SETTINGS, codec: Codec = DEFAULT_CODEC
+        self, fencing: Fencing, *, settings: TransportSettings | None = None, codec: Codec = DEFAULT_CODEC
     ) -> None:
         """Receive for one task, accepting only what `fencing` allows."""
         self.gate: InputGate | None = None
         self.fencing = fencing
-        self.settings = settings
+        self.settings = settings or http_settings()
         self.codec = codec
         self.channels: dict[str, InputChannel] = {}
         self.connected: set[str] = set()
@@ -182,7 +181,7 @@ class HttpOutput:
         url: str,
         hello: Hello,
         *,
-        settings: TransportSettings = HTTP_SETTINGS,
+        settings: TransportSettings | None = None,
         codec: Codec = DEFAULT_CODEC,
     ) -> HttpOutput:
         """Open the websocket, shake hands, and return the channel; ChannelRefused when refused."""
@@ -191,7 +190,6 @@ class HttpOutput:
             max_msg_size=MAX_MESSAGE,
             autoping=True,
             heartbeat=None,
-            timeout=aiohttp.ClientWSTimeout(ws_close=CLOSE_TIMEOUT),
         )
         await ws.send_bytes(encode(hello, codec))
         reply = await ws.receive()
@@ -202,7 +200,7 @@ class HttpOutput:
         if not isinstance(answer, Welcome):
             await ws.close()
             raise ChannelBroken(f"channel {hello.channel}: no WELCOME from {url} ({reply.type.name})")
-        return cls(hello.channel, ws, CreditWindow(settings.window), codec)
+        return cls(hello.channel, ws, CreditWindow((settings or http_settings()).window), codec)
 
     async def _read_credits(self) -> None:
         try:
@@ -221,10 +219,13 @@ class HttpOutput:
         await self._ws.send_bytes(data)
 
     async def close(self) -> None:
-        """Stop reading credits and close the websocket (the receiver closes it on end-of-input)."""
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+        """Wait until the receiver has every frame, then close.
+
+        Call after sending end-of-input: the receiver closes the websocket once it has
+        received it. Only then has everything left this process; frames still in the
+        transport's buffer would be lost if the process exited earlier.
+        """
+        await self._reader
         await self._ws.close()
 
 
@@ -243,7 +244,7 @@ class HttpIO:
         *,
         run: int,
         attempt: str,
-        settings: TransportSettings = HTTP_SETTINGS,
+        settings: TransportSettings | None = None,
         codec: Codec = DEFAULT_CODEC,
     ) -> None:
         """Connect outputs through `session`, finding downstream tasks with `resolve`."""
@@ -252,7 +253,7 @@ class HttpIO:
         self.resolve = resolve
         self.run = run
         self.attempt = attempt
-        self.settings = settings
+        self.settings = settings or http_settings()
         self.codec = codec
 
     def input(

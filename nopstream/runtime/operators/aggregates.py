@@ -7,6 +7,7 @@ once, at end of input. Accumulators are plain data, so they snapshot as they are
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Protocol
 
 from nopstream.runtime.frames import Batch
@@ -107,10 +108,12 @@ class Aggregate(KeyedOperator):
         """Fold the batch into the per-key accumulators."""
         key_fn, table, shard = self.key_fn, self.table, self.shard
         if self.final and self.count_fast:
-            for r in batch.records:
-                k = key_fn(r)
-                d = table[shard(k)]
-                d[k] = d.get(k, 0) + 1
+            # count each key of the batch once (Counter runs in C), then touch its state once
+            known = self.ctx.shard_cache.known
+            for k, n in Counter(map(key_fn, batch.records)).items():
+                s = known.get(k)
+                d = table[shard(k) if s is None else s]
+                d[k] = d.get(k, 0) + n
             return empty_like(batch)
         agg, out = self.agg, []
         for r in batch.records:

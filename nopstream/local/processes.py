@@ -1,0 +1,90 @@
+"""Task processes of the local runner, forked from it so they start without re-importing.
+
+The runner forks every task process before it starts its own event loop; each child
+runs `worker.serve` in a fresh event loop and leaves with `os._exit`. They are real
+OS processes with their own PIDs, stopped by PID (SIGTERM, then SIGKILL).
+WARNING: fork only from a process with no running event loop and no other threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from nopstream.local import worker
+
+
+class TaskProcess:
+    """A forked task process, polled and stopped by PID."""
+
+    def __init__(self, task_id: str, pid: int, log: Path) -> None:
+        """Track the child `pid` running `task_id`."""
+        self.task_id = task_id
+        self.pid = pid
+        self.log = log
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit code once the process has ended (negative: killed by that signal), else None."""
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def signal(self, sig: int) -> None:
+        """Send a signal if the process still runs."""
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def wait(self, timeout: float) -> int | None:
+        """Wait up to `timeout` seconds for the exit code."""
+        deadline = time.monotonic() + timeout
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.returncode
+
+
+def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[int, ...] = ()) -> TaskProcess:
+    """Fork a process that runs one task; its stderr goes to `log`."""
+    pid = os.fork()
+    if pid:
+        return TaskProcess(settings.task_id, pid, log)
+    code = 1
+    try:
+        for fd in close_fds:
+            os.close(fd)
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(out, 2)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True
+        )
+        asyncio.run(worker.serve(settings))
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def stop_all(procs: list[TaskProcess], grace: float = 5.0) -> None:
+    """Stop every live process: SIGTERM, then SIGKILL after `grace` seconds; reap them all."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        p.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in live:
+        if p.wait(max(0.0, deadline - time.monotonic())) is None:
+            p.signal(signal.SIGKILL)
+            p.wait(10)
