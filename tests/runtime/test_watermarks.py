@@ -1,0 +1,45 @@
+"""Watermark generation at sources and combination over input channels."""
+
+from __future__ import annotations
+
+from nopstream.runtime.frames import MAX_TIMESTAMP, MIN_TIMESTAMP
+from nopstream.runtime.watermarks import InputWatermarks, WatermarkGenerator
+
+
+def test_combined_watermark_is_the_minimum_over_active_channels():
+    wm = InputWatermarks(["a", "b", "c"])
+    assert wm.update("a", 100) is None  # b and c still at the minimum
+    assert wm.update("b", 50) is None
+    assert wm.update("c", 70) == 50
+    assert wm.update("b", 200) == 70
+    assert wm.update("c", 10, idle=True) == 100  # an idle channel does not hold event time back
+    assert wm.update("a", 90) is None  # watermarks never go back
+    assert wm.end("b") is None
+    assert wm.update("a", 300) == 300
+    wm.activity("c")  # records on c: active again, at its last mark
+    assert wm.current == 300 and wm.marks["c"] == 70
+    assert wm.end("a") is None and wm.end("c") == MAX_TIMESTAMP
+    restored = InputWatermarks(["a", "b", "c"])
+    restored.restore(wm.snapshot())
+    assert restored.snapshot() == wm.snapshot()
+
+
+def test_bounded_out_of_orderness_and_idleness():
+    now = [0]
+    gen = WatermarkGenerator({"maxOutOfOrdernessMs": 30, "idleTimeoutMs": 500}, lambda: now[0])
+    assert gen.due() is None
+    gen.observe([100, 80, 120])
+    assert gen.due() == (90, False)
+    assert gen.due() is None
+    gen.observe([110])  # late relative to the max: the watermark stays
+    assert gen.due() is None
+    now[0] = 499
+    assert gen.due() is None
+    now[0] = 500
+    assert gen.due() == (90, True)
+    gen.observe([200])
+    assert gen.due() == (170, False) and not gen.idle
+    other = WatermarkGenerator({}, lambda: 0)
+    other.restore(gen.snapshot())
+    assert other.snapshot() == {"maxSeen": 200, "emitted": 170}
+    assert MIN_TIMESTAMP < 0
