@@ -49,7 +49,8 @@ class Buckets:
         return []
 
     def on_timer(self, ts, ctx):
-        return [{"k": ctx.key, "b": ts // 100, "vs": sorted(ctx.map("b").pop(str(ts // 100))), "n": ctx.value("n")}]
+        values = sorted(ctx.map("b").pop(str(ts // 100)))
+        return [{"k": ctx.key, "b": ts // 100, "vs": values, "n": ctx.value("n")}]
 """
 
 OPERATORS = {
