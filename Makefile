@@ -15,8 +15,7 @@ servers:
 	@scripts/install-servers.sh
 
 run: setup
-	$(VENV)/bin/nopstream validate $(JOB)
-	$(VENV)/bin/nopstream plan $(JOB)
+	$(VENV)/bin/nopstream run $(JOB)
 
 lint: setup
 	$(VENV)/bin/ruff check nopstream operator tests bench examples e2e
@@ -29,3 +28,4 @@ test: setup servers lint
 
 bench: setup
 	$(VENV)/bin/python bench/compile.py
+	$(VENV)/bin/python bench/throughput.py

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -61,10 +62,30 @@ def build_tasks(
     ]
 
 
+class TaskFailed(Exception):
+    """A task of an in-process run raised; carries its id and traceback."""
+
+    def __init__(self, task_id: str, error: BaseException) -> None:
+        """Wrap `error`, raised by task `task_id`."""
+        self.task_id = task_id
+        self.trace = "".join(traceback.format_exception(error, limit=8))
+        super().__init__(f"task {task_id} failed:\n{self.trace.rstrip()}")
+
+
+async def _run_one(task: Task) -> None:
+    try:
+        await task.run()
+    except Exception as error:
+        raise TaskFailed(task.task_id, error) from error
+
+
 async def run_tasks(tasks: list[Task]) -> None:
-    """Connect and run every task; the first failure cancels the others and is raised."""
+    """Connect and run every task; the first failure cancels the others and is raised as TaskFailed."""
     for task in tasks:
         await task.connect()
-    async with asyncio.TaskGroup() as group:
-        for task in tasks:
-            group.create_task(task.run(), name=task.task_id)
+    try:
+        async with asyncio.TaskGroup() as group:
+            for task in tasks:
+                group.create_task(_run_one(task), name=task.task_id)
+    except* TaskFailed as failures:
+        raise failures.exceptions[0] from None

@@ -75,8 +75,8 @@ async def _run_in_process(plan: PartitionedPlan, options: RunOptions) -> RunResu
     ticker = asyncio.create_task(progress.loop(), name="progress")
     try:
         await inprocess.run_tasks(tasks)
-    except* Exception as group:
-        raise JobFailed(f"task failed: {group.exceptions[0]!r}") from group.exceptions[0]
+    except inprocess.TaskFailed as failure:
+        raise JobFailed(str(failure)) from failure
     finally:
         ticker.cancel()
         await asyncio.gather(ticker, return_exceptions=True)

@@ -1,0 +1,73 @@
+"""`nopstream run`: a failing task fails the run with its error; progress on a terminal; the example."""
+
+from __future__ import annotations
+
+import io
+import json
+import textwrap
+
+import pytest
+
+from nopstream.local import runner
+from nopstream.model.load import load_data
+from nopstream.plan import compiler
+
+from tests.conftest import ROOT, run_nopstream
+from tests.runtime.conftest import run_job
+
+
+@pytest.mark.parametrize("mode", ["processes", "in-process"])
+def test_a_failing_task_fails_the_run_with_its_error(tmp_path, mode):
+    fns = """
+        def explode(r):
+            if r == 1234:
+                raise ValueError("record 1234 is cursed")
+            return r
+    """
+    model = {
+        "sources": [{"id": "src", "type": "generator", "config": {"count": 5000}}],
+        "operators": [{"id": "boom", "type": "map", "inputs": ["src"], "fn": "jobfns:explode"}],
+        "sinks": [{"id": "out", "type": "file", "inputs": ["boom"], "config": {"path": "out/out"}}],
+    }
+    (tmp_path / "jobfns.py").write_text(textwrap.dedent(fns))
+    run_job(tmp_path, model, mode=mode, fns=textwrap.dedent(fns), parallelism=2, expect_code=3)
+    args = ["run", "job.yaml"] + (["--in-process"] if mode == "in-process" else [])
+    result = run_nopstream(*args, cwd=tmp_path)
+    assert result.code == 3
+    assert result.err.startswith("job 'test' failed: task")
+    assert "ValueError: record 1234 is cursed" in result.err
+
+
+def test_progress_line_shows_rates_per_vertex(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = {
+        "jobId": "progress",
+        "model": {
+            "sources": [{"id": "src", "type": "generator", "config": {"count": 3000, "ratePerSecond": 1500}}],
+            "sinks": [{"id": "out", "type": "file", "inputs": ["src"], "partitioning": "rebalance", "config": {"path": "out"}}],
+        },
+    }
+    plans = compiler.compile_model(load_data(model), backend="local")
+    shown = io.StringIO()
+    runner.run_job(plans, runner.RunOptions(in_process=True, progress=shown))
+    lines = [line for line in shown.getvalue().split("\r") if line.strip()]
+    assert lines, "no progress line was shown"
+    assert lines[0].startswith("src in ") and " | out in " in lines[0]
+    quiet = io.StringIO()
+    runner.run_job(plans, runner.RunOptions(in_process=True, progress=quiet, quiet=True))
+    assert quiet.getvalue() == ""
+
+
+def test_the_wordcount_example_runs_end_to_end(tmp_path):
+    result = run_nopstream("run", str(ROOT / "examples" / "wordcount.yaml"), "--workdir", str(tmp_path / "w"))
+    assert result.code == 0, result.err
+    assert f"sink 'out' wrote to {ROOT / 'out' / 'wordcount'}" in result.err
+    counts = {}
+    for line in (ROOT / "out" / "wordcount" / "out-0.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        counts[record["key"]] = record["value"]
+    expected: dict[str, int] = {}
+    for path in sorted((ROOT / "examples" / "data" / "wordcount").glob("*.txt")):
+        for word in path.read_text().lower().split():
+            expected[word] = expected.get(word, 0) + 1
+    assert counts == expected
