@@ -3,7 +3,10 @@
 # ~/.cache/nopstream), so the second run is fast.
 CACHE ?= $(HOME)/.cache/nopstream
 export NOPSTREAM_CACHE := $(CACHE)
+# The checkout is used in place: on PYTHONPATH, run as `python -m nopstream`.
+export PYTHONPATH := $(CURDIR):$(CURDIR)/operator$(if $(PYTHONPATH),:$(PYTHONPATH))
 VENV = $(shell scripts/venv.sh)
+PY = $(VENV)/bin/python
 JOB ?= examples/wordcount.yaml
 
 .PHONY: run test lint setup servers bench
@@ -15,7 +18,7 @@ servers:
 	@scripts/install-servers.sh
 
 run: setup
-	$(VENV)/bin/nopstream run $(JOB)
+	$(PY) -m nopstream run $(JOB)
 
 lint: setup
 	$(VENV)/bin/ruff check nopstream operator tests bench examples e2e
@@ -24,8 +27,8 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 test: setup servers lint
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: setup
-	$(VENV)/bin/python bench/compile.py
-	$(VENV)/bin/python bench/throughput.py
+	$(PY) bench/compile.py
+	$(PY) bench/throughput.py

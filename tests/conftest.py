@@ -24,12 +24,12 @@ class Result:
 
 
 def run_nopstream(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> Result:
-    """Run `nopstream ARGS` as its own OS process (the console script of the venv)."""
-    exe = Path(sys.executable).with_name("nopstream")
+    """Run `python -m nopstream ARGS` as its own OS process, on this checkout."""
+    path = os.pathsep.join([str(ROOT), str(ROOT / "operator"), *filter(None, [os.environ.get("PYTHONPATH")])])
     proc = subprocess.run(
-        [str(exe), *args],
+        [sys.executable, "-m", "nopstream", *args],
         cwd=cwd,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "PYTHONPATH": path, **(env or {})},
         capture_output=True,
         text=True,
         timeout=120,

@@ -11,7 +11,6 @@ import pytest
 from nopstream.local import runner
 from nopstream.model.load import load_data
 from nopstream.plan import compiler
-
 from tests.conftest import ROOT, run_nopstream
 from tests.runtime.conftest import run_job
 
@@ -44,7 +43,15 @@ def test_progress_line_shows_rates_per_vertex(tmp_path, monkeypatch):
         "jobId": "progress",
         "model": {
             "sources": [{"id": "src", "type": "generator", "config": {"count": 3000, "ratePerSecond": 1500}}],
-            "sinks": [{"id": "out", "type": "file", "inputs": ["src"], "partitioning": "rebalance", "config": {"path": "out"}}],
+            "sinks": [
+                {
+                    "id": "out",
+                    "type": "file",
+                    "inputs": ["src"],
+                    "partitioning": "rebalance",
+                    "config": {"path": "out"},
+                }
+            ],
         },
     }
     plans = compiler.compile_model(load_data(model), backend="local")
