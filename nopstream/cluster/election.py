@@ -1,0 +1,73 @@
+"""Leader election of a job's coordinator, and fenced writes by the leader.
+
+Candidates race to create the job's `coordinator` key bound to their lease; the
+winner's **fencing token** is the revision that created the key. Standbys watch the
+key and campaign again when it goes (its holder's lease ended). Every write a leader
+makes is a transaction that also checks the key still has its create revision: once
+another candidate has won (the key was deleted and created again), the old leader's
+writes fail with `Fenced` and it must step down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+
+from nopstream.cluster.backend import Backend
+from nopstream.cluster.errors import Fenced
+from nopstream.cluster.layout import Layout
+
+
+@dataclass(frozen=True)
+class Leadership:
+    """A won election: who, and the fencing token every write is checked against."""
+
+    backend: Backend
+    layout: Layout
+    candidate: str
+    token: int
+
+    async def write(self, writes: dict[str, bytes]) -> None:
+        """Write keys atomically while still the leader; Fenced otherwise."""
+        ok = await self.backend.put_if_created_at(
+            writes, guard=self.layout.coordinator, create_revision=self.token
+        )
+        if not ok:
+            raise Fenced(f"coordinator {self.candidate} (token {self.token}) is no longer the leader")
+
+
+class Election:
+    """Campaigns for the coordinator key of one job."""
+
+    def __init__(self, backend: Backend, layout: Layout, candidate: str) -> None:
+        """A candidate named `candidate` (unique per process, e.g. pod name and attempt)."""
+        self.backend = backend
+        self.layout = layout
+        self.candidate = candidate
+
+    async def campaign(self, lease: int) -> Leadership:
+        """Wait until this candidate leads; the key is bound to `lease`."""
+        key = self.layout.coordinator
+        value = json.dumps({"candidate": self.candidate}).encode()
+        while True:
+            start = await self.backend.revision()
+            token = await self.backend.create(key, value, lease=lease)
+            if token is not None:
+                return Leadership(self.backend, self.layout, self.candidate, token)
+            current = await self.backend.get(key)
+            if current is None:
+                continue
+            async with contextlib.aclosing(
+                self.backend.watch_prefix(key, start_revision=start + 1)
+            ) as events:
+                async for event in events:
+                    if event.key == key and event.kind == "delete":
+                        break
+
+    async def leader(self) -> tuple[str, int] | None:
+        """(candidate, token) of the current leader, if any."""
+        entry = await self.backend.get(self.layout.coordinator)
+        if entry is None:
+            return None
+        return json.loads(entry.value)["candidate"], entry.create_revision

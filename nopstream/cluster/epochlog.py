@@ -1,0 +1,84 @@
+"""The epoch log: each epoch's state, written only by the current coordinator.
+
+Entries are JSON under `epochs/{epoch}`: `{"epoch", "state", "token", "writer",
+"detail"}`. Every write is fenced by the writer's leadership (one transaction with
+the leader check); marking an epoch DURABLE moves the `latest-durable` pointer in the
+same transaction. Recovery never relies on COMMITTED: it re-commits every DURABLE.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from nopstream.cluster.backend import Backend
+from nopstream.cluster.election import Leadership
+from nopstream.cluster.layout import Layout
+
+
+class EpochState(StrEnum):
+    """The states an epoch passes through in the log."""
+
+    CREATED = "CREATED"
+    DURABLE = "DURABLE"
+    COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"
+
+
+@dataclass(frozen=True)
+class EpochEntry:
+    """One epoch's latest log entry."""
+
+    epoch: int
+    state: EpochState
+    token: int
+    writer: str
+    detail: dict[str, Any]
+
+
+class EpochLog:
+    """Reads and (fenced) writes of one job's epoch log."""
+
+    def __init__(self, backend: Backend, layout: Layout) -> None:
+        """The log of the job at `layout`."""
+        self.backend = backend
+        self.layout = layout
+
+    async def record(self, leadership: Leadership, epoch: int, state: EpochState, **detail: Any) -> None:
+        """Write an epoch's state as the leader; Fenced when no longer the leader."""
+        entry = {
+            "epoch": epoch,
+            "state": state.value,
+            "token": leadership.token,
+            "writer": leadership.candidate,
+            "detail": detail,
+        }
+        writes = {self.layout.epoch(epoch): json.dumps(entry, sort_keys=True).encode()}
+        if state is EpochState.DURABLE:
+            pointer = {"epoch": epoch, "token": leadership.token, "writer": leadership.candidate}
+            writes[self.layout.latest_durable] = json.dumps(pointer, sort_keys=True).encode()
+        await leadership.write(writes)
+
+    async def entries(self) -> list[EpochEntry]:
+        """Every epoch's latest entry, by epoch."""
+        found = await self.backend.get_prefix(self.layout.epochs)
+        out = []
+        for entry in found.values():
+            data = json.loads(entry.value)
+            out.append(
+                EpochEntry(
+                    int(data["epoch"]),
+                    EpochState(data["state"]),
+                    int(data["token"]),
+                    data["writer"],
+                    data.get("detail", {}),
+                )
+            )
+        return sorted(out, key=lambda e: e.epoch)
+
+    async def latest_durable(self) -> int | None:
+        """The latest durable epoch, or None."""
+        entry = await self.backend.get(self.layout.latest_durable)
+        return None if entry is None else int(json.loads(entry.value)["epoch"])

@@ -1,0 +1,59 @@
+"""Where each coordination record lives (docs/coordination.md).
+
+Under `/nopstream/{namespace}/{jobId}/{pipelineId}/`:
+  coordinator                    the elected coordinator (bound to its lease)
+  run                            the current run, advanced by compare-and-swap
+  runs/{run}/tasks/{taskId}      a task's registration (bound to the task's lease)
+  epochs/{epoch:020d}            an epoch-log entry (fenced writes)
+  latest-durable                 the latest durable epoch (fenced writes)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The keys of one job's coordination records."""
+
+    namespace: str
+    job_id: str
+    pipeline_id: str
+
+    @property
+    def prefix(self) -> str:
+        """The job's root."""
+        return f"/nopstream/{self.namespace}/{self.job_id}/{self.pipeline_id}/"
+
+    @property
+    def coordinator(self) -> str:
+        """The election key."""
+        return self.prefix + "coordinator"
+
+    @property
+    def run(self) -> str:
+        """The current run."""
+        return self.prefix + "run"
+
+    def tasks(self, run: int) -> str:
+        """The registry prefix of a run."""
+        return f"{self.prefix}runs/{run}/tasks/"
+
+    def task(self, run: int, task_id: str) -> str:
+        """A task's registration key (task ids contain '/', kept as they are)."""
+        return self.tasks(run) + task_id
+
+    @property
+    def epochs(self) -> str:
+        """The epoch-log prefix."""
+        return self.prefix + "epochs/"
+
+    def epoch(self, epoch: int) -> str:
+        """An epoch's log key; zero-padded so keys sort by epoch."""
+        return f"{self.epochs}{epoch:020d}"
+
+    @property
+    def latest_durable(self) -> str:
+        """The latest-durable pointer."""
+        return self.prefix + "latest-durable"

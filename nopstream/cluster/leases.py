@@ -1,0 +1,67 @@
+"""Keeping a lease alive, and knowing when it is lost.
+
+A holder (task or coordinator) grants a lease and refreshes it every TTL/3. When a
+refresh finds the lease gone, or refreshes have failed for a whole TTL (the store
+unreachable), `lost` is set: the holder must stop acting and exit (crash-only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from types import TracebackType
+
+from nopstream.cluster.backend import Backend, LeaseExpired, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    """Grants a lease and keeps it alive in the background; `async with` it."""
+
+    def __init__(self, backend: Backend, ttl: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+        """A keeper of a `ttl`-second lease on `backend`."""
+        self.backend = backend
+        self.ttl = ttl
+        self.clock = clock
+        self.lease = 0
+        self.lost = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> LeaseKeeper:
+        self.lease = await self.backend.grant(self.ttl)
+        self._task = asyncio.create_task(self._keep(), name=f"lease {self.lease:x}")
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _keep(self) -> None:
+        last_ok = self.clock()
+        while not self.lost.is_set():
+            await asyncio.sleep(self.ttl / 3)
+            try:
+                await asyncio.wait_for(self.backend.refresh(self.lease), self.ttl / 3)
+                last_ok = self.clock()
+            except LeaseExpired:
+                log.error("lease %x expired", self.lease)
+                self.lost.set()
+            except (StoreUnavailable, TimeoutError) as exc:
+                if self.clock() - last_ok >= self.ttl:
+                    log.error("lease %x lost: no refresh for %ss (%s)", self.lease, self.ttl, exc)
+                    self.lost.set()
+
+    async def close(self, *, revoke: bool = True) -> None:
+        """Stop refreshing and (by default) revoke the lease."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if revoke and self.lease and not self.lost.is_set():
+            with contextlib.suppress(StoreUnavailable, LeaseExpired, TimeoutError):
+                await asyncio.wait_for(self.backend.revoke(self.lease), self.ttl)

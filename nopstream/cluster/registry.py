@@ -1,0 +1,85 @@
+"""The run generation and the task registry.
+
+`run` only moves by compare-and-swap from the value the caller saw, so many events
+about one failure advance it once. A task registers under its run as
+`runs/{run}/tasks/{taskId}` -> `{"attempt", "endpoint"}`, bound to its own lease: when
+the task dies its registration goes with its lease, and watchers see the departure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+from nopstream.cluster.backend import Backend
+from nopstream.cluster.layout import Layout
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A task's registration in a run."""
+
+    task_id: str
+    attempt: str
+    endpoint: str
+
+
+@dataclass(frozen=True)
+class Change:
+    """A task arrived in or departed from a run."""
+
+    kind: str  # "arrived" or "departed"
+    task_id: str
+    registration: Registration | None
+
+
+class Registry:
+    """The run counter and the task registry of one job."""
+
+    def __init__(self, backend: Backend, layout: Layout) -> None:
+        """The registry of the job at `layout`."""
+        self.backend = backend
+        self.layout = layout
+
+    async def current_run(self) -> int:
+        """The current run (0 before the first)."""
+        entry = await self.backend.get(self.layout.run)
+        return 0 if entry is None else int(entry.value)
+
+    async def advance_run(self, expected: int) -> bool:
+        """Move the run from `expected` to `expected + 1`; False when it had moved already."""
+        old = None if expected == 0 else str(expected).encode()
+        return await self.backend.compare_and_swap(self.layout.run, old, str(expected + 1).encode())
+
+    async def register(self, run: int, registration: Registration, *, lease: int) -> None:
+        """Register a task under a run, bound to its lease."""
+        value = json.dumps({"attempt": registration.attempt, "endpoint": registration.endpoint}).encode()
+        await self.backend.put(self.layout.task(run, registration.task_id), value, lease=lease)
+
+    async def tasks(self, run: int) -> dict[str, Registration]:
+        """Every task registered under a run."""
+        prefix = self.layout.tasks(run)
+        found = await self.backend.get_prefix(prefix)
+        return {
+            key[len(prefix) :]: self._registration(key[len(prefix) :], e.value) for key, e in found.items()
+        }
+
+    async def watch(self, run: int, *, start_revision: int = 0) -> AsyncGenerator[Change, None]:
+        """Arrivals and departures under a run, as they happen."""
+        prefix = self.layout.tasks(run)
+        async with contextlib.aclosing(
+            self.backend.watch_prefix(prefix, start_revision=start_revision)
+        ) as events:
+            async for event in events:
+                task_id = event.key[len(prefix) :]
+                if event.kind == "put":
+                    yield Change("arrived", task_id, self._registration(task_id, event.value))
+                else:
+                    yield Change("departed", task_id, None)
+
+    @staticmethod
+    def _registration(task_id: str, value: bytes) -> Registration:
+        data = json.loads(value)
+        return Registration(task_id, data["attempt"], data["endpoint"])
