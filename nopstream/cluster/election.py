@@ -17,19 +17,28 @@ from dataclasses import dataclass
 from nopstream.cluster.backend import Backend
 from nopstream.cluster.errors import Fenced
 from nopstream.cluster.layout import Layout
+from nopstream.cluster.leases import LeaseKeeper
 
 
 @dataclass(frozen=True)
 class Leadership:
-    """A won election: who, and the fencing token every write is checked against."""
+    """A won election: who, the fencing token every write is checked against, and its lease."""
 
     backend: Backend
     layout: Layout
     candidate: str
     token: int
+    keeper: LeaseKeeper
 
     async def write(self, writes: dict[str, bytes]) -> None:
-        """Write keys atomically while still the leader; Fenced otherwise."""
+        """Write keys atomically while still the leader; Fenced otherwise.
+
+        A leader whose lease keeper has reported the lease lost fences itself: the
+        store may still hold its key for a while (etcd renews leases when it
+        restarts), but the holder has stopped acting.
+        """
+        if self.keeper.lost.is_set():
+            raise Fenced(f"coordinator {self.candidate} (token {self.token}) lost its lease")
         ok = await self.backend.put_if_created_at(
             writes, guard=self.layout.coordinator, create_revision=self.token
         )
@@ -46,15 +55,15 @@ class Election:
         self.layout = layout
         self.candidate = candidate
 
-    async def campaign(self, lease: int) -> Leadership:
-        """Wait until this candidate leads; the key is bound to `lease`."""
+    async def campaign(self, keeper: LeaseKeeper) -> Leadership:
+        """Wait until this candidate leads; the key is bound to the keeper's lease."""
         key = self.layout.coordinator
         value = json.dumps({"candidate": self.candidate}).encode()
         while True:
             start = await self.backend.revision()
-            token = await self.backend.create(key, value, lease=lease)
+            token = await self.backend.create(key, value, lease=keeper.lease)
             if token is not None:
-                return Leadership(self.backend, self.layout, self.candidate, token)
+                return Leadership(self.backend, self.layout, self.candidate, token, keeper)
             current = await self.backend.get(key)
             if current is None:
                 continue
