@@ -1,0 +1,110 @@
+"""What storage holds for a checkpoint namespace: durable epochs, verified reads, retention.
+
+Storage is the truth: an epoch is durable exactly when its manifest exists and
+verifies, so recovery can find the latest durable epoch by listing storage even when
+the epoch log is gone. Retention keeps the latest N durable epochs and every
+savepoint, and removes orphans: objects of epochs without a manifest that are older
+than the latest durable epoch (an epoch newer than it may still be in flight).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nopstream.checkpoint.errors import RestoreRefused, StorageError
+from nopstream.checkpoint.formats import (
+    MANIFEST_NAME,
+    SegmentRef,
+    check_plan,
+    decode_manifest,
+    decode_segment,
+    manifest_path,
+)
+from nopstream.checkpoint.storage import Storage
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A verified durable epoch: its manifest and every segment's payload by path."""
+
+    epoch: int
+    manifest: dict[str, Any]
+    segments: dict[str, Any]
+
+
+def _epochs_with(storage: Storage, namespace: str) -> dict[int, list[str]]:
+    prefix = f"checkpoint/{namespace}/"
+    found: dict[int, list[str]] = {}
+    for path in storage.list(prefix):
+        head = path[len(prefix) :].split("/", 1)[0]
+        if head.isdigit():
+            found.setdefault(int(head), []).append(path)
+    return found
+
+
+def durable_epochs(storage: Storage, namespace: str) -> list[int]:
+    """Epochs that have a manifest, oldest first (not yet verified)."""
+    return sorted(
+        e for e, paths in _epochs_with(storage, namespace).items() if manifest_path(namespace, e) in paths
+    )
+
+
+def latest_durable(storage: Storage, namespace: str) -> int | None:
+    """The newest epoch with a manifest, or None."""
+    epochs = durable_epochs(storage, namespace)
+    return epochs[-1] if epochs else None
+
+
+def read_manifest(storage: Storage, namespace: str, epoch: int) -> dict[str, Any]:
+    """An epoch's verified manifest; RestoreRefused when missing or damaged."""
+    path = manifest_path(namespace, epoch)
+    try:
+        data = storage.get(path)
+    except StorageError:
+        raise RestoreRefused(f"epoch {epoch} has no manifest at {storage.describe()}/{path}") from None
+    return decode_manifest(data, path=path, epoch=epoch)
+
+
+def load_checkpoint(storage: Storage, namespace: str, epoch: int, *, plan_fingerprint: str) -> Checkpoint:
+    """Read and verify an epoch: its manifest, the plan it was taken with, every segment."""
+    manifest = read_manifest(storage, namespace, epoch)
+    check_plan(manifest, fingerprint=plan_fingerprint, epoch=epoch)
+    segments: dict[str, Any] = {}
+    for task in manifest.get("tasks", {}).values():
+        for raw in task.get("segments", []):
+            ref = SegmentRef(raw["path"], raw["sha256"], int(raw["bytes"]))
+            try:
+                data = storage.get(ref.path)
+            except StorageError:
+                raise RestoreRefused(f"segment {ref.path} of epoch {epoch} is missing") from None
+            _, payload = decode_segment(data, path=ref.path, epoch=epoch, ref=ref)
+            segments[ref.path] = payload
+    return Checkpoint(epoch, manifest, segments)
+
+
+def apply_retention(storage: Storage, namespace: str, *, keep: int) -> list[str]:
+    """Delete what retention lets go; returns the deleted paths.
+
+    Kept: the latest `keep` durable epochs, every savepoint, and every epoch newer
+    than the latest durable one (in flight). Deleted: older durable epochs, and
+    orphans (objects of older epochs that never got a manifest).
+    """
+    epochs = _epochs_with(storage, namespace)
+    durable = sorted(e for e, paths in epochs.items() if manifest_path(namespace, e) in paths)
+    if not durable:
+        return []
+    kept = set(durable[-keep:]) if keep > 0 else set()
+    for epoch in durable:
+        if epoch not in kept and read_manifest(storage, namespace, epoch).get("kind") == "savepoint":
+            kept.add(epoch)
+    newest = durable[-1]
+    deleted = []
+    for epoch, paths in sorted(epochs.items()):
+        if epoch in kept or epoch > newest:
+            continue
+        # the manifest goes first, so a crash mid-way never leaves a manifest without segments
+        for path in sorted(paths, key=lambda p: not p.endswith(MANIFEST_NAME)):
+            storage.delete(path)
+            deleted.append(path)
+    return deleted

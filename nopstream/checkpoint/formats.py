@@ -1,0 +1,143 @@
+"""State segments and epoch manifests: their bytes, checksums and verification.
+
+Segment: one JSON header line, then the payload.
+    {"bytes": N, "codec": "json", "format": "nopstream-segment", "formatVersion": 1,
+     "schemaVersion": V, "sha256": "<hex of payload>", "stateName": "<name>"}\\n<payload>
+Manifest (`checkpoint/{ns}/{epoch}/_manifest.json`, the commit point of an epoch):
+canonical JSON with the job identity, epoch, kind (checkpoint, savepoint, final),
+plan fingerprint, state format version, creation time, every task's segment
+references (path, sha256, bytes), source offsets and enumerator state, sink
+transactions, and `checksum`: the SHA-256 of the manifest's canonical JSON without
+that field. Anything that does not verify refuses the restore with a message that
+names the object and the epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from nopstream.checkpoint.errors import RestoreRefused
+
+SEGMENT_FORMAT = "nopstream-segment"
+MANIFEST_FORMAT = "nopstream-manifest"
+FORMAT_VERSION = 1
+STATE_FORMAT_VERSION = 1
+MANIFEST_NAME = "_manifest.json"
+
+PAYLOAD_CODECS: dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]] = {
+    "json": (orjson.dumps, orjson.loads),
+}
+"""Payload codecs by name: (encode, decode). A segment names the codec it was written with."""
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    """Where a segment is and what its payload must hash to."""
+
+    path: str
+    sha256: str
+    bytes: int
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def encode_segment(payload: Any, *, state_name: str, schema_version: int, codec: str = "json") -> bytes:
+    """The bytes of a segment holding `payload`."""
+    body = PAYLOAD_CODECS[codec][0](payload)
+    header = {
+        "format": SEGMENT_FORMAT,
+        "formatVersion": FORMAT_VERSION,
+        "codec": codec,
+        "stateName": state_name,
+        "schemaVersion": schema_version,
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "bytes": len(body),
+    }
+    return _canonical(header) + b"\n" + body
+
+
+def segment_ref(path: str, data: bytes) -> SegmentRef:
+    """The reference a manifest keeps for a segment written at `path`."""
+    return SegmentRef(path, hashlib.sha256(data).hexdigest(), len(data))
+
+
+def decode_segment(
+    data: bytes, *, path: str, epoch: int, ref: SegmentRef | None = None
+) -> tuple[dict[str, Any], Any]:
+    """(header, payload) of a segment; RestoreRefused naming the segment and epoch when damaged."""
+    where = f"segment {path} of epoch {epoch}"
+    if ref is not None and (len(data) != ref.bytes or hashlib.sha256(data).hexdigest() != ref.sha256):
+        raise RestoreRefused(f"{where} does not match its manifest entry (size or SHA-256 differ)")
+    head, sep, body = data.partition(b"\n")
+    try:
+        header = json.loads(head)
+    except ValueError:
+        raise RestoreRefused(f"{where} has no readable header") from None
+    if not sep or header.get("format") != SEGMENT_FORMAT:
+        raise RestoreRefused(f"{where} is not a nopstream segment")
+    if len(body) != header.get("bytes"):
+        raise RestoreRefused(f"{where} is truncated: {len(body)} of {header.get('bytes')} payload bytes")
+    if hashlib.sha256(body).hexdigest() != header.get("sha256"):
+        raise RestoreRefused(f"{where} is damaged: its payload does not match its SHA-256")
+    codec = PAYLOAD_CODECS.get(header.get("codec", ""))
+    if codec is None:
+        raise RestoreRefused(f"{where} uses unknown codec {header.get('codec')!r}")
+    return header, codec[1](body)
+
+
+def manifest_path(namespace: str, epoch: int) -> str:
+    """The manifest key of an epoch (DESIGN.md section 2)."""
+    return f"checkpoint/{namespace}/{epoch}/{MANIFEST_NAME}"
+
+
+def encode_manifest(manifest: dict[str, Any]) -> bytes:
+    """The manifest's bytes, with its checksum added."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    body.setdefault("format", MANIFEST_FORMAT)
+    body.setdefault("formatVersion", FORMAT_VERSION)
+    body.setdefault("stateFormatVersion", STATE_FORMAT_VERSION)
+    body["checksum"] = hashlib.sha256(_canonical(body)).hexdigest()
+    return _canonical(body)
+
+
+def decode_manifest(data: bytes, *, path: str, epoch: int) -> dict[str, Any]:
+    """A manifest from its bytes; RestoreRefused when it does not verify."""
+    where = f"manifest {path} of epoch {epoch}"
+    try:
+        manifest: dict[str, Any] = json.loads(data)
+    except ValueError:
+        raise RestoreRefused(f"{where} is not valid JSON") from None
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise RestoreRefused(f"{where} is not a nopstream manifest")
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    actual = hashlib.sha256(_canonical(body)).hexdigest()
+    if manifest.get("checksum") != actual:
+        raise RestoreRefused(
+            f"{where} has a wrong checksum: recorded {manifest.get('checksum')}, computed {actual}"
+        )
+    if manifest.get("epoch") != epoch:
+        raise RestoreRefused(f"{where} records epoch {manifest.get('epoch')}")
+    if manifest.get("stateFormatVersion") != STATE_FORMAT_VERSION:
+        raise RestoreRefused(
+            f"{where} has state format version {manifest.get('stateFormatVersion')}; this build reads"
+            f" {STATE_FORMAT_VERSION}"
+        )
+    return manifest
+
+
+def check_plan(manifest: dict[str, Any], *, fingerprint: str, epoch: int) -> None:
+    """Refuse a restore into a plan other than the one the epoch was taken with."""
+    recorded = manifest.get("planFingerprint")
+    if recorded != fingerprint:
+        raise RestoreRefused(
+            f"epoch {epoch} was taken with plan {recorded}; the plan to restore is {fingerprint}"
+            " (a changed plan is restored from a savepoint through the compatibility check)"
+        )

@@ -1,0 +1,85 @@
+"""The S3 checkpoint backend, through the `minio` client (the only module that imports it).
+
+An S3 PUT is atomic for readers, so segments and the manifest are single objects;
+writers put the manifest key last, as the commit point.
+"""
+
+from __future__ import annotations
+
+import io
+
+from minio import Minio
+from minio.error import S3Error
+
+from nopstream.checkpoint.errors import StorageError
+
+
+class S3Storage:
+    """A bucket and key prefix on an S3 endpoint."""
+
+    def __init__(self, client: Minio, bucket: str, prefix: str = "") -> None:
+        """Store under `bucket`/`prefix`."""
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+
+    @classmethod
+    def connect(
+        cls,
+        endpoint: str,
+        bucket: str,
+        *,
+        access_key: str,
+        secret_key: str,
+        prefix: str = "",
+        secure: bool = False,
+    ) -> S3Storage:
+        """A storage on the S3 endpoint `host:port`."""
+        return cls(
+            Minio(endpoint, access_key=access_key, secret_key=secret_key, secure=secure), bucket, prefix
+        )
+
+    def put(self, path: str, data: bytes) -> None:
+        """One PUT: readers see all of it or nothing."""
+        try:
+            self.client.put_object(self.bucket, self.prefix + path, io.BytesIO(data), len(data))
+        except S3Error as exc:
+            raise StorageError(f"cannot write {self.describe()}/{path}: {exc.code}") from exc
+
+    def get(self, path: str) -> bytes:
+        """An object's bytes."""
+        try:
+            response = self.client.get_object(self.bucket, self.prefix + path)
+        except S3Error as exc:
+            if exc.code == "NoSuchKey":
+                raise StorageError(f"{self.describe()}/{path} is missing") from None
+            raise StorageError(f"cannot read {self.describe()}/{path}: {exc.code}") from exc
+        try:
+            data: bytes = response.read()
+            return data
+        finally:
+            response.close()
+            response.release_conn()
+
+    def exists(self, path: str) -> bool:
+        """Whether an object exists."""
+        try:
+            self.client.stat_object(self.bucket, self.prefix + path)
+        except S3Error as exc:
+            if exc.code in ("NoSuchKey", "NoSuchObject"):
+                return False
+            raise StorageError(f"cannot stat {self.describe()}/{path}: {exc.code}") from exc
+        return True
+
+    def list(self, prefix: str) -> list[str]:
+        """Every object under a prefix."""
+        objects = self.client.list_objects(self.bucket, prefix=self.prefix + prefix, recursive=True)
+        return sorted(o.object_name[len(self.prefix) :] for o in objects)
+
+    def delete(self, path: str) -> None:
+        """Remove an object."""
+        self.client.remove_object(self.bucket, self.prefix + path)
+
+    def describe(self) -> str:
+        """The bucket and prefix."""
+        return f"s3://{self.bucket}/{self.prefix.rstrip('/')}".rstrip("/")

@@ -1,0 +1,117 @@
+"""Checkpoint storage behind one interface, and the local-directory backend.
+
+Paths are relative to the storage root and use '/' (`checkpoint/{ns}/{epoch}/...`).
+`put` is atomic: a reader sees the whole object or none. Locally that is a temp
+file, fsync, rename, and an fsync of the directory; on S3 (`checkpoint/s3.py`) a
+single PUT. Writers put segments first and the manifest last: the manifest is the
+commit point of an epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Protocol
+
+from nopstream.checkpoint.errors import StorageError
+
+
+class Storage(Protocol):
+    """Objects by path: atomic put, get, list by prefix, delete."""
+
+    def put(self, path: str, data: bytes) -> None:
+        """Write an object atomically."""
+        ...
+
+    def get(self, path: str) -> bytes:
+        """An object's bytes; StorageError (naming the path) when it is missing."""
+        ...
+
+    def exists(self, path: str) -> bool:
+        """Whether an object exists."""
+        ...
+
+    def list(self, prefix: str) -> list[str]:
+        """Every object path under a prefix, sorted."""
+        ...
+
+    def delete(self, path: str) -> None:
+        """Remove an object (a missing one is fine)."""
+        ...
+
+    def describe(self) -> str:
+        """Where the storage is, for messages."""
+        ...
+
+
+class LocalStorage:
+    """A directory on this machine."""
+
+    def __init__(self, root: str | Path) -> None:
+        """Store under `root` (created when missing)."""
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _file(self, path: str) -> Path:
+        if path.startswith("/") or ".." in path.split("/"):
+            raise StorageError(f"bad object path {path!r}")
+        return self.root / path
+
+    def put(self, path: str, data: bytes) -> None:
+        """Temp file, fsync, rename into place, fsync the directory."""
+        target = self._file(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def get(self, path: str) -> bytes:
+        """An object's bytes."""
+        try:
+            return self._file(path).read_bytes()
+        except FileNotFoundError:
+            raise StorageError(f"{self.describe()}/{path} is missing") from None
+
+    def exists(self, path: str) -> bool:
+        """Whether an object exists."""
+        return self._file(path).is_file()
+
+    def list(self, prefix: str) -> list[str]:
+        """Every object under a prefix (temp files of unfinished puts are not objects)."""
+        base = self.root
+        out = []
+        for p in base.rglob("*"):
+            if p.is_file() and not p.name.startswith(".tmp-"):
+                rel = p.relative_to(base).as_posix()
+                if rel.startswith(prefix):
+                    out.append(rel)
+        return sorted(out)
+
+    def delete(self, path: str) -> None:
+        """Remove an object and any directories it leaves empty."""
+        target = self._file(path)
+        with contextlib.suppress(FileNotFoundError):
+            target.unlink()
+        parent = target.parent
+        while parent != self.root and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+
+    def describe(self) -> str:
+        """The directory."""
+        return str(self.root)
