@@ -10,14 +10,14 @@ and the enumerator state (discovered and finished files); `restore` resumes each
 split at its cursor. With `discoveryIntervalMs` the source never ends and picks up
 new files as they appear; files are taken as complete once visible.
 
-Sink: one output file per sink subtask, `{path}/{operatorId}-{subtask}.{jsonl|txt}`,
-written as batches arrive and flushed at end of input. (Exactly-once staging and
-commit come with the checkpoint protocol.)
+Sink (STAGED_ATOMIC_COMMIT): per sink subtask, one staged file per epoch, renamed
+into place when the epoch is committed (see `FileSink`).
 """
 
 from __future__ import annotations
 
 import glob
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -119,34 +119,102 @@ class FileSource:
 
 
 class FileSink:
-    """Writes one output file per sink subtask."""
+    """Writes a sink subtask's records in transactions, one per epoch (STAGED_ATOMIC_COMMIT).
 
-    def __init__(self, config: dict[str, Any], *, operator_id: str, subtask: int) -> None:
-        """Open `{path}/{operatorId}-{subtask}.{ext}` for writing."""
-        directory = Path(config["path"])
-        directory.mkdir(parents=True, exist_ok=True)
+    Records of transaction N (those between barriers N-1 and N) go to the staged file
+    `{path}/.staging/{operatorId}-{subtask}-{N:010d}.jsonl`. At barrier N the staged
+    file is flushed and fsynced (pre-commit) and transaction N+1 opens. `commit(upto)`
+    renames every pending staged file of an epoch <= upto to
+    `{path}/{operatorId}-{subtask}-{N:010d}.jsonl`: atomic, and idempotent (a staged
+    file already renamed is simply gone). `recover(durable)` after a restore commits
+    the restored pending transactions up to the durable epoch and deletes staged
+    files of later epochs (aborted). Transaction ids are
+    `{jobId}:{pipelineId}:{operatorId}:{subtask}:{epoch}`, never random.
+    """
+
+    def __init__(self, config: dict[str, Any], *, operator_id: str, subtask: int, txn_prefix: str) -> None:
+        """Prepare the output and staging directories."""
+        self.dir = Path(config["path"])
+        self.staging = self.dir / ".staging"
+        self.staging.mkdir(parents=True, exist_ok=True)
         self.jsonl = config.get("format", "jsonl") == "jsonl"
-        self.path = directory / f"{operator_id}-{subtask}.{'jsonl' if self.jsonl else 'txt'}"
-        self._file = open(self.path, "wb")  # noqa: SIM115 (kept open until finish)
-        self.written = 0
+        self.ext = "jsonl" if self.jsonl else "txt"
+        self.name = f"{operator_id}-{subtask}"
+        self.txn_prefix = txn_prefix
+        self.epoch = 1
+        self.pending: list[dict[str, Any]] = []
+        self._file: Any = None
+        self._records = 0
+
+    def _staged(self, epoch: int) -> Path:
+        return self.staging / f"{self.name}-{epoch:010d}.{self.ext}"
+
+    def _final(self, epoch: int) -> Path:
+        return self.dir / f"{self.name}-{epoch:010d}.{self.ext}"
 
     def write(self, batch: Batch) -> None:
-        """Append the batch's records, one per line."""
+        """Append the batch to the open transaction's staged file."""
+        if self._file is None:
+            self._file = open(self._staged(self.epoch), "ab")  # noqa: SIM115 (open until pre-commit)
         if self.jsonl:
             data = b"".join(orjson.dumps(r) + b"\n" for r in batch.records)
         else:
             data = "".join(f"{r}\n" for r in batch.records).encode("utf-8")
         self._file.write(data)
-        self.written += len(batch.records)
+        self._records += len(batch.records)
+
+    def prepare(self, epoch: int) -> None:
+        """Barrier `epoch`: make the open transaction durable and pending; open the next."""
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+        if self._records:
+            self.pending.append(
+                {"id": f"{self.txn_prefix}:{epoch}", "epoch": epoch, "records": self._records}
+            )
+        self._records = 0
+        self.epoch = epoch + 1
+
+    def commit(self, upto: int) -> None:
+        """Publish every pending transaction of an epoch <= upto."""
+        for txn in [t for t in self.pending if t["epoch"] <= upto]:
+            staged = self._staged(txn["epoch"])
+            if staged.exists():
+                os.replace(staged, self._final(txn["epoch"]))
+            self.pending.remove(txn)
+        _fsync_dir(self.dir)
+
+    def recover(self, durable: int) -> None:
+        """After a restore: commit pending transactions <= durable, abort every later staged file."""
+        self.commit(durable)
+        for staged in self.staging.glob(f"{self.name}-*.{self.ext}"):
+            if int(staged.stem.rsplit("-", 1)[1]) > durable:
+                staged.unlink()
+        self.pending = [t for t in self.pending if t["epoch"] > durable]
+        self.epoch = durable + 1
 
     def snapshot(self) -> dict[str, Any]:
-        """How many records were written."""
-        return {"written": self.written}
+        """Pending (pre-committed) transactions and the open transaction's epoch."""
+        return {"pending": [dict(t) for t in self.pending], "epoch": self.epoch}
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Nothing to resume before staged commits exist."""
+        """Resume with the snapshot's pending transactions."""
+        self.pending = [dict(t) for t in state.get("pending", [])]
+        self.epoch = int(state.get("epoch", 1))
 
     def finish(self) -> None:
-        """Flush and close the file."""
-        self._file.flush()
-        self._file.close()
+        """End of input: release the staged file (its records wait for the final epoch)."""
+        if self._file is not None:
+            self._file.flush()
+            self._file.close()
+            self._file = None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

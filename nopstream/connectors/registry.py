@@ -7,12 +7,16 @@ from nopstream.connectors.generator import GeneratorSource
 from nopstream.connectors.stdout import StdoutSink
 from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES
 from nopstream.plan.partitioned import SourceSplits
-from nopstream.plan.streamgraph import StreamNode
+from nopstream.plan.streamgraph import JobIdentity, StreamNode
 from nopstream.runtime.connectors import SinkWriter, SourceReader
 
 
 class Connectors:
     """Builds readers and writers for the connector types this build implements."""
+
+    def __init__(self, identity: JobIdentity) -> None:
+        """Connectors of one job (its identity names sink transactions)."""
+        self.identity = identity
 
     def source(
         self, node: StreamNode, splits: SourceSplits, *, subtask: int, parallelism: int
@@ -34,7 +38,8 @@ class Connectors:
         """The writer of one sink subtask."""
         config = node.spec.get("config", {})
         if node.type == "file":
-            return FileSink(config, operator_id=node.node_id, subtask=subtask)
+            prefix = f"{self.identity.job_id}:{self.identity.pipeline_id}:{node.node_id}:{subtask}"
+            return FileSink(config, operator_id=node.node_id, subtask=subtask, txn_prefix=prefix)
         if node.type == "stdout":
             return StdoutSink(config)
         raise NotImplementedError(

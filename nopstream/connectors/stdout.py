@@ -28,6 +28,15 @@ class StdoutSink:
         else:
             sys.stdout.write("".join(f"{r}\n" for r in batch.records))
 
+    def prepare(self, epoch: int) -> None:
+        """Nothing to stage: records are already printed."""
+
+    def commit(self, upto: int) -> None:
+        """Nothing to publish."""
+
+    def recover(self, durable: int) -> None:
+        """Nothing to re-commit or abort."""
+
     def snapshot(self) -> dict[str, Any]:
         """No state."""
         return {}

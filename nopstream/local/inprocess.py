@@ -44,7 +44,7 @@ def build_tasks(
     """One Task per subtask of the plan, joined by a LocalNetwork."""
     network = LocalNetwork(transport) if transport is not None else LocalNetwork()
     io = _LocalIO(network)
-    factory = connectors or Connectors()
+    factory = connectors or Connectors(plan.identity)
     extra: dict[str, Any] = {"clock": clock} if clock is not None else {}
     return [
         Task(

@@ -17,12 +17,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from nopstream.local import inprocess, processes, worker
+from nopstream.checkpoint.coordinator import CoordinatorSettings, EpochCoordinator
+from nopstream.checkpoint.storage import Storage
+from nopstream.cluster.election import Election
+from nopstream.cluster.epochlog import EpochLog
+from nopstream.cluster.layout import Layout
+from nopstream.cluster.leases import LeaseKeeper
+from nopstream.cluster.local import LocalBackend
+from nopstream.local import checkpointing, inprocess, processes, worker
 from nopstream.local.control import ControlServer
 from nopstream.plan import compiler
 from nopstream.plan.partitioned import PartitionedPlan
+from nopstream.runtime.task import Task
 
 
 class JobFailed(RuntimeError):
@@ -38,6 +46,7 @@ class RunOptions:
     workdir: Path = Path(".nopstream")
     python_path: tuple[str, ...] = ()
     progress: TextIO | None = None
+    restore_from: int | None = None
 
 
 @dataclass(frozen=True)
@@ -57,36 +66,93 @@ def run_job(plans: compiler.CompiledPlans, options: RunOptions) -> RunResult:
         if path not in sys.path:
             sys.path.insert(0, path)
     if options.in_process:
-        return asyncio.run(_run_in_process(plans.partitioned, options))
+        return asyncio.run(_run_in_process(plans, options))
     return _run_processes(plans.partitioned, options)
 
 
-async def _run_in_process(plan: PartitionedPlan, options: RunOptions) -> RunResult:
+class _InProcessListener:
+    """Tasks of this process write their segments and ACK the coordinator directly."""
+
+    def __init__(self, storage: Storage, coordinator: EpochCoordinator) -> None:
+        self.storage = storage
+        self.coordinator = coordinator
+
+    async def on_snapshot(self, task: Task, epoch: int, kind: str, state: dict[str, Any]) -> None:
+        ack = await checkpointing.write_snapshot_async(self.storage, task, epoch, state)
+        self.coordinator.ack(task.task_id, epoch, ack)
+
+    async def on_source_finished(self, task: Task) -> None:
+        self.coordinator.source_finished(task.task_id)
+
+
+async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions) -> RunResult:
     started = time.monotonic()
-    tasks = inprocess.build_tasks(plan)
-    processing_started = time.monotonic()
-    progress = _Progress(
-        plan,
-        options,
-        lambda: {
-            t.task_id: (t.metrics.records_in, t.metrics.records_out, t.metrics.watermark) for t in tasks
-        },
-    )
-    ticker = asyncio.create_task(progress.loop(), name="progress")
+    plan = plans.partitioned
+    storage = checkpointing.open_storage(plans.deployment)
+    restore = checkpointing.find_restore_point(storage, plan, epoch=options.restore_from)
+    backend = LocalBackend()
+    layout = Layout("local", plan.identity.job_id, plan.identity.pipeline_id)
     try:
-        await inprocess.run_tasks(tasks)
-    except inprocess.TaskFailed as failure:
-        raise JobFailed(str(failure)) from failure
+        async with LeaseKeeper(backend, 30) as keeper:
+            leadership = await Election(backend, layout, "local-runner").campaign(keeper)
+            tasks: list[Task] = []
+
+            async def trigger(epoch: int, kind: str) -> None:
+                for t in tasks:
+                    if t.source is not None:
+                        t.trigger_barrier(epoch, kind)
+
+            async def notify(epoch: int) -> None:
+                for t in tasks:
+                    t.commit(epoch)
+
+            coordinator = EpochCoordinator(
+                plan,
+                storage,
+                EpochLog(backend, layout),
+                leadership,
+                settings=_settings(plans),
+                trigger=trigger,
+                notify=notify,
+                first_epoch=restore.epoch + 1 if restore else 1,
+            )
+            tasks.extend(inprocess.build_tasks(plan, listener=_InProcessListener(storage, coordinator)))
+            if restore is not None:
+                for t in tasks:
+                    checkpointing.restore_task(t, restore)
+            processing_started = time.monotonic()
+            progress = _Progress(
+                plan,
+                options,
+                lambda: {
+                    t.task_id: (t.metrics.records_in, t.metrics.records_out, t.metrics.watermark)
+                    for t in tasks
+                },
+            )
+            ticker = asyncio.create_task(progress.loop(), name="progress")
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(inprocess.run_tasks(tasks), name="tasks")
+                    group.create_task(coordinator.run(), name="coordinator")
+            except* inprocess.TaskFailed as failures:
+                raise JobFailed(str(failures.exceptions[0])) from failures.exceptions[0]
+            finally:
+                ticker.cancel()
+                await asyncio.gather(ticker, return_exceptions=True)
+                progress.done()
     finally:
-        ticker.cancel()
-        await asyncio.gather(ticker, return_exceptions=True)
-        progress.done()
+        await backend.close()
     channels: dict[str, dict[str, int]] = {}
     for t in tasks:
         for cid, stats in t.channel_stats().items():
             channels.setdefault(cid, {}).update(stats)
     counts = {t.task_id: (t.metrics.records_in, t.metrics.records_out) for t in tasks}
     return _result(plan, started, time.monotonic() - processing_started, counts, channels)
+
+
+def _settings(plans: compiler.CompiledPlans) -> CoordinatorSettings:
+    cp = plans.deployment.checkpoint
+    return CoordinatorSettings(cp.interval_ms, cp.timeout_ms, cp.retain_latest)
 
 
 def _run_processes(plan: PartitionedPlan, options: RunOptions) -> RunResult:

@@ -79,7 +79,7 @@ async def serve(settings: WorkerSettings) -> None:
 
         io = HttpIO(receiver, session, resolve, run=settings.run, attempt=settings.attempt)
         try:
-            task = Task(plan, vertex_id, subtask, io=io, connectors=Connectors())
+            task = Task(plan, vertex_id, subtask, io=io, connectors=Connectors(plan.identity))
         except Exception:
             await post("/failed", {"error": traceback.format_exc(limit=5)})
             raise

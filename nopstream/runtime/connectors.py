@@ -37,7 +37,19 @@ class SinkWriter(Protocol):
     """Writes the batches that reach one sink subtask."""
 
     def write(self, batch: Batch) -> None:
-        """Write a batch."""
+        """Write a batch (into the open transaction)."""
+        ...
+
+    def prepare(self, epoch: int) -> None:
+        """Barrier `epoch`: pre-commit the open transaction and open the next one."""
+        ...
+
+    def commit(self, upto: int) -> None:
+        """Epoch `upto` is durable: publish every pending transaction up to it (idempotent)."""
+        ...
+
+    def recover(self, durable: int) -> None:
+        """After a restore: commit pending transactions <= durable, abort later ones."""
         ...
 
     def snapshot(self) -> dict[str, Any]:
@@ -49,7 +61,7 @@ class SinkWriter(Protocol):
         ...
 
     def finish(self) -> None:
-        """End of input: make everything written visible and release resources."""
+        """End of input: release resources (what is pending waits for its commit)."""
         ...
 
 

@@ -6,11 +6,12 @@ end-of-input marker; the receiver sends credits back. Binary layout (big-endian)
     BATCH      0x01 | u8 has_timestamps | u32 n | n x i64 timestamps (if any) | codec bytes
     WATERMARK  0x02 | u8 idle | i64 timestamp
     BARRIER    0x03 | u64 epoch | u8 kind (0 checkpoint, 1 savepoint, 2 final)
-    END        0x04
+    END        0x04   end of data: no more records; flush (barriers may still follow)
     CREDIT     0x05 | u64 units
     HELLO      0x06 | JSON {job, pipeline, run, attempt, channel}
     WELCOME    0x07
     REFUSED    0x08 | UTF-8 reason
+    CLOSE      0x09   end of stream: nothing follows (after the final barrier)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from nopstream.runtime.codec import Codec
 
-BATCH, WATERMARK, BARRIER, END, CREDIT, HELLO, WELCOME, REFUSED = range(1, 9)
+BATCH, WATERMARK, BARRIER, END, CREDIT, HELLO, WELCOME, REFUSED, CLOSE = range(1, 10)
 BARRIER_KINDS = ("checkpoint", "savepoint", "final")
 MIN_TIMESTAMP = -(2**63)
 MAX_TIMESTAMP = 2**63 - 1
@@ -58,7 +59,12 @@ class Barrier:
 
 @dataclass(frozen=True, slots=True)
 class EndOfInput:
-    """No more frames will follow on this channel."""
+    """No more records will follow on this channel (barriers may: the final one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfStream:
+    """Nothing more follows on this channel."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +97,9 @@ class Refused:
     reason: str
 
 
-Frame = Batch | Watermark | Barrier | EndOfInput
+Frame = Batch | Watermark | Barrier | EndOfInput | EndOfStream
 Control = Credit | Hello | Welcome | Refused
-DATA_FRAMES = (Batch, Watermark, Barrier, EndOfInput)
+DATA_FRAMES = (Batch, Watermark, Barrier, EndOfInput, EndOfStream)
 
 _I64 = struct.Struct(">q")
 _U64 = struct.Struct(">Q")
@@ -122,6 +128,8 @@ def encode(frame: Frame | Control, codec: Codec) -> bytes:
         return bytes((BARRIER,)) + _BARRIER.pack(frame.epoch, BARRIER_KINDS.index(frame.kind))
     if isinstance(frame, EndOfInput):
         return bytes((END,))
+    if isinstance(frame, EndOfStream):
+        return bytes((CLOSE,))
     if isinstance(frame, Credit):
         return bytes((CREDIT,)) + _U64.pack(frame.units)
     if isinstance(frame, Hello):
@@ -160,6 +168,8 @@ def decode(data: bytes, codec: Codec) -> Frame | Control:
             return Barrier(epoch, BARRIER_KINDS[barrier_kind])
         if kind == END:
             return EndOfInput()
+        if kind == CLOSE:
+            return EndOfStream()
         if kind == CREDIT:
             return Credit(_U64.unpack_from(data, 1)[0])
         if kind == HELLO:

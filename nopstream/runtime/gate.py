@@ -31,7 +31,8 @@ class InputChannel:
     buffered_units: int = 0
     max_buffered_units: int = 0
     blocked: bool = False
-    ended: bool = False
+    ended: bool = False  # end of data: no more records
+    closed: bool = False  # end of stream: nothing more
 
     def consumed(self, units: int) -> None:
         """The task is done with a frame worth `units`: give credit back when due."""
@@ -86,5 +87,9 @@ class InputGate:
         self._data.set()
 
     def open_channels(self) -> list[InputChannel]:
-        """Channels that have not delivered end-of-input."""
-        return [ch for ch in self.channels if not ch.ended]
+        """Channels that have not delivered end-of-stream (they still carry barriers)."""
+        return [ch for ch in self.channels if not ch.closed]
+
+    def data_ended(self) -> bool:
+        """Whether every channel has delivered end-of-data."""
+        return all(ch.ended for ch in self.channels)

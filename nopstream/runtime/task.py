@@ -25,7 +25,7 @@ import orjson
 from nopstream.plan.partitioned import Edge, PartitionedPlan
 from nopstream.plan.streamgraph import StreamNode
 from nopstream.runtime.connectors import ConnectorFactory, SourceReader
-from nopstream.runtime.frames import MAX_TIMESTAMP, Barrier, Batch, EndOfInput, Frame, Watermark
+from nopstream.runtime.frames import MAX_TIMESTAMP, Barrier, Batch, EndOfInput, EndOfStream, Frame, Watermark
 from nopstream.runtime.gate import InputChannel, InputGate
 from nopstream.runtime.keyed import ShardCache
 from nopstream.runtime.operators.base import Context, Operator
@@ -65,10 +65,20 @@ class TaskIO(Protocol):
 
 
 class TaskListener(Protocol):
-    """Who hears about a task's snapshots."""
+    """The checkpointing side of a task: where snapshots go, who learns that sources ended.
 
-    def on_snapshot(self, task_id: str, epoch: int, kind: str, state: dict[str, Any]) -> None:
+    With a listener, a source that has read everything waits for the final barrier
+    before it ends its outputs, and a sink task waits for the final epoch's commit
+    before it finishes: every output is bound to a durable epoch. Without one (tests
+    of the runtime alone), sinks publish what they hold at end of input.
+    """
+
+    async def on_snapshot(self, task: Task, epoch: int, kind: str, state: dict[str, Any]) -> None:
         """The task snapshotted its chain at barrier `epoch` (state is a private copy)."""
+        ...
+
+    async def on_source_finished(self, task: Task) -> None:
+        """A source task has read all its input and waits for the final barrier."""
         ...
 
 
@@ -116,6 +126,9 @@ class Task:
         self.metrics = TaskMetrics()
         self.gate = InputGate()
         self._pending_barriers: deque[Barrier] = deque()
+        self._barrier_arrived = asyncio.Event()
+        self.final_epoch: int | None = None
+        self._final_committed = asyncio.Event()
         self._side: list[tuple[str, str, Batch]] = []
         self._ended_inputs = False
         cache = ShardCache(plan.identity.state_shard_count)
@@ -130,13 +143,16 @@ class Task:
             )
         self.op_ids = [n.node_id for n in chain]
         self.ops: list[Operator] = []
+        self.sinks: list[SinkOperator] = []
         for node in chain:
             ctx = Context(
                 node, subtask, self.vertex.parallelism, self.subtask.shards, cache, self._collect_side, clock
             )
             if node.kind == "sink":
                 writer = connectors.sink(node, subtask=subtask, parallelism=self.vertex.parallelism)
-                self.ops.append(SinkOperator(writer))
+                sink = SinkOperator(writer)
+                self.sinks.append(sink)
+                self.ops.append(sink)
             else:
                 self.ops.append(build_operator(ctx))
         self.processing_time = any(_uses_processing_time(n) for n in chain)
@@ -206,16 +222,42 @@ class Task:
         if self.source is None:
             raise RuntimeError(f"task {self.task_id} is not a source task; barriers start at sources")
         self._pending_barriers.append(Barrier(epoch, kind))
+        self._barrier_arrived.set()
+
+    def commit(self, upto: int) -> None:
+        """Epoch `upto` is durable: the sinks publish their transactions up to it."""
+        for sink in self.sinks:
+            sink.commit(upto)
+        if self.final_epoch is not None and upto >= self.final_epoch:
+            self._final_committed.set()
+
+    def recover(self, durable: int) -> None:
+        """After `restore` from epoch `durable`: sinks re-commit up to it and abort the rest."""
+        for sink in self.sinks:
+            sink.recover(durable)
 
     # --- the loops ---------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Process until every input ended (or the source finished), then end the outputs."""
+        """Process all input, end the data, take the final barrier, end the stream.
+
+        End of data comes before the final barrier on every channel, so what operators
+        flush at end of input (final aggregates, open windows) is in the final epoch.
+        """
         if self.source is not None:
             await self._run_source()
         else:
             await self._run_inputs()
-        await self._finish()
+        await self._send_all(EndOfStream())
+        await asyncio.gather(*(ch.close() for out in self._outputs for ch in out.channels.values()))
+        if self.source is not None:
+            self.source.close()
+        if self.sinks and self.listener is None:
+            for sink in self.sinks:  # no checkpointing: publish what is held
+                sink.prepare(1)
+                sink.commit(1)
+        elif self.sinks:
+            await self._final_committed.wait()
 
     async def _run_source(self) -> None:
         assert self.source is not None
@@ -240,10 +282,27 @@ class Task:
             await self._source_watermark(gen)
             await self._tick()
             await asyncio.sleep(0)
-        while self._pending_barriers:
-            await self._snapshot_and_forward(self._pending_barriers.popleft())
-        if gen is not None:
+        await self._end_of_data(event_time=gen is not None)
+        if self.listener is not None:
+            await self.listener.on_source_finished(self)
+        while self._pending_barriers or (self.listener is not None and self.final_epoch is None):
+            while self._pending_barriers:
+                await self._snapshot_and_forward(self._pending_barriers.popleft())
+            if self.listener is not None and self.final_epoch is None:
+                await self._barrier_arrived.wait()
+                self._barrier_arrived.clear()
+
+    async def _end_of_data(self, *, event_time: bool) -> None:
+        """No more records will come: event time ends, operators flush, outputs learn it."""
+        if event_time:
             await self._advance_watermark(MAX_TIMESTAMP)
+        for i, op in enumerate(self.ops):
+            self._current_op = i
+            out = op.on_end()
+            await self._flush_side()
+            if out is not None and out.records:
+                await self._push(i + 1, out, 0)
+        await self._send_all(EndOfInput())
 
     async def _source_watermark(self, gen: WatermarkGenerator | None) -> None:
         due = gen.due() if gen is not None else None
@@ -259,8 +318,9 @@ class Task:
         aligning: Barrier | None = None
         arrived: set[str] = set()
         tick = self.settings.tick_ms / 1000
+        data_ended = False
         while self.gate.open_channels():
-            if self.processing_time:
+            if self.processing_time and not data_ended:
                 try:
                     ch, frame, units = await asyncio.wait_for(self.gate.next(), tick)
                 except TimeoutError:
@@ -292,26 +352,19 @@ class Task:
                 advanced = self.watermarks.end(ch.channel_id)
                 if advanced is not None and advanced != MAX_TIMESTAMP:
                     await self._advance_watermark(advanced)
+                if self.gate.data_ended() and not data_ended:
+                    data_ended = True
+                    # event time is over: the last end moved it to MAX without firing, so fire once here
+                    await self._end_of_data(event_time=bool(self.watermarks.marks))
+            elif isinstance(frame, EndOfStream):
+                ch.closed = True
             ch.consumed(units)
             if aligning is not None and all(c.channel_id in arrived for c in self.gate.open_channels()):
                 await self._snapshot_and_forward(aligning)
                 aligning = None
                 self.gate.unblock_all()
-        # Every input ended: event time is over (the last end above moved it to MAX
-        # without firing, so that timers fire once, here).
-        if self.watermarks.marks:
-            await self._advance_watermark(MAX_TIMESTAMP)
-
-    async def _finish(self) -> None:
-        for i, op in enumerate(self.ops):
-            out = op.on_end()
-            await self._flush_side()
-            if out is not None and out.records:
-                await self._push(i + 1, out, 0)
-        await self._send_all(EndOfInput())
-        await asyncio.gather(*(ch.close() for out in self._outputs for ch in out.channels.values()))
-        if self.source is not None:
-            self.source.close()
+        if not data_ended:
+            await self._end_of_data(event_time=bool(self.watermarks.marks))
 
     # --- pushing through the chain ---------------------------------------------------
 
@@ -387,10 +440,14 @@ class Task:
         return copied
 
     async def _snapshot_and_forward(self, barrier: Barrier) -> None:
+        for sink in self.sinks:
+            sink.prepare(barrier.epoch)
+        if barrier.kind == "final":
+            self.final_epoch = barrier.epoch
         state = self.snapshot()
         self.metrics.barriers += 1
         if self.listener is not None:
-            self.listener.on_snapshot(self.task_id, barrier.epoch, barrier.kind, state)
+            await self.listener.on_snapshot(self, barrier.epoch, barrier.kind, state)
         await self._send_all(barrier)
 
     _current_op: int = 0

@@ -25,7 +25,7 @@ from nopstream.runtime.credit import CreditLedger, CreditWindow
 from nopstream.runtime.frames import (
     DATA_FRAMES,
     Credit,
-    EndOfInput,
+    EndOfStream,
     Frame,
     Hello,
     Refused,
@@ -141,7 +141,7 @@ class HttpReceiver:
                 if not isinstance(frame, DATA_FRAMES):
                     raise ChannelBroken(f"channel {hello.channel}: unexpected {type(frame).__name__} frame")
                 gate.deliver(ch, frame, len(msg.data))
-                if isinstance(frame, EndOfInput):
+                if isinstance(frame, EndOfStream):
                     break  # the channel is complete: close it from this side, while this task still runs
         finally:
             writer.cancel()

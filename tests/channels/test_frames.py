@@ -10,6 +10,7 @@ from nopstream.runtime.frames import (
     Batch,
     Credit,
     EndOfInput,
+    EndOfStream,
     FrameError,
     Hello,
     Refused,
@@ -29,6 +30,7 @@ FRAMES = [
     Barrier(2**40, "savepoint"),
     Barrier(9, "final"),
     EndOfInput(),
+    EndOfStream(),
     Credit(1 << 33),
     Hello("job", "main", 3, "r3-a1", "a->b/0/1/0"),
     Welcome(),
@@ -42,7 +44,7 @@ def test_round_trip(codec, frame):
     assert decode(encode(frame, CODECS[codec]), CODECS[codec]) == frame
 
 
-@pytest.mark.parametrize("data", [b"", b"\x09", b"\x02\x00", b"\x03abc", b"\x01\x01\x00\x00\x00\x05"])
+@pytest.mark.parametrize("data", [b"", b"\x0a", b"\x02\x00", b"\x03abc", b"\x01\x01\x00\x00\x00\x05"])
 def test_bad_bytes_are_refused(data):
     with pytest.raises(FrameError):
         decode(data, CODECS["orjson"])

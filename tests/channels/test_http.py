@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from nopstream.runtime.frames import Barrier, Batch, EndOfInput, Hello, Watermark
+from nopstream.runtime.frames import Barrier, Batch, EndOfInput, EndOfStream, Hello, Watermark
 from nopstream.runtime.gate import InputGate
 from nopstream.runtime.transport import TransportSettings
 from nopstream.runtime.transport_http import ChannelRefused, Fencing, HttpOutput, HttpReceiver
@@ -77,6 +77,7 @@ def test_frames_arrive_in_order_and_credit_bounds_the_sender():
                     await out.send(Watermark(42))
                     await out.send(Barrier(7))
                     await out.send(EndOfInput())
+                    await out.send(EndOfStream())
 
                 sender = asyncio.create_task(send_all())
                 await asyncio.sleep(0.3)
@@ -90,14 +91,14 @@ def test_frames_arrive_in_order_and_credit_bounds_the_sender():
                     _, frame, units = await gate.next()
                     received.append(frame)
                     ch.consumed(units)
-                    if isinstance(frame, EndOfInput):
+                    if isinstance(frame, EndOfStream):
                         break
                 await sender
                 await out.close()
         finally:
             await runner.cleanup()
         assert [f.records for f in received if isinstance(f, Batch)] == [b.records for b in sent]
-        assert received[-3:] == [Watermark(42), Barrier(7), EndOfInput()]
+        assert received[-4:] == [Watermark(42), Barrier(7), EndOfInput(), EndOfStream()]
         assert out.window.max_outstanding <= settings.window + 6_000
 
     asyncio.run(scenario())

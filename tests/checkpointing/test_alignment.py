@@ -41,9 +41,15 @@ class Collect:
 class Snapshots:
     def __init__(self) -> None:
         self.taken: dict[tuple[str, int], dict[str, Any]] = {}
+        self.finished: set[str] = set()
 
-    def on_snapshot(self, task_id: str, epoch: int, kind: str, state: dict[str, Any]) -> None:
-        self.taken[(task_id, epoch)] = state
+    async def on_snapshot(self, task, epoch: int, kind: str, state: dict[str, Any]) -> None:
+        self.taken[(task.task_id, epoch)] = state
+        if kind == "final":
+            task.commit(epoch)
+
+    async def on_source_finished(self, task) -> None:
+        self.finished.add(task.task_id)
 
 
 def test_alignment_holds_back_the_fast_channel(tmp_path, monkeypatch):
@@ -100,6 +106,10 @@ def test_alignment_holds_back_the_fast_channel(tmp_path, monkeypatch):
             await asyncio.sleep(0.001)
         by_id["align/main/fast/0"].trigger_barrier(1)
         by_id["align/main/slow/0"].trigger_barrier(1)
+        while len(snapshots.finished) < 2:  # both sources read everything: the final barrier
+            await asyncio.sleep(0.01)
+        by_id["align/main/fast/0"].trigger_barrier(2, "final")
+        by_id["align/main/slow/0"].trigger_barrier(2, "final")
         await asyncio.gather(*runs)
 
     asyncio.run(scenario())

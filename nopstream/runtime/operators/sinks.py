@@ -31,9 +31,21 @@ class SinkOperator:
         return None
 
     def on_end(self) -> Batch | None:
-        """Make everything written visible."""
+        """Release the writer; what it holds waits for its epoch's commit."""
         self.writer.finish()
         return None
+
+    def prepare(self, epoch: int) -> None:
+        """Barrier `epoch`: pre-commit the open transaction."""
+        self.writer.prepare(epoch)
+
+    def commit(self, upto: int) -> None:
+        """Publish pending transactions up to `upto`."""
+        self.writer.commit(upto)
+
+    def recover(self, durable: int) -> None:
+        """Re-commit up to the durable epoch, abort the rest."""
+        self.writer.recover(durable)
 
     def snapshot(self) -> dict[str, Any]:
         """The writer's state."""

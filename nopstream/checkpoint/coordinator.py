@@ -1,0 +1,186 @@
+"""The epoch coordinator: periodic epochs, ACKs, manifests, commits, and the final epoch.
+
+One epoch in flight at a time. For epoch N the coordinator records CREATED in the
+epoch log (a fenced write), asks every source task to inject barrier N, and waits for
+an ACK from every task of the plan's ACK set (each ACK carries the task's segment
+references, written by the task). With all ACKs it writes the manifest (segments
+first, the manifest key last: the commit point), records DURABLE (moving
+latest-durable in the same fenced write), notifies the tasks to commit, records
+COMMITTED, and applies retention. An epoch not complete within the timeout is
+ABORTED; its pending sink transactions stay pending until a later durable epoch
+subsumes them. When every source has read all its input, the next epoch is the
+final one; the run is over when it is committed.
+WARNING: nothing is committed before its manifest is durable; keep that order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nopstream.checkpoint.catalog import apply_retention
+from nopstream.checkpoint.formats import encode_manifest, manifest_path
+from nopstream.checkpoint.storage import Storage
+from nopstream.cluster.election import Leadership
+from nopstream.cluster.epochlog import EpochLog, EpochState
+from nopstream.plan.canonical import fingerprint
+from nopstream.plan.partitioned import PartitionedPlan
+
+log = logging.getLogger(__name__)
+
+Trigger = Callable[[int, str], Awaitable[None]]
+"""Ask every source task to inject barrier (epoch, kind)."""
+Notify = Callable[[int], Awaitable[None]]
+"""Tell every task that epochs up to this one are durable (sinks commit)."""
+
+
+@dataclass
+class Ack:
+    """What one task reported for an epoch."""
+
+    segments: list[dict[str, Any]]
+    sources: dict[str, Any]
+    sinks: list[dict[str, Any]]
+
+
+@dataclass
+class _Epoch:
+    epoch: int
+    kind: str
+    started: float
+    acks: dict[str, Ack] = field(default_factory=dict)
+    complete: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    """Pacing and retention of epochs."""
+
+    interval_ms: int
+    timeout_ms: int
+    retain: int
+
+
+class EpochCoordinator:
+    """Drives epochs for one run of one job."""
+
+    def __init__(
+        self,
+        plan: PartitionedPlan,
+        storage: Storage,
+        epoch_log: EpochLog,
+        leadership: Leadership,
+        *,
+        settings: CoordinatorSettings,
+        trigger: Trigger,
+        notify: Notify,
+        first_epoch: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Coordinate `plan`'s tasks, numbering epochs from `first_epoch`."""
+        self.plan = plan
+        self.storage = storage
+        self.log = epoch_log
+        self.leadership = leadership
+        self.settings = settings
+        self.trigger = trigger
+        self.notify = notify
+        self.next_epoch = first_epoch
+        self.clock = clock
+        self.fingerprint = fingerprint(plan)
+        self.sources = {
+            s.task_id for v in plan.vertices if v.operators[0].kind == "source" for s in v.subtasks
+        }
+        self.finished_sources: set[str] = set()
+        self.in_flight: _Epoch | None = None
+        self.latest_durable: int | None = first_epoch - 1 if first_epoch > 1 else None
+        self.done = asyncio.Event()
+        self.durable_count = 0
+        self.aborted_count = 0
+
+    def source_finished(self, task_id: str) -> None:
+        """A source task has read everything."""
+        self.finished_sources.add(task_id)
+
+    def ack(self, task_id: str, epoch: int, ack: Ack) -> None:
+        """A task's ACK for `epoch` (late ACKs of aborted epochs are ignored)."""
+        current = self.in_flight
+        if current is None or current.epoch != epoch:
+            log.info("ignoring ACK of %s for epoch %d (not in flight)", task_id, epoch)
+            return
+        current.acks[task_id] = ack
+        if set(current.acks) >= set(self.plan.ack_set):
+            current.complete.set()
+
+    async def run(self) -> None:
+        """Take epochs until the final one is committed."""
+        interval = self.settings.interval_ms / 1000
+        while not self.done.is_set():
+            final = self.finished_sources >= self.sources
+            await self._take(final)
+            if not final:
+                await self._wait_interval(interval)
+
+    async def _wait_interval(self, interval: float) -> None:
+        deadline = self.clock() + interval
+        while self.clock() < deadline and not self.finished_sources >= self.sources:
+            await asyncio.sleep(min(0.05, interval))
+
+    async def _take(self, final: bool) -> None:
+        epoch = self.next_epoch
+        self.next_epoch += 1
+        kind = "final" if final else "checkpoint"
+        self.in_flight = current = _Epoch(epoch, kind, self.clock())
+        await self.log.record(self.leadership, epoch, EpochState.CREATED, kind=kind)
+        await self.trigger(epoch, kind)
+        try:
+            await asyncio.wait_for(current.complete.wait(), self.settings.timeout_ms / 1000)
+        except TimeoutError:
+            missing = sorted(set(self.plan.ack_set) - set(current.acks))
+            log.warning(
+                "epoch %d timed out waiting for %d ACKs (%s)", epoch, len(missing), ", ".join(missing[:3])
+            )
+            await self.log.record(
+                self.leadership, epoch, EpochState.ABORTED, reason="timeout", missing=missing
+            )
+            self.in_flight = None
+            self.aborted_count += 1
+            if final:
+                self.next_epoch = epoch  # the final epoch must still happen
+            return
+        await self._make_durable(current)
+        self.in_flight = None
+        if final:
+            self.done.set()
+
+    async def _make_durable(self, current: _Epoch) -> None:
+        ident = self.plan.identity
+        manifest = {
+            "jobId": ident.job_id,
+            "pipelineId": ident.pipeline_id,
+            "checkpointNamespace": ident.checkpoint_namespace,
+            "planVersion": ident.plan_version,
+            "epoch": current.epoch,
+            "kind": current.kind,
+            "planFingerprint": self.fingerprint,
+            "createdAt": datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
+            "durationMs": int((self.clock() - current.started) * 1000),
+            "tasks": {t: {"segments": a.segments} for t, a in sorted(current.acks.items())},
+            "sources": {t: a.sources for t, a in sorted(current.acks.items()) if a.sources},
+            "sinks": {t: a.sinks for t, a in sorted(current.acks.items()) if a.sinks},
+        }
+        path = manifest_path(ident.checkpoint_namespace, current.epoch)
+        await asyncio.to_thread(self.storage.put, path, encode_manifest(manifest))
+        await self.log.record(self.leadership, current.epoch, EpochState.DURABLE, manifest=path)
+        self.latest_durable = current.epoch
+        self.durable_count += 1
+        await self.notify(current.epoch)
+        await self.log.record(self.leadership, current.epoch, EpochState.COMMITTED)
+        await asyncio.to_thread(
+            apply_retention, self.storage, ident.checkpoint_namespace, keep=self.settings.retain
+        )
