@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--in-process", action="store_true", help="all tasks in this process over local queues")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--workdir", default=".nopstream", help="run files and logs (default .nopstream)")
+    p.add_argument("--restore-from", type=int, metavar="EPOCH", help="restore this durable epoch, not the latest")
+    p.add_argument("--max-restarts", type=int, default=10, help="global recoveries before giving up (default 10)")
     p = sub.add_parser("task", help=argparse.SUPPRESS)
     p.add_argument("--plan", required=True)
     p.add_argument("--task", required=True)
@@ -103,16 +105,25 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a job to completion on this machine; exit 3 with the task's error when it fails."""
+    from nopstream.checkpoint.errors import RestoreRefused
     from nopstream.local import runner
 
     loaded = load_file(args.file)
     plans = compiler.compile_model(loaded, backend="local", namespace="local")
     job_dir = str(Path(args.file).resolve().parent)
     options = runner.RunOptions(
-        in_process=args.in_process, quiet=args.quiet, workdir=Path(args.workdir), python_path=(job_dir,)
+        in_process=args.in_process,
+        quiet=args.quiet,
+        workdir=Path(args.workdir),
+        python_path=(job_dir,),
+        restore_from=args.restore_from,
+        max_restarts=args.max_restarts,
     )
     try:
         result = runner.run_job(plans, options)
+    except RestoreRefused as refused:
+        print(f"job '{plans.partitioned.identity.job_id}' cannot restore: {refused}", file=sys.stderr)
+        return EXIT_INVALID
     except runner.JobFailed as failure:
         print(f"job '{plans.partitioned.identity.job_id}' failed: {failure}", file=sys.stderr)
         return EXIT_JOB_FAILED

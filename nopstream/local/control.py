@@ -6,6 +6,8 @@ JSON over HTTP on loopback:
   POST /stats {taskId, recordsIn, recordsOut, watermark}
   POST /done {taskId}  |  POST /failed {taskId, error}
   GET  /run                                           the current run
+  POST /ack {taskId, epoch, segments, sources, sinks} a task's checkpoint ACK
+  POST /source-finished {taskId}                      a source read all its input
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from nopstream.checkpoint.coordinator import Ack, EpochCoordinator
 
 
 @dataclass
@@ -44,6 +48,7 @@ class ControlServer:
         self.run = run
         self.tasks = {t: TaskReport() for t in task_ids}
         self.changed = asyncio.Event()
+        self.coordinator: EpochCoordinator | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -56,6 +61,8 @@ class ControlServer:
         app.router.add_post("/done", self._done)
         app.router.add_post("/failed", self._failed)
         app.router.add_get("/run", self._run)
+        app.router.add_post("/ack", self._ack)
+        app.router.add_post("/source-finished", self._source_finished)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
@@ -117,6 +124,21 @@ class ControlServer:
         starts = [t.registered_at for t in self.tasks.values() if t.registered_at is not None]
         ends = [t.done_at for t in self.tasks.values() if t.done_at is not None]
         return max(ends) - max(starts) if starts and ends else 0.0
+
+    async def _ack(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self._report(body)
+        if self.coordinator is not None:
+            ack = Ack(body["segments"], body.get("sources", {}), body.get("sinks", []))
+            self.coordinator.ack(body["taskId"], int(body["epoch"]), ack)
+        return web.json_response({"ok": True})
+
+    async def _source_finished(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self._report(body)
+        if self.coordinator is not None:
+            self.coordinator.source_finished(body["taskId"])
+        return web.json_response({"ok": True})
 
     async def _run(self, request: web.Request) -> web.Response:
         return web.json_response({"run": self.run})

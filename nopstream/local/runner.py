@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import sys
 import time
@@ -18,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
+
+import aiohttp
 
 from nopstream.checkpoint.coordinator import CoordinatorSettings, EpochCoordinator
 from nopstream.checkpoint.storage import Storage
@@ -32,9 +35,20 @@ from nopstream.plan import compiler
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.runtime.task import Task
 
+log = logging.getLogger(__name__)
+
 
 class JobFailed(RuntimeError):
     """A task of the job failed; the message names it and carries its error."""
+
+
+class TaskDied(RuntimeError):
+    """A task process failed or died: the run is over and a global recovery may follow."""
+
+    def __init__(self, message: str, short: str) -> None:
+        """`message` with the task's error; `short` in a few words."""
+        super().__init__(message)
+        self.short = short
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,7 @@ class RunOptions:
     python_path: tuple[str, ...] = ()
     progress: TextIO | None = None
     restore_from: int | None = None
+    max_restarts: int = 10
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,7 @@ class RunResult:
     records_in: dict[str, int]
     records_out: dict[str, int]
     channels: dict[str, dict[str, int]]
+    runs: int = 1
 
 
 def run_job(plans: compiler.CompiledPlans, options: RunOptions) -> RunResult:
@@ -67,7 +83,7 @@ def run_job(plans: compiler.CompiledPlans, options: RunOptions) -> RunResult:
             sys.path.insert(0, path)
     if options.in_process:
         return asyncio.run(_run_in_process(plans, options))
-    return _run_processes(plans.partitioned, options)
+    return _run_processes(plans, options)
 
 
 class _InProcessListener:
@@ -155,47 +171,87 @@ def _settings(plans: compiler.CompiledPlans) -> CoordinatorSettings:
     return CoordinatorSettings(cp.interval_ms, cp.timeout_ms, cp.retain_latest)
 
 
-def _run_processes(plan: PartitionedPlan, options: RunOptions) -> RunResult:
+def _run_processes(plans: compiler.CompiledPlans, options: RunOptions) -> RunResult:
+    """Run in task processes; when a task dies, recover globally from the latest durable epoch."""
     started = time.monotonic()
+    plan = plans.partitioned
+    storage = checkpointing.open_storage(plans.deployment)
+    restore_from = options.restore_from
     run = 1
+    while True:
+        restore = checkpointing.find_restore_point(storage, plan, epoch=restore_from)
+        try:
+            control = _attempt(plans, options, run, restore.epoch if restore else None)
+        except TaskDied as death:
+            if run > options.max_restarts:
+                raise JobFailed(f"{death} (after {run - 1} recoveries)") from death
+            log.warning("run %d: %s; recovering", run, death)
+            if not options.quiet:
+                print(f"recovering: {death.short} (run {run} -> {run + 1})", file=sys.stderr)
+            run += 1
+            restore_from = None
+            continue
+        channels: dict[str, dict[str, int]] = {}
+        for report in control.tasks.values():
+            for cid, stats in report.channels.items():
+                channels.setdefault(cid, {}).update(stats)
+        counts = {t: (r.records_in, r.records_out) for t, r in control.tasks.items()}
+        result = _result(plan, started, control.processing_seconds(), counts, channels)
+        return RunResult(**{**result.__dict__, "runs": run})
+
+
+def _attempt(
+    plans: compiler.CompiledPlans, options: RunOptions, run: int, restore_epoch: int | None
+) -> ControlServer:
+    """One run: fork every task (restored from `restore_epoch`), coordinate epochs, supervise."""
+    plan = plans.partitioned
     run_dir = options.workdir / "runs" / plan.identity.job_id / f"run-{run}"
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     plan_path = run_dir / "plan.json"
     plan_path.write_text(compiler.dump_document(plan))
+    deployment_path = run_dir / "deployment.json"
+    deployment_path.write_text(compiler.dump_document(plans.deployment))
     # The control socket listens before the tasks are forked (they may call it at once);
     # the children close their copy.
     sock = socket.create_server(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     procs = [
         processes.fork_task(
-            worker.WorkerSettings(plan_path, task_id, url, run, f"r{run}-a{i}"),
+            worker.WorkerSettings(
+                plan_path,
+                task_id,
+                url,
+                run,
+                f"r{run}-a{i}",
+                deployment_path=deployment_path,
+                restore_epoch=restore_epoch,
+            ),
             run_dir / "logs" / f"{task_id.replace('/', '_')}.log",
             close_fds=(sock.fileno(),),
         )
         for i, task_id in enumerate(plan.task_ids())
     ]
     try:
-        control = asyncio.run(_control_run(plan, options, run, sock, procs))
+        return asyncio.run(_control_run(plans, options, run, sock, procs, restore_epoch))
     finally:
         processes.stop_all(procs)
         sock.close()
-    channels: dict[str, dict[str, int]] = {}
-    for report in control.tasks.values():
-        for cid, stats in report.channels.items():
-            channels.setdefault(cid, {}).update(stats)
-    counts = {t: (r.records_in, r.records_out) for t, r in control.tasks.items()}
-    return _result(plan, started, control.processing_seconds(), counts, channels)
 
 
 async def _control_run(
-    plan: PartitionedPlan,
+    plans: compiler.CompiledPlans,
     options: RunOptions,
     run: int,
     sock: socket.socket,
     procs: list[processes.TaskProcess],
+    restore_epoch: int | None,
 ) -> ControlServer:
+    plan = plans.partitioned
     control = ControlServer(list(plan.task_ids()), run=run)
     await control.start(sock)
+    storage = checkpointing.open_storage(plans.deployment)
+    backend = LocalBackend()
+    layout = Layout("local", plan.identity.job_id, plan.identity.pipeline_id)
     progress = _Progress(
         plan,
         options,
@@ -203,12 +259,58 @@ async def _control_run(
     )
     ticker = asyncio.create_task(progress.loop(), name="progress")
     try:
-        await _supervise(procs, control)
+        async with aiohttp.ClientSession() as session, LeaseKeeper(backend, 30) as keeper:
+            leadership = await Election(backend, layout, f"local-runner-r{run}").campaign(keeper)
+            sources = [
+                s.task_id for v in plan.vertices if v.operators[0].kind == "source" for s in v.subtasks
+            ]
+
+            async def post(task_id: str, path: str, body: dict[str, Any]) -> None:
+                report = control.tasks[task_id]
+                await report.registered.wait()
+                async with session.post(f"{report.endpoint}{path}", json=body) as resp:
+                    resp.raise_for_status()
+
+            async def trigger(epoch: int, kind: str) -> None:
+                await asyncio.gather(
+                    *(post(t, "/control/barrier", {"epoch": epoch, "kind": kind}) for t in sources)
+                )
+
+            async def notify(epoch: int) -> None:
+                await asyncio.gather(
+                    *(
+                        post(t, "/control/commit", {"epoch": epoch})
+                        for t in plan.task_ids()
+                        if not control.tasks[t].done
+                    )
+                )
+
+            coordinator = EpochCoordinator(
+                plan,
+                storage,
+                EpochLog(backend, layout),
+                leadership,
+                settings=_settings(plans),
+                trigger=trigger,
+                notify=notify,
+                first_epoch=restore_epoch + 1 if restore_epoch else 1,
+            )
+            control.coordinator = coordinator
+            async with asyncio.TaskGroup() as group:
+                group.create_task(coordinator.run(), name="coordinator")
+                group.create_task(_supervise(procs, control), name="supervisor")
+    except* (TaskDied, JobFailed) as failures:
+        raise failures.exceptions[0] from None
+    except* (aiohttp.ClientError, ConnectionError) as failures:
+        raise TaskDied(
+            f"a task stopped answering: {failures.exceptions[0]!r}", "a task stopped answering"
+        ) from None
     finally:
         ticker.cancel()
         await asyncio.gather(ticker, return_exceptions=True)
         progress.done()
         await control.stop()
+        await backend.close()
     return control
 
 
@@ -216,12 +318,15 @@ async def _supervise(procs: list[processes.TaskProcess], control: ControlServer)
     while True:
         for task_id, report in control.tasks.items():
             if report.error is not None:
-                raise JobFailed(f"task {task_id} failed:\n{report.error.rstrip()}")
+                raise TaskDied(f"task {task_id} failed:\n{report.error.rstrip()}", f"task {task_id} failed")
         for proc in procs:
             code = proc.poll()
             if code is not None and code != 0:
                 tail = "\n".join(proc.log.read_text(errors="replace").splitlines()[-15:])
-                raise JobFailed(f"task {proc.task_id} exited with {code}:\n{tail}")
+                raise TaskDied(
+                    f"task {proc.task_id} exited with {code}:\n{tail}",
+                    f"task {proc.task_id} exited with {code}",
+                )
         if all(p.poll() == 0 for p in procs) and all(r.done for r in control.tasks.values()):
             return
         control.changed.clear()

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import traceback
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from nopstream.checkpoint.storage import Storage
 from nopstream.connectors.registry import Connectors
+from nopstream.local import checkpointing
 from nopstream.plan import compiler
+from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.runtime.task import Task
 from nopstream.runtime.transport_http import Fencing, HttpIO, HttpReceiver
@@ -38,6 +42,8 @@ class WorkerSettings:
     control_url: str
     run: int
     attempt: str
+    deployment_path: Path | None = None
+    restore_epoch: int | None = None
     host: str = "127.0.0.1"
 
 
@@ -79,7 +85,20 @@ async def serve(settings: WorkerSettings) -> None:
 
         io = HttpIO(receiver, session, resolve, run=settings.run, attempt=settings.attempt)
         try:
-            task = Task(plan, vertex_id, subtask, io=io, connectors=Connectors(plan.identity))
+            listener = None
+            if settings.deployment_path is not None:
+                deployment = compiler.load_document(settings.deployment_path.read_text())
+                assert isinstance(deployment, DeploymentPlan)
+                listener = _ControlListener(checkpointing.open_storage(deployment), post)
+            task = Task(
+                plan, vertex_id, subtask, io=io, connectors=Connectors(plan.identity), listener=listener
+            )
+            if listener is not None and settings.restore_epoch is not None:
+                restore = checkpointing.find_restore_point(
+                    listener.storage, plan, epoch=settings.restore_epoch
+                )
+                if restore is not None:
+                    checkpointing.restore_task(task, restore)
         except Exception:
             await post("/failed", {"error": traceback.format_exc(limit=5)})
             raise
@@ -91,7 +110,13 @@ async def serve(settings: WorkerSettings) -> None:
             task.trigger_barrier(int(body["epoch"]), body.get("kind", "checkpoint"))
             return web.json_response({"ok": True})
 
+        async def commit(request: web.Request) -> web.Response:
+            body = await request.json()
+            task.commit(int(body["epoch"]))
+            return web.json_response({"ok": True})
+
         app.router.add_post("/control/barrier", barrier)
+        app.router.add_post("/control/commit", commit)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, settings.host, 0)
@@ -130,6 +155,23 @@ async def serve(settings: WorkerSettings) -> None:
             raise
         finally:
             await runner.cleanup()
+
+
+class _ControlListener:
+    """A task process's checkpointing side: segments to storage, ACKs to the control server."""
+
+    def __init__(self, storage: Storage, post: Callable[[str, dict[str, Any]], Awaitable[None]]) -> None:
+        self.storage = storage
+        self.post = post
+
+    async def on_snapshot(self, task: Task, epoch: int, kind: str, state: dict[str, Any]) -> None:
+        ack = await checkpointing.write_snapshot_async(self.storage, task, epoch, state)
+        await self.post(
+            "/ack", {"epoch": epoch, "segments": ack.segments, "sources": ack.sources, "sinks": ack.sinks}
+        )
+
+    async def on_source_finished(self, task: Task) -> None:
+        await self.post("/source-finished", {})
 
 
 def _stats_body(task: Task) -> dict[str, Any]:
