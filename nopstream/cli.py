@@ -32,8 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--in-process", action="store_true", help="all tasks in this process over local queues")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--workdir", default=".nopstream", help="run files and logs (default .nopstream)")
-    p.add_argument("--restore-from", type=int, metavar="EPOCH", help="restore this durable epoch, not the latest")
-    p.add_argument("--max-restarts", type=int, default=10, help="global recoveries before giving up (default 10)")
+    p.add_argument(
+        "--restore-from", type=int, metavar="EPOCH", help="restore this durable epoch (default: latest)"
+    )
+    p.add_argument(
+        "--max-restarts", type=int, default=10, help="global recoveries before failing (default 10)"
+    )
     p = sub.add_parser("task", help=argparse.SUPPRESS)
     p.add_argument("--plan", required=True)
     p.add_argument("--task", required=True)
