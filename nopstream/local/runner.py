@@ -35,8 +35,6 @@ from nopstream.plan import compiler
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.runtime.task import Task
 
-log = logging.getLogger(__name__)
-
 
 class JobFailed(RuntimeError):
     """A task of the job failed; the message names it and carries its error."""
@@ -185,7 +183,6 @@ def _run_processes(plans: compiler.CompiledPlans, options: RunOptions) -> RunRes
         except TaskDied as death:
             if run > options.max_restarts:
                 raise JobFailed(f"{death} (after {run - 1} recoveries)") from death
-            log.warning("run %d: %s; recovering", run, death)
             if not options.quiet:
                 print(f"recovering: {death.short} (run {run} -> {run + 1})", file=sys.stderr)
             run += 1

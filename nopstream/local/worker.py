@@ -88,7 +88,8 @@ async def serve(settings: WorkerSettings) -> None:
             listener = None
             if settings.deployment_path is not None:
                 deployment = compiler.load_document(settings.deployment_path.read_text())
-                assert isinstance(deployment, DeploymentPlan)
+                if not isinstance(deployment, DeploymentPlan):
+                    raise ValueError(f"{settings.deployment_path} is not a deployment plan document")
                 listener = _ControlListener(checkpointing.open_storage(deployment), post)
             task = Task(
                 plan, vertex_id, subtask, io=io, connectors=Connectors(plan.identity), listener=listener

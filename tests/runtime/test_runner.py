@@ -31,11 +31,15 @@ def test_a_failing_task_fails_the_run_with_its_error(tmp_path, mode):
     }
     (tmp_path / "jobfns.py").write_text(textwrap.dedent(fns))
     run_job(tmp_path, model, mode=mode, fns=textwrap.dedent(fns), parallelism=2, expect_code=3)
-    args = ["run", "job.yaml"] + (["--in-process"] if mode == "in-process" else [])
+    args = ["run", "job.yaml", "--max-restarts", "2"] + (["--in-process"] if mode == "in-process" else [])
     result = run_nopstream(*args, cwd=tmp_path)
     assert result.code == 3
-    assert result.err.startswith("job 'test' failed: task")
+    failed = next(line for line in result.err.splitlines() if line.startswith("job 'test' failed: "))
+    assert failed.startswith("job 'test' failed: task test/main/src/") and failed.endswith(" failed:")
     assert "ValueError: record 1234 is cursed" in result.err
+    # with task processes, each failure is a global recovery until the restarts run out
+    expected_recoveries = 2 if mode == "processes" else 0
+    assert result.err.count("recovering: task test/main/src/") == expected_recoveries
 
 
 def test_progress_line_shows_rates_per_vertex(tmp_path, monkeypatch):
