@@ -32,3 +32,4 @@ test: setup servers lint
 bench: setup
 	$(PY) bench/compile.py
 	$(PY) bench/throughput.py
+	$(PY) bench/checkpoint.py
