@@ -1,4 +1,6 @@
-"""The S3 checkpoint backend, through the `minio` client (the only module that imports it).
+"""S3 objects through the `minio` client (the only module that imports it).
+
+Checkpoint storage, and the object access the s3 source and sink build on.
 
 An S3 PUT is atomic for readers, so segments and the manifest are single objects;
 writers put the manifest key last, as the commit point.
@@ -9,6 +11,7 @@ from __future__ import annotations
 import io
 
 from minio import Minio
+from minio.commonconfig import CopySource
 from minio.error import S3Error
 
 from nopstream.checkpoint.errors import StorageError
@@ -60,6 +63,30 @@ class S3Storage:
         finally:
             response.close()
             response.release_conn()
+
+    def get_from(self, path: str, offset: int) -> bytes:
+        """An object's bytes from `offset` to its end (empty at or past the end)."""
+        try:
+            response = self.client.get_object(self.bucket, self.prefix + path, offset=offset)
+        except S3Error as exc:
+            if exc.code == "InvalidRange":
+                return b""
+            raise StorageError(f"cannot read {self.describe()}/{path}: {exc.code}") from exc
+        try:
+            data: bytes = response.read()
+            return data
+        finally:
+            response.close()
+            response.release_conn()
+
+    def copy(self, source: str, target: str) -> None:
+        """Server-side copy of one object to another key of the same bucket."""
+        try:
+            self.client.copy_object(
+                self.bucket, self.prefix + target, CopySource(self.bucket, self.prefix + source)
+            )
+        except S3Error as exc:
+            raise StorageError(f"cannot copy {self.describe()}/{source}: {exc.code}") from exc
 
     def exists(self, path: str) -> bool:
         """Whether an object exists."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from nopstream.connectors.files import FileSink, FileSource
 from nopstream.connectors.generator import GeneratorSource
+from nopstream.connectors.s3 import S3Sink, S3Source
 from nopstream.connectors.stdout import StdoutSink
 from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES
 from nopstream.plan.partitioned import SourceSplits
@@ -25,6 +26,8 @@ class Connectors:
         config = node.spec.get("config", {})
         if node.type == "file":
             return FileSource(config, subtask=subtask, parallelism=parallelism)
+        if node.type == "s3":
+            return S3Source(config, subtask=subtask, parallelism=parallelism)
         if node.type == "generator":
             assignment = splits.assignment or ()
             total = sum(len(a) for a in assignment)
@@ -34,12 +37,21 @@ class Connectors:
             " implemented by this build"
         )
 
+    def _txn(self, node: StreamNode, subtask: int) -> str:
+        """A sink subtask's transaction id prefix; the id adds `:{epoch}` (never random)."""
+        return f"{self.identity.job_id}:{self.identity.pipeline_id}:{node.node_id}:{subtask}"
+
     def sink(self, node: StreamNode, *, subtask: int, parallelism: int) -> SinkWriter:
         """The writer of one sink subtask."""
         config = node.spec.get("config", {})
         if node.type == "file":
-            prefix = f"{self.identity.job_id}:{self.identity.pipeline_id}:{node.node_id}:{subtask}"
-            return FileSink(config, operator_id=node.node_id, subtask=subtask, txn_prefix=prefix)
+            return FileSink(
+                config, operator_id=node.node_id, subtask=subtask, txn_prefix=self._txn(node, subtask)
+            )
+        if node.type == "s3":
+            return S3Sink(
+                config, operator_id=node.node_id, subtask=subtask, txn_prefix=self._txn(node, subtask)
+            )
         if node.type == "stdout":
             return StdoutSink(config)
         raise NotImplementedError(

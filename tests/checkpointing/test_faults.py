@@ -172,3 +172,74 @@ def test_keyed_event_time_windows_survive_random_kills(tmp_path, capsys):
         },
     }
     check(tmp_path, model, inputs, "out", kills=10, seed=5, capsys=capsys)
+
+
+def test_minio_to_minio_at_parallelism_three_survives_random_kills(
+    tmp_path, capsys, minio_server, minio_client, bucket, monkeypatch
+):
+    import io
+
+    monkeypatch.setenv("NOPSTREAM_S3_ACCESS_KEY", minio_server.access_key)
+    monkeypatch.setenv("NOPSTREAM_S3_SECRET_KEY", minio_server.secret_key)
+    rng = random.Random(9)
+    words = [f"w{i}" for i in range(200)]
+    for f in range(9):
+        data = "".join(" ".join(rng.choices(words, k=8)) + "\n" for _ in range(1500)).encode()
+        minio_client.put_object(bucket, f"in/part-{f}.txt", io.BytesIO(data), len(data))
+
+    def model(out: str) -> dict:
+        return {
+            "jobId": f"faulty-minio-{out}",
+            "parallelism": 3,
+            "checkpoint": {
+                "intervalMs": 300,
+                "storage": {"s3": {"endpoint": minio_server.url, "bucket": bucket, "prefix": f"cp-{out}"}},
+            },
+            "model": {
+                "sources": [
+                    {
+                        "id": "lines",
+                        "type": "s3",
+                        "config": {"endpoint": minio_server.url, "bucket": bucket, "prefix": "in/"},
+                    }
+                ],
+                "operators": [
+                    {"id": "split", "type": "flat_map", "fn": "faultfns:split"},
+                    {"id": "by-word", "type": "key_by", "key": {"fn": "faultfns:word"}},
+                    {"id": "count", "type": "aggregate", "aggregate": "count"},
+                ],
+                "sinks": [
+                    {
+                        "id": "out",
+                        "type": "s3",
+                        "config": {"endpoint": minio_server.url, "bucket": bucket, "prefix": f"{out}/"},
+                    }
+                ],
+            },
+        }
+
+    def objects(prefix: str) -> Counter[str]:
+        out: Counter[str] = Counter()
+        for obj in minio_client.list_objects(bucket, prefix=prefix):
+            body = minio_client.get_object(bucket, obj.object_name)
+            try:
+                out.update(json.dumps(json.loads(line), sort_keys=True) for line in body.read().splitlines())
+            finally:
+                body.close()
+                body.release_conn()
+        return out
+
+    prepare(tmp_path / "clean", model("clean"), {})
+    prepare(tmp_path / "faulty", model("faulty"), {})
+    code, _, err = run(tmp_path / "clean", kills=0, seed=1)
+    assert code == 0, err
+    expected = objects("clean/")
+    assert sum(expected.values()) == 9 * 1500 * 8
+    code, done, err = run(tmp_path / "faulty", kills=6, seed=2)
+    assert code == 0, err
+    with capsys.disabled():
+        print(f"\n[faults] minio p3: {done} SIGKILLs, {err.count('recovering: ')} global recoveries")
+    assert done >= 3 and err.count("recovering: ") >= 1
+    got = objects("faulty/")
+    assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
+    assert list(minio_client.list_objects(bucket, prefix="faulty/.staging/", recursive=True)) == []
