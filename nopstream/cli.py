@@ -56,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("old")
     p.add_argument("new")
     sub.add_parser("crd", help="print the StreamJob CustomResourceDefinition")
+    p = sub.add_parser(
+        "status", help="durable epochs and the latest manifest in a local checkpoint directory"
+    )
+    p.add_argument("dir", help="the checkpoint storage directory (checkpoint.storage.local.path)")
     return parser
 
 
@@ -166,6 +170,40 @@ def cmd_task(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print each job's durable epochs and its latest manifest; exit 1 when DIR has none."""
+    from nopstream.checkpoint import catalog
+    from nopstream.checkpoint.errors import RestoreRefused
+    from nopstream.checkpoint.storage import LocalStorage
+
+    root = Path(args.dir)
+    if not (root / "checkpoint").is_dir():
+        print(f"{root}: no checkpoints here (expected {root / 'checkpoint'})", file=sys.stderr)
+        return EXIT_INVALID
+    storage = LocalStorage(root)
+    namespaces = sorted({"/".join(Path(p).parts[1:3]) for p in storage.list("checkpoint/")})
+    for ns in namespaces:
+        epochs = catalog.durable_epochs(storage, ns)
+        print(f"{ns}: durable epochs {', '.join(map(str, epochs)) or 'none'}")
+        if not epochs:
+            continue
+        try:
+            m = catalog.read_manifest(storage, ns, epochs[-1])
+        except RestoreRefused as refused:
+            print(f"  latest manifest refused: {refused}")
+            continue
+        segments = [s for t in m["tasks"].values() for s in t["segments"]]
+        pending = sum(len(v) for v in m.get("sinks", {}).values())
+        print(f"  latest: epoch {m['epoch']} ({m['kind']}) at {m['createdAt']}, plan {m['planFingerprint']}")
+        size = sum(s["bytes"] for s in segments)
+        print(
+            f"  {len(m['tasks'])} tasks, {len(segments)} segments, {size:,} bytes,"
+            f" {pending} pending sink transactions, checksum {m['checksum'][:16]}"
+        )
+    print("(the epoch log of a local run lives in the runner's memory; storage holds the truth)")
+    return EXIT_OK
+
+
 def cmd_crd(args: argparse.Namespace) -> int:
     """Print the StreamJob CRD as YAML."""
     print(dump_crd(), end="")
@@ -189,6 +227,7 @@ _COMMANDS = {
     "plan": cmd_plan,
     "diff": cmd_diff,
     "crd": cmd_crd,
+    "status": cmd_status,
 }
 
 

@@ -86,3 +86,17 @@ def test_the_wordcount_example_runs_end_to_end(tmp_path):
         for word in path.read_text().lower().split():
             expected[word] = expected.get(word, 0) + 1
     assert counts == expected
+
+
+def test_status_lists_durable_epochs_and_the_latest_manifest(tmp_path):
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    assert run_nopstream("run", "examples/wordcount.yaml", "--quiet", cwd=tmp_path).code == 0
+    result = run_nopstream("status", ".nopstream/checkpoints", cwd=tmp_path)
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    assert lines[0].startswith("wordcount/main: durable epochs ")
+    assert lines[1].startswith("  latest: epoch ") and "(final)" in lines[1]
+    # the final epoch pre-committed the sink's last transaction; it was committed after the manifest
+    assert lines[2].startswith("  5 tasks, ") and ", 1 pending sink transactions, " in lines[2]
+    missing = run_nopstream("status", "nowhere", cwd=tmp_path)
+    assert missing.code == 1 and missing.err == "nowhere: no checkpoints here (expected nowhere/checkpoint)\n"
