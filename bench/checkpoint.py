@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import signal
 import statistics
 import subprocess
@@ -31,18 +30,11 @@ from nopstream.local import runner
 from nopstream.model.load import load_file
 from nopstream.plan import compiler
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import make_corpus
+
 ROOT = Path(__file__).resolve().parent.parent
 FNS = "def split(line):\n    return line.split()\n\ndef word(w):\n    return w\n"
-
-
-def corpus(directory: Path, words: int) -> None:
-    """Lines of 10 words from a 10,000-word vocabulary in 16 files (seed 42)."""
-    rng = random.Random(42)
-    vocabulary = [f"w{i}" for i in range(10_000)]
-    lines = [" ".join(rng.choices(vocabulary, k=10)) for _ in range(words // 10)]
-    directory.mkdir(parents=True, exist_ok=True)
-    for i in range(16):
-        (directory / f"part-{i}.txt").write_text("\n".join(lines[i::16]) + "\n")
 
 
 def job(workdir: Path, name: str, interval_ms: int) -> Path:
@@ -136,7 +128,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        corpus(workdir / "corpus", args.words)
+        make_corpus(workdir / "corpus", args.words)
         (workdir / "benchfns.py").write_text(FNS)
         os.chdir(workdir)
         # best of two each, alternating (this machine is noisy); each run starts from empty storage

@@ -51,24 +51,15 @@ class S3Storage:
 
     def get(self, path: str) -> bytes:
         """An object's bytes."""
-        try:
-            response = self.client.get_object(self.bucket, self.prefix + path)
-        except S3Error as exc:
-            if exc.code == "NoSuchKey":
-                raise StorageError(f"{self.describe()}/{path} is missing") from None
-            raise StorageError(f"cannot read {self.describe()}/{path}: {exc.code}") from exc
-        try:
-            data: bytes = response.read()
-            return data
-        finally:
-            response.close()
-            response.release_conn()
+        return self.get_from(path, 0)
 
     def get_from(self, path: str, offset: int) -> bytes:
         """An object's bytes from `offset` to its end (empty at or past the end)."""
         try:
             response = self.client.get_object(self.bucket, self.prefix + path, offset=offset)
         except S3Error as exc:
+            if exc.code == "NoSuchKey":
+                raise StorageError(f"{self.describe()}/{path} is missing") from None
             if exc.code == "InvalidRange":
                 return b""
             raise StorageError(f"cannot read {self.describe()}/{path}: {exc.code}") from exc

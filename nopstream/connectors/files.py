@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from nopstream.connectors.staged import StagedSink
 from nopstream.plan.keys import stable_hash
 from nopstream.runtime.frames import Batch
 
@@ -118,33 +119,25 @@ class FileSource:
         self._close_current(finished=False)
 
 
-class FileSink:
+class FileSink(StagedSink):
     """Writes a sink subtask's records in transactions, one per epoch (STAGED_ATOMIC_COMMIT).
 
-    Records of transaction N (those between barriers N-1 and N) go to the staged file
-    `{path}/.staging/{operatorId}-{subtask}-{N:010d}.jsonl`. At barrier N the staged
-    file is flushed and fsynced (pre-commit) and transaction N+1 opens. `commit(upto)`
-    renames every pending staged file of an epoch <= upto to
-    `{path}/{operatorId}-{subtask}-{N:010d}.jsonl`: atomic, and idempotent (a staged
-    file already renamed is simply gone). `recover(durable)` after a restore commits
-    the restored pending transactions up to the durable epoch and deletes staged
-    files of later epochs (aborted). Transaction ids are
-    `{jobId}:{pipelineId}:{operatorId}:{subtask}:{epoch}`, never random.
+    Transaction N goes to the staged file `{path}/.staging/{operatorId}-{subtask}-{N:010d}.jsonl`,
+    flushed and fsynced at barrier N; committing renames it to
+    `{path}/{operatorId}-{subtask}-{N:010d}.jsonl` (atomic; a staged file already
+    renamed is simply gone). Bookkeeping: `staged.StagedSink`.
     """
 
     def __init__(self, config: dict[str, Any], *, operator_id: str, subtask: int, txn_prefix: str) -> None:
         """Prepare the output and staging directories."""
+        super().__init__(txn_prefix)
         self.dir = Path(config["path"])
         self.staging = self.dir / ".staging"
         self.staging.mkdir(parents=True, exist_ok=True)
         self.jsonl = config.get("format", "jsonl") == "jsonl"
         self.ext = "jsonl" if self.jsonl else "txt"
         self.name = f"{operator_id}-{subtask}"
-        self.txn_prefix = txn_prefix
-        self.epoch = 1
-        self.pending: list[dict[str, Any]] = []
         self._file: Any = None
-        self._records = 0
 
     def _staged(self, epoch: int) -> Path:
         return self.staging / f"{self.name}-{epoch:010d}.{self.ext}"
@@ -161,48 +154,28 @@ class FileSink:
         else:
             data = "".join(f"{r}\n" for r in batch.records).encode("utf-8")
         self._file.write(data)
-        self._records += len(batch.records)
+        self.records += len(batch.records)
 
-    def prepare(self, epoch: int) -> None:
-        """Barrier `epoch`: make the open transaction durable and pending; open the next."""
+    def _release(self) -> None:
         if self._file is not None:
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
             self._file = None
-        if self._records:
-            self.pending.append(
-                {"id": f"{self.txn_prefix}:{epoch}", "epoch": epoch, "records": self._records}
-            )
-        self._records = 0
-        self.epoch = epoch + 1
 
-    def commit(self, upto: int) -> None:
-        """Publish every pending transaction of an epoch <= upto."""
-        for txn in [t for t in self.pending if t["epoch"] <= upto]:
-            staged = self._staged(txn["epoch"])
-            if staged.exists():
-                os.replace(staged, self._final(txn["epoch"]))
-            self.pending.remove(txn)
-        _fsync_dir(self.dir)
+    def _stage(self, epoch: int) -> None:
+        """The staged file was fsynced by `_release`: nothing more to do."""
 
-    def recover(self, durable: int) -> None:
-        """After a restore: commit pending transactions <= durable, abort every later staged file."""
-        self.commit(durable)
+    def _publish(self, epoch: int) -> None:
+        staged = self._staged(epoch)
+        if staged.exists():
+            os.replace(staged, self._final(epoch))
+            _fsync_dir(self.dir)
+
+    def _abort_after(self, durable: int) -> None:
         for staged in self.staging.glob(f"{self.name}-*.{self.ext}"):
             if int(staged.stem.rsplit("-", 1)[1]) > durable:
                 staged.unlink()
-        self.pending = [t for t in self.pending if t["epoch"] > durable]
-        self.epoch = durable + 1
-
-    def snapshot(self) -> dict[str, Any]:
-        """Pending (pre-committed) transactions and the open transaction's epoch."""
-        return {"pending": [dict(t) for t in self.pending], "epoch": self.epoch}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        """Resume with the snapshot's pending transactions."""
-        self.pending = [dict(t) for t in state.get("pending", [])]
-        self.epoch = int(state.get("epoch", 1))
 
     def finish(self) -> None:
         """End of input: release the staged file (its records wait for the final epoch)."""

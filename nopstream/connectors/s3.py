@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from nopstream.checkpoint.s3 import S3Storage
+from nopstream.connectors.staged import StagedSink
 from nopstream.plan.keys import stable_hash
 from nopstream.runtime.frames import Batch
 
@@ -92,20 +93,17 @@ class S3Source:
         """Nothing to release."""
 
 
-class S3Sink:
-    """Writes a sink subtask's records as one object per committed epoch."""
+class S3Sink(StagedSink):
+    """Writes a sink subtask's records as one object per committed epoch (bookkeeping: `StagedSink`)."""
 
     def __init__(self, config: dict[str, Any], *, operator_id: str, subtask: int, txn_prefix: str) -> None:
         """Write under the config's bucket and prefix."""
+        super().__init__(txn_prefix)
         self.store = connect(config)
         self.prefix = config.get("prefix", "")
         self.jsonl = config.get("format", "jsonl") == "jsonl"
         self.name = f"{operator_id}-{subtask}"
-        self.txn_prefix = txn_prefix
-        self.epoch = 1
-        self.pending: list[dict[str, Any]] = []
         self._buffer: list[bytes] = []
-        self._records = 0
 
     def _staged(self, epoch: int) -> str:
         return f"{self.prefix}.staging/{self.name}-{epoch:010d}.jsonl"
@@ -119,44 +117,26 @@ class S3Sink:
             self._buffer.append(b"".join(orjson.dumps(r) + b"\n" for r in batch.records))
         else:
             self._buffer.append("".join(f"{r}\n" for r in batch.records).encode())
-        self._records += len(batch.records)
+        self.records += len(batch.records)
+
+    def _stage(self, epoch: int) -> None:
+        self.store.put(self._staged(epoch), b"".join(self._buffer))
 
     def prepare(self, epoch: int) -> None:
         """Barrier `epoch`: PUT the staged object (pre-commit) and open the next transaction."""
-        if self._records:
-            self.store.put(self._staged(epoch), b"".join(self._buffer))
-            self.pending.append(
-                {"id": f"{self.txn_prefix}:{epoch}", "epoch": epoch, "records": self._records}
-            )
-        self._buffer, self._records = [], 0
-        self.epoch = epoch + 1
+        super().prepare(epoch)
+        self._buffer = []
 
-    def commit(self, upto: int) -> None:
-        """Publish every pending transaction of an epoch <= upto by server-side copy."""
-        for txn in [t for t in self.pending if t["epoch"] <= upto]:
-            staged = self._staged(txn["epoch"])
-            if self.store.exists(staged):
-                self.store.copy(staged, self._final(txn["epoch"]))
-                self.store.delete(staged)
-            self.pending.remove(txn)
+    def _publish(self, epoch: int) -> None:
+        staged = self._staged(epoch)
+        if self.store.exists(staged):
+            self.store.copy(staged, self._final(epoch))
+            self.store.delete(staged)
 
-    def recover(self, durable: int) -> None:
-        """After a restore: commit up to the durable epoch, remove later staged objects."""
-        self.commit(durable)
+    def _abort_after(self, durable: int) -> None:
         for key in self.store.list(f"{self.prefix}.staging/{self.name}-"):
             if int(key.rsplit("-", 1)[1].split(".")[0]) > durable:
                 self.store.delete(key)
-        self.pending = [t for t in self.pending if t["epoch"] > durable]
-        self.epoch = durable + 1
-
-    def snapshot(self) -> dict[str, Any]:
-        """Pending transactions and the open transaction's epoch."""
-        return {"pending": [dict(t) for t in self.pending], "epoch": self.epoch}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        """Resume with the snapshot's pending transactions."""
-        self.pending = [dict(t) for t in state.get("pending", [])]
-        self.epoch = int(state.get("epoch", 1))
 
     def finish(self) -> None:
         """Nothing to release: the open transaction waits for the final epoch."""

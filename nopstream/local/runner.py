@@ -21,9 +21,9 @@ from typing import Any, TextIO
 
 import aiohttp
 
-from nopstream.checkpoint.coordinator import CoordinatorSettings, EpochCoordinator
+from nopstream.checkpoint.coordinator import CoordinatorSettings, EpochCoordinator, Notify, Trigger
 from nopstream.checkpoint.storage import Storage
-from nopstream.cluster.election import Election
+from nopstream.cluster.election import Election, Leadership
 from nopstream.cluster.epochlog import EpochLog
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
@@ -119,15 +119,14 @@ async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions) ->
                 for t in tasks:
                     t.commit(epoch)
 
-            coordinator = EpochCoordinator(
-                plan,
+            coordinator = _coordinator(
+                plans,
                 storage,
                 EpochLog(backend, layout),
                 leadership,
-                settings=_settings(plans),
-                trigger=trigger,
-                notify=notify,
-                first_epoch=restore.epoch + 1 if restore else 1,
+                trigger,
+                notify,
+                restore.epoch if restore else None,
             )
             tasks.extend(inprocess.build_tasks(plan, listener=_InProcessListener(storage, coordinator)))
             if restore is not None:
@@ -163,9 +162,27 @@ async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions) ->
     return _result(plan, started, time.monotonic() - processing_started, counts, channels)
 
 
-def _settings(plans: compiler.CompiledPlans) -> CoordinatorSettings:
+def _coordinator(
+    plans: compiler.CompiledPlans,
+    storage: Storage,
+    epoch_log: EpochLog,
+    leadership: Leadership,
+    trigger: Trigger,
+    notify: Notify,
+    restored: int | None,
+) -> EpochCoordinator:
+    """The coordinator of one run, numbering epochs after the restored one."""
     cp = plans.deployment.checkpoint
-    return CoordinatorSettings(cp.interval_ms, cp.timeout_ms, cp.retain_latest)
+    return EpochCoordinator(
+        plans.partitioned,
+        storage,
+        epoch_log,
+        leadership,
+        settings=CoordinatorSettings(cp.interval_ms, cp.timeout_ms, cp.retain_latest),
+        trigger=trigger,
+        notify=notify,
+        first_epoch=restored + 1 if restored is not None else 1,
+    )
 
 
 def _run_processes(plans: compiler.CompiledPlans, options: RunOptions) -> RunResult:
@@ -281,15 +298,8 @@ async def _control_run(
                     )
                 )
 
-            coordinator = EpochCoordinator(
-                plan,
-                storage,
-                EpochLog(backend, layout),
-                leadership,
-                settings=_settings(plans),
-                trigger=trigger,
-                notify=notify,
-                first_epoch=restore_epoch + 1 if restore_epoch else 1,
+            coordinator = _coordinator(
+                plans, storage, EpochLog(backend, layout), leadership, trigger, notify, restore_epoch
             )
             control.coordinator = coordinator
             async with asyncio.TaskGroup() as group:
