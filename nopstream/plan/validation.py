@@ -8,14 +8,14 @@ rule, so the CLI, the operator and a webhook can all show the same message.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
 from pydantic import ValidationError
 
 from nopstream.model.capabilities import ALLOWED
-from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES, ConnectorConfig
+from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES, ConnectorConfig, SinkType, SourceType
 from nopstream.model.errors import Issue
 from nopstream.model.load import LoadedModel, pydantic_issues
 from nopstream.model.spec import KEYED_OPERATORS, KeySpec, OperatorSpec, SinkSpec, SourceSpec
@@ -363,19 +363,25 @@ def _check_event_time(ctx: _Context, n: ResolvedNode, at: tuple[str, ...]) -> It
             )
 
 
+def _check_connector(
+    ctx: _Context, n: ResolvedNode, catalogue: Mapping[str, SourceType | SinkType]
+) -> Iterator[Issue]:
+    kind = catalogue.get(n.type)
+    if kind is None:
+        yield Issue(
+            ctx.path(n, "type"),
+            f"unknown {n.kind} type '{n.type}' (known: {', '.join(sorted(catalogue))})",
+            "connector-type",
+        )
+    else:
+        yield from _check_config(ctx, n, kind.config)
+
+
 def _check_sources(ctx: _Context) -> Iterator[Issue]:
     for n in ctx.nodes:
         if not isinstance(n.spec, SourceSpec):
             continue
-        kind = SOURCE_TYPES.get(n.type)
-        if kind is None:
-            yield Issue(
-                ctx.path(n, "type"),
-                f"unknown source type '{n.type}' (known: {', '.join(sorted(SOURCE_TYPES))})",
-                "connector-type",
-            )
-        else:
-            yield from _check_config(ctx, n, kind.config)
+        yield from _check_connector(ctx, n, SOURCE_TYPES)
         wm = n.spec.watermark
         if wm is not None:
             if (wm.timestamp_field is None) == (wm.timestamp_fn is None):
@@ -394,17 +400,8 @@ def _check_sources(ctx: _Context) -> Iterator[Issue]:
 
 def _check_sinks(ctx: _Context) -> Iterator[Issue]:
     for n in ctx.nodes:
-        if not isinstance(n.spec, SinkSpec):
-            continue
-        kind = SINK_TYPES.get(n.type)
-        if kind is None:
-            yield Issue(
-                ctx.path(n, "type"),
-                f"unknown sink type '{n.type}' (known: {', '.join(sorted(SINK_TYPES))})",
-                "connector-type",
-            )
-        else:
-            yield from _check_config(ctx, n, kind.config)
+        if isinstance(n.spec, SinkSpec):
+            yield from _check_connector(ctx, n, SINK_TYPES)
 
 
 def _check_config(ctx: _Context, n: ResolvedNode, schema: type[ConnectorConfig]) -> Iterator[Issue]:
