@@ -30,6 +30,7 @@ from nopstream.cluster.election import Leadership
 from nopstream.cluster.epochlog import EpochLog, EpochState
 from nopstream.plan.canonical import fingerprint
 from nopstream.plan.partitioned import PartitionedPlan
+from nopstream.runtime import faults
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ class EpochCoordinator:
         self.done = asyncio.Event()
         self.durable_count = 0
         self.aborted_count = 0
+        self.on_fault: Callable[[], None] | None = None  # what a fault point does here (tests)
 
     def source_finished(self, task_id: str) -> None:
         """A source task has read everything."""
@@ -175,10 +177,13 @@ class EpochCoordinator:
             "sinks": {t: a.sinks for t, a in sorted(current.acks.items()) if a.sinks},
         }
         path = manifest_path(ident.checkpoint_namespace, current.epoch)
+        faults.reached("before-manifest", self.on_fault)
+        faults.reached("coordinator-before-manifest")  # the coordinator itself crashes
         await asyncio.to_thread(self.storage.put, path, encode_manifest(manifest))
         await self.log.record(self.leadership, current.epoch, EpochState.DURABLE, manifest=path)
         self.latest_durable = current.epoch
         self.durable_count += 1
+        faults.reached("after-durable", self.on_fault)
         await self.notify(current.epoch)
         await self.log.record(self.leadership, current.epoch, EpochState.COMMITTED)
         await asyncio.to_thread(

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from nopstream.runtime import faults
+
 
 class StagedSink:
     """Pending transactions, their snapshot and restore; subclasses stage and publish."""
@@ -51,6 +53,7 @@ class StagedSink:
         """Publish every pending transaction of an epoch <= upto."""
         for txn in [t for t in self.pending if t["epoch"] <= upto]:
             self._publish(txn["epoch"])
+            faults.reached("mid-commit")
             self.pending.remove(txn)
 
     def recover(self, durable: int) -> None:

@@ -9,6 +9,8 @@ WARNING: fork only from a process with no running event loop and no other thread
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import logging
 import os
 import signal
@@ -58,6 +60,7 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
         return TaskProcess(settings.task_id, pid, log)
     code = 1
     try:
+        _die_with_parent()
         for fd in close_fds:
             os.close(fd)
         out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -76,6 +79,15 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this child when the runner dies, so a killed runner leaves no task behind."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:  # the runner died before prctl took effect
+        os._exit(1)
 
 
 def stop_all(procs: list[TaskProcess], grace: float = 5.0) -> None:

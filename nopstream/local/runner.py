@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import socket
 import sys
 import time
@@ -32,6 +34,7 @@ from nopstream.local import checkpointing, inprocess, processes, worker
 from nopstream.local.control import ControlServer
 from nopstream.plan import compiler
 from nopstream.plan.partitioned import PartitionedPlan
+from nopstream.runtime import faults
 from nopstream.runtime.task import Task
 
 
@@ -203,6 +206,7 @@ def _run_processes(plans: compiler.CompiledPlans, options: RunOptions) -> RunRes
                 print(f"recovering: {death.short} (run {run} -> {run + 1})", file=sys.stderr)
             run += 1
             restore_from = None
+            os.environ.pop(faults.ENV, None)  # fault points fire in the first run only
             continue
         channels: dict[str, dict[str, int]] = {}
         for report in control.tasks.values():
@@ -301,16 +305,13 @@ async def _control_run(
             coordinator = _coordinator(
                 plans, storage, EpochLog(backend, layout), leadership, trigger, notify, restore_epoch
             )
+            coordinator.on_fault = lambda: _kill_a_task(procs)
             control.coordinator = coordinator
             async with asyncio.TaskGroup() as group:
                 group.create_task(coordinator.run(), name="coordinator")
                 group.create_task(_supervise(procs, control), name="supervisor")
-    except* (TaskDied, JobFailed) as failures:
-        raise failures.exceptions[0] from None
-    except* (aiohttp.ClientError, ConnectionError) as failures:
-        raise TaskDied(
-            f"a task stopped answering: {failures.exceptions[0]!r}", "a task stopped answering"
-        ) from None
+    except BaseExceptionGroup as group:
+        raise _run_failure(group) from None
     finally:
         ticker.cancel()
         await asyncio.gather(ticker, return_exceptions=True)
@@ -318,6 +319,25 @@ async def _control_run(
         await control.stop()
         await backend.close()
     return control
+
+
+def _run_failure(group: BaseExceptionGroup) -> BaseException:
+    """The one failure a run reports for what its task group raised."""
+    deaths = group.subgroup((TaskDied, JobFailed))
+    if deaths is not None:
+        return deaths.exceptions[0]
+    broken = group.subgroup((aiohttp.ClientError, ConnectionError))
+    if broken is not None:
+        first = broken.exceptions[0]
+        return TaskDied(f"a task stopped answering: {first!r}", "a task stopped answering")
+    return group
+
+
+def _kill_a_task(procs: list[processes.TaskProcess]) -> None:
+    """A coordinator fault point fired: SIGKILL the last task process still running."""
+    live = [p for p in procs if p.poll() is None]
+    if live:
+        live[-1].signal(signal.SIGKILL)
 
 
 async def _supervise(procs: list[processes.TaskProcess], control: ControlServer) -> None:

@@ -24,6 +24,7 @@ import orjson
 
 from nopstream.plan.partitioned import Edge, PartitionedPlan
 from nopstream.plan.streamgraph import StreamNode
+from nopstream.runtime import faults
 from nopstream.runtime.connectors import ConnectorFactory, SourceReader
 from nopstream.runtime.frames import MAX_TIMESTAMP, Barrier, Batch, EndOfInput, EndOfStream, Frame, Watermark
 from nopstream.runtime.gate import InputChannel, InputGate
@@ -347,6 +348,8 @@ class Task:
                     )
                 arrived.add(ch.channel_id)
                 self.gate.block(ch)
+                if len(arrived) < len(self.gate.open_channels()):
+                    faults.reached("during-alignment")
             elif isinstance(frame, EndOfInput):
                 ch.ended = True
                 advanced = self.watermarks.end(ch.channel_id)

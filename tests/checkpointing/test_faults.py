@@ -243,3 +243,76 @@ def test_minio_to_minio_at_parallelism_three_survives_random_kills(
     got = objects("faulty/")
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
     assert list(minio_client.list_objects(bucket, prefix="faulty/.staging/", recursive=True)) == []
+
+
+def run_with_fault(workdir: Path, point: str) -> tuple[list[int], str]:
+    """Run the job with one fault point armed; when the whole command dies, start it again
+    without the fault. Returns the exit code of each start and their stderr."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)]), "NOPSTREAM_FAULTS": point}
+    codes, err = [], ""
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, "-m", "nopstream", "run", "job.yaml", "--max-restarts", "5"],
+            cwd=workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        codes.append(proc.returncode)
+        err += proc.stderr
+        if proc.returncode == 0:
+            break
+        env.pop("NOPSTREAM_FAULTS")
+    return codes, err
+
+
+def test_faults_at_the_named_dangerous_moments(tmp_path, capsys):
+    rng = random.Random(4)
+    words = [f"w{i}" for i in range(100)]
+    inputs = {
+        f"part-{f}.txt": "".join(" ".join(rng.choices(words, k=6)) + "\n" for _ in range(2500))
+        for f in range(4)
+    }
+    model = {
+        "jobId": "named-faults",
+        "parallelism": 2,
+        "checkpoint": {"intervalMs": 150, "storage": {"local": {"path": "cp"}}},
+        "model": {
+            "sources": [{"id": "lines", "type": "file", "config": {"path": "in/*.txt"}}],
+            "operators": [
+                {"id": "split", "type": "flat_map", "fn": "faultfns:split"},
+                {"id": "by-word", "type": "key_by", "key": {"fn": "faultfns:word"}},
+                {"id": "count", "type": "aggregate", "aggregate": "count"},
+            ],
+            "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
+        },
+    }
+    prepare(tmp_path / "clean", model, inputs)
+    code, _, err = run(tmp_path / "clean", kills=0, seed=0)
+    assert code == 0, err
+    expected = committed(tmp_path / "clean", "out")
+    points = {
+        "before-manifest@1": "a task dies before the first durable epoch (ACKs in, no manifest yet)",
+        "during-alignment@3": "a task dies while aligning a barrier",
+        "before-manifest@3": "a task dies after the segments are written, before the manifest",
+        "after-durable@2": "a task dies after DURABLE, before COMMITTED",
+        "mid-commit@1": "a sink dies in the middle of a commit (published, not yet recorded)",
+        "coordinator-before-manifest@2": "the whole command dies before a manifest, and is started again",
+    }
+    for point, what in points.items():
+        workdir = tmp_path / point.replace("@", "-")
+        prepare(workdir, model, inputs)
+        codes, err = run_with_fault(workdir, point)
+        with capsys.disabled():
+            print(f"\n[faults] {point}: {what}; exit codes {codes}, recoveries {err.count('recovering: ')}")
+        if point.startswith("coordinator-"):
+            assert codes == [-9, 0], err  # killed by its own fault point, then resumed
+        else:
+            assert codes == [0], err
+            assert err.count("recovering: ") >= 1, f"{point} never fired"
+        got = committed(workdir, "out")
+        assert got == expected, (
+            f"{point}: lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
+        )
