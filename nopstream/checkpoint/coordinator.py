@@ -103,6 +103,8 @@ class EpochCoordinator:
         self.done = asyncio.Event()
         self.durable_count = 0
         self.aborted_count = 0
+        self.latest_committed: int | None = None
+        self.last_duration_ms = 0
         self.on_fault: Callable[[], None] | None = None  # what a fault point does here (tests)
 
     def source_finished(self, task_id: str) -> None:
@@ -186,6 +188,8 @@ class EpochCoordinator:
         faults.reached("after-durable", self.on_fault)
         await self.notify(current.epoch)
         await self.log.record(self.leadership, current.epoch, EpochState.COMMITTED)
+        self.latest_committed = current.epoch
+        self.last_duration_ms = int((self.clock() - current.started) * 1000)
         await asyncio.to_thread(
             apply_retention, self.storage, ident.checkpoint_namespace, keep=self.settings.retain
         )

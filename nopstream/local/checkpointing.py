@@ -77,6 +77,7 @@ def write_snapshot(storage: Storage, task: Task, epoch: int, state: dict[str, An
     for path, data in segments.items():
         storage.put(path, data)
         refs.append(segment_ref(path, data).__dict__)
+    task.metrics.snapshot_bytes = sum(len(data) for data in segments.values())
     sinks = [
         txn for op in state.get("operators", {}).values() for txn in op.get("sink", {}).get("pending", [])
     ]

@@ -8,6 +8,7 @@ JSON over HTTP on loopback:
   GET  /run                                           the current run
   POST /ack {taskId, epoch, segments, sources, sinks} a task's checkpoint ACK
   POST /source-finished {taskId}                      a source read all its input
+  GET  /metrics                                       the coordinator's Prometheus metrics
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from nopstream.checkpoint.coordinator import Ack, EpochCoordinator
+from nopstream.checkpoint.metrics import CoordinatorCollector
+from nopstream.runtime.metrics import exposition
 
 
 @dataclass
@@ -49,6 +53,7 @@ class ControlServer:
         self.tasks = {t: TaskReport() for t in task_ids}
         self.changed = asyncio.Event()
         self.coordinator: EpochCoordinator | None = None
+        self.recoveries = 0
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -62,6 +67,7 @@ class ControlServer:
         app.router.add_post("/failed", self._failed)
         app.router.add_get("/run", self._run)
         app.router.add_post("/ack", self._ack)
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/source-finished", self._source_finished)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -139,6 +145,12 @@ class ControlServer:
         if self.coordinator is not None:
             self.coordinator.source_finished(body["taskId"])
         return web.json_response({"ok": True})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        registry = CollectorRegistry()
+        if self.coordinator is not None:
+            registry.register(CoordinatorCollector(self.coordinator, recoveries=self.recoveries))
+        return web.Response(body=exposition(registry), content_type="text/plain")
 
     async def _run(self, request: web.Request) -> web.Response:
         return web.json_response({"run": self.run})

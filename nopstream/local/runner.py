@@ -232,6 +232,7 @@ def _attempt(
     # the children close their copy.
     sock = socket.create_server(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    (run_dir / "control-url").write_text(url)  # where the coordinator's /metrics are
     procs = [
         processes.fork_task(
             worker.WorkerSettings(
@@ -265,6 +266,7 @@ async def _control_run(
 ) -> ControlServer:
     plan = plans.partitioned
     control = ControlServer(list(plan.task_ids()), run=run)
+    control.recoveries = run - 1
     await control.start(sock)
     storage = checkpointing.open_storage(plans.deployment)
     backend = LocalBackend()

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from nopstream.checkpoint.storage import Storage
 from nopstream.connectors.registry import Connectors
@@ -26,6 +27,7 @@ from nopstream.local import checkpointing
 from nopstream.plan import compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.partitioned import PartitionedPlan
+from nopstream.runtime.metrics import TaskCollector, exposition
 from nopstream.runtime.task import Task
 from nopstream.runtime.transport_http import Fencing, HttpIO, HttpReceiver
 
@@ -116,6 +118,13 @@ async def serve(settings: WorkerSettings) -> None:
             task.commit(int(body["epoch"]))
             return web.json_response({"ok": True})
 
+        registry = CollectorRegistry()
+        registry.register(TaskCollector(lambda: [task], semantic_mode=plan.identity.semantic_mode.value))
+
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(body=exposition(registry), content_type="text/plain")
+
+        app.router.add_get("/metrics", metrics)
         app.router.add_post("/control/barrier", barrier)
         app.router.add_post("/control/commit", commit)
         runner = web.AppRunner(app, access_log=None)

@@ -98,6 +98,8 @@ class TaskMetrics:
     records_out: int = 0
     watermark: int | None = None
     barriers: int = 0
+    alignment_ms: float = 0.0
+    snapshot_bytes: int = 0
 
 
 class Task:
@@ -195,6 +197,25 @@ class Task:
                     task = target.subtasks[ch.downstream].task_id
                     channels[ch.downstream] = await self.io.output(edge.channel_id(ch), task)
             self._outputs.append(_OutputEdge(edge, Partitioner(edge, sorted(channels)), channels))
+
+    def metric_values(self) -> dict[str, float]:
+        """Current counters for metrics (see `runtime.metrics`)."""
+        m = self.metrics
+        return {
+            "records_in": m.records_in,
+            "records_out": m.records_out,
+            "barriers": m.barriers,
+            "watermark": float(m.watermark) if m.watermark is not None else 0.0,
+            "alignment_ms": m.alignment_ms,
+            "snapshot_bytes": m.snapshot_bytes,
+            "pending_transactions": sum(len(s.writer.snapshot().get("pending", [])) for s in self.sinks),
+            "fenced_attempts": self.fenced_attempts(),
+        }
+
+    def fenced_attempts(self) -> int:
+        """Channels refused by this task's transport because of their run (0 on local channels)."""
+        fencing = getattr(getattr(self.io, "receiver", None), "fencing", None)
+        return int(getattr(fencing, "refused", 0))
 
     def channel_stats(self) -> dict[str, dict[str, int]]:
         """Per channel: the most credit units ever outstanding (outputs) or buffered (inputs)."""
@@ -318,6 +339,7 @@ class Task:
     async def _run_inputs(self) -> None:
         aligning: Barrier | None = None
         arrived: set[str] = set()
+        align_started = 0.0
         tick = self.settings.tick_ms / 1000
         data_ended = False
         while self.gate.open_channels():
@@ -340,7 +362,7 @@ class Task:
                     await self._advance_watermark(advanced)
             elif isinstance(frame, Barrier):
                 if aligning is None:
-                    aligning, arrived = frame, set()
+                    aligning, arrived, align_started = frame, set(), time.monotonic()
                 elif frame.epoch != aligning.epoch:
                     raise RuntimeError(
                         f"task {self.task_id}: barrier {frame.epoch} on {ch.channel_id} while aligning"
@@ -363,6 +385,7 @@ class Task:
                 ch.closed = True
             ch.consumed(units)
             if aligning is not None and all(c.channel_id in arrived for c in self.gate.open_channels()):
+                self.metrics.alignment_ms = (time.monotonic() - align_started) * 1000
                 await self._snapshot_and_forward(aligning)
                 aligning = None
                 self.gate.unblock_all()
