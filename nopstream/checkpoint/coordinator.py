@@ -105,7 +105,13 @@ class EpochCoordinator:
         self.aborted_count = 0
         self.latest_committed: int | None = None
         self.last_duration_ms = 0
+        self.savepoints: list[int] = []
+        self._savepoint_requested = False
         self.on_fault: Callable[[], None] | None = None  # what a fault point does here (tests)
+
+    def request_savepoint(self) -> None:
+        """Make the next epoch a savepoint (a durable epoch that retention never deletes)."""
+        self._savepoint_requested = True
 
     def source_finished(self, task_id: str) -> None:
         """A source task has read everything."""
@@ -132,13 +138,17 @@ class EpochCoordinator:
 
     async def _wait_interval(self, interval: float) -> None:
         deadline = self.clock() + interval
-        while self.clock() < deadline and not self.finished_sources >= self.sources:
+        while (
+            self.clock() < deadline
+            and not self.finished_sources >= self.sources
+            and not self._savepoint_requested
+        ):
             await asyncio.sleep(min(0.05, interval))
 
     async def _take(self, final: bool) -> None:
         epoch = self.next_epoch
         self.next_epoch += 1
-        kind = "final" if final else "checkpoint"
+        kind = "final" if final else "savepoint" if self._savepoint_requested else "checkpoint"
         self.in_flight = current = _Epoch(epoch, kind, self.clock())
         await self.log.record(self.leadership, epoch, EpochState.CREATED, kind=kind)
         await self.trigger(epoch, kind)
@@ -158,6 +168,9 @@ class EpochCoordinator:
                 self.next_epoch = epoch  # the final epoch must still happen
             return
         await self._make_durable(current)
+        if kind == "savepoint":
+            self._savepoint_requested = False
+            self.savepoints.append(epoch)
         self.in_flight = None
         if final:
             self.done.set()

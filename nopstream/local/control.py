@@ -9,6 +9,7 @@ JSON over HTTP on loopback:
   POST /ack {taskId, epoch, segments, sources, sinks} a task's checkpoint ACK
   POST /source-finished {taskId}                      a source read all its input
   GET  /metrics                                       the coordinator's Prometheus metrics
+  POST /savepoint                                     make the next epoch a savepoint
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class ControlServer:
         app.router.add_get("/run", self._run)
         app.router.add_post("/ack", self._ack)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/savepoint", self._savepoint)
         app.router.add_post("/source-finished", self._source_finished)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -145,6 +147,12 @@ class ControlServer:
         if self.coordinator is not None:
             self.coordinator.source_finished(body["taskId"])
         return web.json_response({"ok": True})
+
+    async def _savepoint(self, request: web.Request) -> web.Response:
+        if self.coordinator is None:
+            raise web.HTTPServiceUnavailable(text="no coordinator yet")
+        self.coordinator.request_savepoint()
+        return web.json_response({"requested": True, "savepoints": self.coordinator.savepoints})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         registry = CollectorRegistry()

@@ -75,3 +75,37 @@ def test_metrics_during_a_run(tmp_path):
         assert task['nopstream_job_info{semantic_mode="STRICT_EXACTLY_ONCE"}'] == 1.0
     finally:
         assert proc.wait(120) == 0
+
+
+def test_a_requested_savepoint_survives_retention(tmp_path):
+    spec = {
+        "jobId": "saved",
+        "checkpoint": {"intervalMs": 150, "retainLatest": 1, "storage": {"local": {"path": "cp"}}},
+        "model": {
+            "sources": [{"id": "gen", "type": "generator", "config": {"count": 4000, "ratePerSecond": 2000}}],
+            "sinks": [{"id": "out", "type": "file", "inputs": ["gen"], "config": {"path": "out"}}],
+        },
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nopstream", "run", "job.yaml", "--quiet"], cwd=tmp_path, env=env
+    )
+    url_file = tmp_path / ".nopstream" / "runs" / "saved" / "run-1" / "control-url"
+    deadline = time.monotonic() + 30
+    while not url_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    request = urllib.request.Request(f"{url_file.read_text()}/savepoint", method="POST")
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        assert resp.status == 200
+    assert proc.wait(120) == 0
+    manifests = sorted(
+        (tmp_path / "cp" / "checkpoint" / "saved" / "main").glob("*/_manifest.json"),
+        key=lambda p: int(p.parent.name),
+    )
+    import json
+
+    kinds = [json.loads(m.read_text())["kind"] for m in manifests]
+    # retention kept one checkpoint (the final epoch) and the savepoint, nothing else
+    assert kinds == ["savepoint", "final"]
