@@ -49,6 +49,11 @@ class S3Storage:
         except S3Error as exc:
             raise StorageError(f"cannot write {self.describe()}/{path}: {exc.code}") from exc
 
+    def put_many(self, objects: dict[str, bytes]) -> None:
+        """One PUT per object."""
+        for path, data in objects.items():
+            self.put(path, data)
+
     def get(self, path: str) -> bytes:
         """An object's bytes."""
         return self.get_from(path, 0)

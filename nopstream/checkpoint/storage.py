@@ -25,6 +25,10 @@ class Storage(Protocol):
         """Write an object atomically."""
         ...
 
+    def put_many(self, objects: dict[str, bytes]) -> None:
+        """Write several objects, each atomically (a task's segments of one epoch)."""
+        ...
+
     def get(self, path: str) -> bytes:
         """An object's bytes; StorageError (naming the path) when it is missing."""
         ...
@@ -61,24 +65,32 @@ class LocalStorage:
 
     def put(self, path: str, data: bytes) -> None:
         """Temp file, fsync, rename into place, fsync the directory."""
-        target = self._file(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        self.put_many({path: data})
+
+    def put_many(self, objects: dict[str, bytes]) -> None:
+        """Each object through a temp file, fsync and rename; then each directory fsynced once."""
+        directories = set()
+        for path, data in objects.items():
+            target = self._file(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, target)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+            directories.add(target.parent)
+        for directory in directories:
+            dir_fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
 
     def get(self, path: str) -> bytes:
         """An object's bytes."""

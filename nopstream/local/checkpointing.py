@@ -73,10 +73,8 @@ def write_snapshot(storage: Storage, task: Task, epoch: int, state: dict[str, An
     """Write a task's segments (blocking I/O) and return its ACK."""
     parts = task_parts(task)
     segments = snapshots.split(task.plan, epoch=epoch, state=state, **parts)
-    refs = []
-    for path, data in segments.items():
-        storage.put(path, data)
-        refs.append(segment_ref(path, data).__dict__)
+    storage.put_many(segments)
+    refs = [segment_ref(path, data).__dict__ for path, data in segments.items()]
     task.metrics.snapshot_bytes = sum(len(data) for data in segments.values())
     sinks = [
         txn for op in state.get("operators", {}).values() for txn in op.get("sink", {}).get("pending", [])
