@@ -36,7 +36,14 @@ class EtcdBackend:
 
     def __init__(self, host: str, port: int, *, timeout: float = 5.0) -> None:
         """A client of the etcd server at host:port; each request times out after `timeout` seconds."""
-        self.client = aetcd.Client(host=host, port=port, timeout=timeout)
+        # gRPC backs off reconnecting for up to two minutes by default; after an etcd
+        # outage the job must go on as soon as etcd is back, so keep the backoff short.
+        options = {
+            "grpc.initial_reconnect_backoff_ms": 100,
+            "grpc.min_reconnect_backoff_ms": 100,
+            "grpc.max_reconnect_backoff_ms": 1000,
+        }
+        self.client = aetcd.Client(host=host, port=port, timeout=timeout, options=options)
 
     async def _call(self, request: Awaitable[T]) -> T:
         try:

@@ -39,10 +39,19 @@ def test_outage_loses_leases_refuses_writes_and_recovers(tmp_path):
         with pytest.raises(Fenced, match="lost its lease"):
             await log.record(leadership, 2, EpochState.CREATED)
         # ... and once etcd lets the old lease expire, a new holder leads with a higher token
-        async with LeaseKeeper(backend, 2) as fresh:
+        fresh = LeaseKeeper(backend, 2)
+        for _ in range(100):  # the client reconnects within its (short) backoff
+            try:
+                await fresh.__aenter__()
+                break
+            except StoreUnavailable:
+                await asyncio.sleep(0.1)
+        try:
             again = await asyncio.wait_for(Election(backend, layout, "coord-a").campaign(fresh), 30)
             assert again.token > leadership.token
             await log.record(again, 2, EpochState.CREATED)
+        finally:
+            await fresh.close()
         assert await log.latest_durable() == 1
         assert [(e.epoch, e.state) for e in await log.entries()] == [
             (1, EpochState.DURABLE),
