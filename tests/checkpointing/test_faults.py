@@ -86,6 +86,24 @@ def run(workdir: Path, *, kills: int, seed: int) -> tuple[int, int, str]:
     return proc.returncode, done, err
 
 
+def wordcount_model(job_id: str, *, interval_ms: int) -> dict:
+    """A rolling word count over in/*.txt at parallelism 2, checkpoints in cp/, output in out/."""
+    return {
+        "jobId": job_id,
+        "parallelism": 2,
+        "checkpoint": {"intervalMs": interval_ms, "storage": {"local": {"path": "cp"}}},
+        "model": {
+            "sources": [{"id": "lines", "type": "file", "config": {"path": "in/*.txt"}}],
+            "operators": [
+                {"id": "split", "type": "flat_map", "fn": "faultfns:split"},
+                {"id": "by-word", "type": "key_by", "key": {"fn": "faultfns:word"}},
+                {"id": "count", "type": "aggregate", "aggregate": "count"},
+            ],
+            "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
+        },
+    }
+
+
 def committed(workdir: Path, sink_dir: str) -> Counter[str]:
     out: Counter[str] = Counter()
     for f in (workdir / sink_dir).glob("*.jsonl"):
@@ -120,20 +138,7 @@ def test_word_count_over_files_survives_random_kills(tmp_path, capsys):
         f"part-{f}.txt": "".join(" ".join(rng.choices(words, k=8)) + "\n" for _ in range(2500))
         for f in range(6)
     }
-    model = {
-        "jobId": "faulty-wordcount",
-        "parallelism": 2,
-        "checkpoint": {"intervalMs": 300, "storage": {"local": {"path": "cp"}}},
-        "model": {
-            "sources": [{"id": "lines", "type": "file", "config": {"path": "in/*.txt"}}],
-            "operators": [
-                {"id": "split", "type": "flat_map", "fn": "faultfns:split"},
-                {"id": "by-word", "type": "key_by", "key": {"fn": "faultfns:word"}},
-                {"id": "count", "type": "aggregate", "aggregate": "count"},
-            ],
-            "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
-        },
-    }
+    model = wordcount_model("faulty-wordcount", interval_ms=300)
     check(tmp_path, model, inputs, "out", kills=10, seed=11, capsys=capsys)
 
 
@@ -275,20 +280,7 @@ def test_faults_at_the_named_dangerous_moments(tmp_path, capsys):
         f"part-{f}.txt": "".join(" ".join(rng.choices(words, k=6)) + "\n" for _ in range(2500))
         for f in range(4)
     }
-    model = {
-        "jobId": "named-faults",
-        "parallelism": 2,
-        "checkpoint": {"intervalMs": 150, "storage": {"local": {"path": "cp"}}},
-        "model": {
-            "sources": [{"id": "lines", "type": "file", "config": {"path": "in/*.txt"}}],
-            "operators": [
-                {"id": "split", "type": "flat_map", "fn": "faultfns:split"},
-                {"id": "by-word", "type": "key_by", "key": {"fn": "faultfns:word"}},
-                {"id": "count", "type": "aggregate", "aggregate": "count"},
-            ],
-            "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
-        },
-    }
+    model = wordcount_model("named-faults", interval_ms=150)
     prepare(tmp_path / "clean", model, inputs)
     code, _, err = run(tmp_path / "clean", kills=0, seed=0)
     assert code == 0, err

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from nopstream.plan.partitioned import ShardRange
 from nopstream.plan.streamgraph import StreamNode
-from nopstream.runtime.frames import Batch
+from nopstream.runtime.frames import MIN_TIMESTAMP, Batch
 from nopstream.runtime.keyed import KeyedState, ShardCache
 
 STATE_SCHEMA_VERSION = 1
@@ -97,6 +97,7 @@ class KeyedOperator:
     """Base of keyed operators: state in `ctx.keyed()`, snapshots shard by shard."""
 
     ctx: Context
+    watermark: int = MIN_TIMESTAMP
 
     def on_watermark(self, watermark: int) -> Batch | None:
         """Nothing waits for event time unless the operator says so."""
@@ -120,11 +121,16 @@ class KeyedOperator:
         self.restore_operator_state(state.get("operator", {}))
 
     def operator_state(self) -> dict[str, Any]:
-        """Non-keyed state of the operator (none by default)."""
-        return {}
+        """Non-keyed state of the operator: its watermark (lateness and timers are judged by it)."""
+        return {"watermark": self.watermark}
 
     def restore_operator_state(self, state: dict[str, Any]) -> None:
-        """Load what `operator_state` returned."""
+        """Load what `operator_state` returned, then rebuild the timers from the keyed state."""
+        self.watermark = int(state.get("watermark", MIN_TIMESTAMP))
+        self.rebuild_timers()
+
+    def rebuild_timers(self) -> None:
+        """Derive in-memory timer queues from restored keyed state (none by default)."""
 
 
 def empty_like(batch: Batch) -> Batch:

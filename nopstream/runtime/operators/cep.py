@@ -142,11 +142,3 @@ class Cep(KeyedOperator):
     def on_end(self) -> Batch | None:
         """Nothing more: buffered events were matched with the final watermark."""
         return None
-
-    def operator_state(self) -> dict[str, Any]:
-        """The operator's watermark."""
-        return {"watermark": self.watermark}
-
-    def restore_operator_state(self, state: dict[str, Any]) -> None:
-        """Restore the watermark."""
-        self.watermark = int(state.get("watermark", MIN_TIMESTAMP))

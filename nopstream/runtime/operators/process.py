@@ -178,13 +178,8 @@ class Process(KeyedOperator):
         """Nothing more: event timers have fired with the final watermark."""
         return None
 
-    def operator_state(self) -> dict[str, Any]:
-        """The operator's watermark."""
-        return {"watermark": self.watermark}
-
-    def restore_operator_state(self, state: dict[str, Any]) -> None:
-        """Restore the watermark and rebuild the timer heaps from the restored timers."""
-        self.watermark = int(state.get("watermark", MIN_TIMESTAMP))
+    def rebuild_timers(self) -> None:
+        """Rebuild the timer heaps from the restored timers."""
         self._heaps = {EVENT: [], PROCESSING: []}
         for key, timers in self.ctx.keyed().items("timers"):
             for ts, domain in timers:

@@ -223,13 +223,8 @@ class Window(KeyedOperator):
 
     # --- snapshots -------------------------------------------------------------------------
 
-    def operator_state(self) -> dict[str, Any]:
-        """The operator's watermark (lateness is judged against it)."""
-        return {"watermark": self.watermark}
-
-    def restore_operator_state(self, state: dict[str, Any]) -> None:
-        """Restore the watermark and rebuild the timers from the restored windows."""
-        self.watermark = int(state.get("watermark", MIN_TIMESTAMP))
+    def rebuild_timers(self) -> None:
+        """Rebuild the timers from the restored windows."""
         self._timers = []
         for key, windows in self.ctx.keyed().items("windows"):
             for window in windows:
