@@ -157,11 +157,8 @@ async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions) ->
                 progress.done()
     finally:
         await backend.close()
-    channels: dict[str, dict[str, int]] = {}
-    for t in tasks:
-        for cid, stats in t.channel_stats().items():
-            channels.setdefault(cid, {}).update(stats)
     counts = {t.task_id: (t.metrics.records_in, t.metrics.records_out) for t in tasks}
+    channels = [t.channel_stats() for t in tasks]
     return _result(plan, started, time.monotonic() - processing_started, counts, channels)
 
 
@@ -208,13 +205,9 @@ def _run_processes(plans: compiler.CompiledPlans, options: RunOptions) -> RunRes
             restore_from = None
             os.environ.pop(faults.ENV, None)  # fault points fire in the first run only
             continue
-        channels: dict[str, dict[str, int]] = {}
-        for report in control.tasks.values():
-            for cid, stats in report.channels.items():
-                channels.setdefault(cid, {}).update(stats)
         counts = {t: (r.records_in, r.records_out) for t, r in control.tasks.items()}
-        result = _result(plan, started, control.processing_seconds(), counts, channels)
-        return RunResult(**{**result.__dict__, "runs": run})
+        channels = [r.channels for r in control.tasks.values()]
+        return _result(plan, started, control.processing_seconds(), counts, channels, runs=run)
 
 
 def _attempt(
@@ -367,14 +360,21 @@ def _result(
     started: float,
     processing: float,
     counts: dict[str, tuple[int, int]],
-    channels: dict[str, dict[str, int]],
+    task_channels: list[dict[str, dict[str, int]]],
+    *,
+    runs: int = 1,
 ) -> RunResult:
+    """Totals per vertex, and each channel's figures merged from both of its ends."""
+    channels: dict[str, dict[str, int]] = {}
+    for stats_of_task in task_channels:
+        for cid, stats in stats_of_task.items():
+            channels.setdefault(cid, {}).update(stats)
     per_in: dict[str, int] = {}
     per_out: dict[str, int] = {}
     for v in plan.vertices:
         per_in[v.vertex_id] = sum(counts.get(s.task_id, (0, 0))[0] for s in v.subtasks)
         per_out[v.vertex_id] = sum(counts.get(s.task_id, (0, 0))[1] for s in v.subtasks)
-    return RunResult(time.monotonic() - started, processing, per_in, per_out, channels)
+    return RunResult(time.monotonic() - started, processing, per_in, per_out, channels, runs)
 
 
 class _Progress:

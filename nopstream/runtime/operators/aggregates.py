@@ -90,18 +90,35 @@ def output_key(key: Any) -> Any:
     return list(key) if isinstance(key, tuple) else key
 
 
-class Aggregate(KeyedOperator):
+class _PerKey(KeyedOperator):
+    """What Aggregate and Reduce share: a key function, one value per key, rolling or final."""
+
+    def __init__(self, ctx: Context) -> None:
+        """Prepare the key function and the state table."""
+        self.ctx = ctx
+        self.key_fn = key_function(ctx.node.key)  # type: ignore[arg-type]
+        self.final = ctx.node.spec.get("emit") == "final"
+        self.table = ctx.keyed().table("acc")
+        self.shard = ctx.shard_cache.shard
+
+    def final_record(self, key: Any, value: Any) -> Any:
+        """The record emitted for one key at end of input (`emit: final`)."""
+        raise NotImplementedError
+
+    def on_end(self) -> Batch | None:
+        """With `emit: final`, one record per key."""
+        if not self.final:
+            return None
+        return Batch([self.final_record(k, v) for k, v in self.ctx.keyed().items("acc")])
+
+
+class Aggregate(_PerKey):
     """A running aggregate per key."""
 
     def __init__(self, ctx: Context) -> None:
-        """Prepare the key function, the aggregator and the state table."""
-        self.ctx = ctx
-        spec = ctx.node.spec
-        self.key_fn = key_function(ctx.node.key)  # type: ignore[arg-type]
-        self.agg = aggregator(spec["aggregate"])
-        self.final = spec.get("emit") == "final"
-        self.table = ctx.keyed().table("acc")
-        self.shard = ctx.shard_cache.shard
+        """Prepare the aggregator on top of the shared per-key state."""
+        super().__init__(ctx)
+        self.agg = aggregator(ctx.node.spec["aggregate"])
         self.count_fast = isinstance(self.agg, _Builtin) and self.agg.kind == "count"
 
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
@@ -126,25 +143,18 @@ class Aggregate(KeyedOperator):
             return empty_like(batch)
         return Batch(out, batch.timestamps)
 
-    def on_end(self) -> Batch | None:
-        """With `emit: final`, every key's value."""
-        if not self.final:
-            return None
-        result = self.agg.result
-        return Batch([{"key": output_key(k), "value": result(v)} for k, v in self.ctx.keyed().items("acc")])
+    def final_record(self, key: Any, value: Any) -> Any:
+        """`{"key", "value"}` with the aggregate's result."""
+        return {"key": output_key(key), "value": self.agg.result(value)}
 
 
-class Reduce(KeyedOperator):
+class Reduce(_PerKey):
     """A running reduction per key: `fn(accumulated, record)`; the value is the reduced record."""
 
     def __init__(self, ctx: Context) -> None:
-        """Prepare the key function, the reduce function and the state table."""
-        self.ctx = ctx
-        self.key_fn = key_function(ctx.node.key)  # type: ignore[arg-type]
+        """Resolve the reduce function on top of the shared per-key state."""
+        super().__init__(ctx)
         self.fn = resolve(ctx.node.spec["fn"])
-        self.final = ctx.node.spec.get("emit") == "final"
-        self.table = ctx.keyed().table("acc")
-        self.shard = ctx.shard_cache.shard
 
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
         """Reduce the batch into the per-key values."""
@@ -153,15 +163,13 @@ class Reduce(KeyedOperator):
         for r in batch.records:
             k = key_fn(r)
             d = table[shard(k)]
-            value = fn(d[k], r) if k in d else r
-            d[k] = value
-            out.append(value)
+            value = d[k] = fn(d[k], r) if k in d else r
+            if not self.final:
+                out.append(value)
         if self.final:
             return empty_like(batch)
         return Batch(out, batch.timestamps)
 
-    def on_end(self) -> Batch | None:
-        """With `emit: final`, every key's reduced record."""
-        if not self.final:
-            return None
-        return Batch([v for _, v in self.ctx.keyed().items("acc")])
+    def final_record(self, key: Any, value: Any) -> Any:
+        """The reduced record itself."""
+        return value
