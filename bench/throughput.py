@@ -15,11 +15,13 @@ Run: `python bench/throughput.py [--words N]`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -45,6 +47,21 @@ def make_corpus(directory: Path, words: int, *, files: int = 16, seed: int = 42)
     directory.mkdir(parents=True, exist_ok=True)
     for i in range(files):
         (directory / f"part-{i}.txt").write_text("\n".join(lines[i::files]) + "\n")
+
+
+@contextlib.contextmanager
+def prepared(words: int) -> Iterator[Path]:
+    """A temporary working directory with the corpus and the user functions, made current."""
+    before = Path.cwd()
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        make_corpus(workdir / "corpus", words)
+        (workdir / "benchfns.py").write_text(FNS)
+        os.chdir(workdir)
+        try:
+            yield workdir
+        finally:
+            os.chdir(before)
 
 
 def baseline(directory: Path) -> float:
@@ -113,11 +130,7 @@ def main() -> None:
     )
     parser.add_argument("--words", type=int, default=4_000_000)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
-        make_corpus(workdir / "corpus", args.words)
-        (workdir / "benchfns.py").write_text(FNS)
-        os.chdir(workdir)
+    with prepared(args.words) as workdir:
         base = min(baseline(workdir / "corpus") for _ in range(3))
         in_process = run(workdir, job(workdir, 1), in_process=True)
         check(workdir, 1, args.words)
