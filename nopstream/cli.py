@@ -1,4 +1,4 @@
-"""The `nopstream` command: run, validate, plan, diff, crd (and `task`, for the runner).
+"""The `nopstream` command: run, validate, plan, diff, crd, status; `task` and `coordinator` in pods.
 
 Exit codes: 0 ok, 1 invalid input (or a refused change for `diff`), 2 usage error,
 3 the job failed while running.
@@ -38,12 +38,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-restarts", type=int, default=10, help="global recoveries before failing (default 10)"
     )
-    p = sub.add_parser("task", help=argparse.SUPPRESS)
-    p.add_argument("--plan", required=True)
-    p.add_argument("--task", required=True)
-    p.add_argument("--control", required=True)
-    p.add_argument("--run", type=int, required=True)
-    p.add_argument("--attempt", required=True)
+    p.add_argument(
+        "--etcd",
+        metavar="HOST:PORT",
+        help="coordinate through this etcd server: coordinator and task processes as on Kubernetes",
+    )
+    sub.add_parser(
+        "task", help="run one task of a cluster job (identity and plan from NOPSTREAM_* variables)"
+    )
+    sub.add_parser(
+        "coordinator", help="run one coordinator candidate of a cluster job (from NOPSTREAM_* variables)"
+    )
     p = sub.add_parser("validate", help="check a StreamJob or StreamModel file; list every issue")
     p.add_argument("file")
     p = sub.add_parser("plan", help="compile a model and print one plan layer")
@@ -127,8 +132,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         restore_from=args.restore_from,
         max_restarts=args.max_restarts,
     )
+    if args.etcd and args.in_process:
+        print("nopstream run: --etcd and --in-process exclude each other", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        result = runner.run_job(plans, options)
+        if args.etcd:
+            from nopstream.local.supervisor import Supervisor
+
+            result = Supervisor(plans, options, args.etcd).run()
+        else:
+            result = runner.run_job(plans, options)
     except RestoreRefused as refused:
         print(f"job '{plans.partitioned.identity.job_id}' cannot restore: {refused}", file=sys.stderr)
         return EXIT_INVALID
@@ -157,16 +170,26 @@ def sink_location(plans: compiler.CompiledPlans, sink_id: str) -> str:
     return node.type
 
 
-def cmd_task(args: argparse.Namespace) -> int:
-    """Run one task process of the local runner."""
+def cmd_node(args: argparse.Namespace) -> int:
+    """Run a task or coordinator process of a cluster job; exit 2 on bad settings, 3 when it fails."""
     import asyncio
     import logging
 
-    from nopstream.local import worker
+    from nopstream.node import coordinator, settings, task
 
+    try:
+        config = settings.from_env(args.command)
+    except settings.SettingsError as err:
+        print(f"nopstream {args.command}: {err}", file=sys.stderr)
+        return EXIT_USAGE
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    settings = worker.WorkerSettings(Path(args.plan), args.task, args.control, args.run, args.attempt)
-    asyncio.run(worker.serve(settings))
+    if args.command == "coordinator":
+        return EXIT_OK if asyncio.run(coordinator.serve(config)) == 0 else EXIT_JOB_FAILED
+    try:
+        asyncio.run(task.serve(config))
+    except task.LeaseLost as lost:
+        print(f"nopstream task: {lost}", file=sys.stderr)
+        return EXIT_JOB_FAILED
     return EXIT_OK
 
 
@@ -222,7 +245,8 @@ def dump_crd() -> str:
 
 _COMMANDS = {
     "run": cmd_run,
-    "task": cmd_task,
+    "task": cmd_node,
+    "coordinator": cmd_node,
     "validate": cmd_validate,
     "plan": cmd_plan,
     "diff": cmd_diff,

@@ -81,9 +81,10 @@ class EpochCoordinator:
         trigger: Trigger,
         notify: Notify,
         first_epoch: int = 1,
+        run: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """Coordinate `plan`'s tasks, numbering epochs from `first_epoch`."""
+        """Coordinate run `run` of `plan`'s tasks, numbering epochs from `first_epoch`."""
         self.plan = plan
         self.storage = storage
         self.log = epoch_log
@@ -92,6 +93,7 @@ class EpochCoordinator:
         self.trigger = trigger
         self.notify = notify
         self.next_epoch = first_epoch
+        self.run_number = run
         self.clock = clock
         self.fingerprint = fingerprint(plan)
         self.sources = {
@@ -107,7 +109,27 @@ class EpochCoordinator:
         self.last_duration_ms = 0
         self.savepoints: list[int] = []
         self._savepoint_requested = False
+        self._adopted: _Epoch | None = None
+        self._manifest_write: asyncio.Future[None] | None = None
         self.on_fault: Callable[[], None] | None = None  # what a fault point does here (tests)
+
+    def adopt(self, epoch: int, kind: str, acks: dict[str, Ack]) -> None:
+        """Take over an epoch a previous coordinator left in flight, with the ACKs the tasks still hold.
+
+        `run` then starts with it: it is triggered again (sources that injected it
+        already ignore the repeat) and completes like any other epoch.
+        """
+        self._adopted = _Epoch(epoch, kind, self.clock(), dict(acks))
+        self.next_epoch = epoch + 1
+
+    async def settle(self) -> None:
+        """Wait for a manifest write still running in its thread (after `run` was cancelled).
+
+        Whoever picks the next restore point must call this first: a manifest that
+        lands after the choice would be a durable epoch the new run never saw.
+        """
+        if self._manifest_write is not None:
+            await asyncio.gather(self._manifest_write, return_exceptions=True)
 
     def request_savepoint(self) -> None:
         """Make the next epoch a savepoint (a durable epoch that retention never deletes)."""
@@ -146,12 +168,21 @@ class EpochCoordinator:
             await asyncio.sleep(min(0.05, interval))
 
     async def _take(self, final: bool) -> None:
-        epoch = self.next_epoch
-        self.next_epoch += 1
-        kind = "final" if final else "savepoint" if self._savepoint_requested else "checkpoint"
-        self.in_flight = current = _Epoch(epoch, kind, self.clock())
-        await self.log.record(self.leadership, epoch, EpochState.CREATED, kind=kind)
+        if self._adopted is not None:
+            current, self._adopted = self._adopted, None
+            epoch, kind, final = current.epoch, current.kind, current.kind == "final"
+            detail = {"kind": kind, "run": self.run_number, "adopted": True}
+        else:
+            epoch = self.next_epoch
+            self.next_epoch += 1
+            kind = "final" if final else "savepoint" if self._savepoint_requested else "checkpoint"
+            current = _Epoch(epoch, kind, self.clock())
+            detail = {"kind": kind, "run": self.run_number}
+        self.in_flight = current
+        await self.log.record(self.leadership, epoch, EpochState.CREATED, **detail)
         await self.trigger(epoch, kind)
+        if set(current.acks) >= set(self.plan.ack_set):
+            current.complete.set()
         try:
             await asyncio.wait_for(current.complete.wait(), self.settings.timeout_ms / 1000)
         except TimeoutError:
@@ -194,13 +225,17 @@ class EpochCoordinator:
         path = manifest_path(ident.checkpoint_namespace, current.epoch)
         faults.reached("before-manifest", self.on_fault)
         faults.reached("coordinator-before-manifest")  # the coordinator itself crashes
-        await asyncio.to_thread(self.storage.put, path, encode_manifest(manifest))
+        # Shielded: once started, the write finishes even if this run is cancelled (see settle).
+        self._manifest_write = asyncio.ensure_future(
+            asyncio.to_thread(self.storage.put, path, encode_manifest(manifest))
+        )
+        await asyncio.shield(self._manifest_write)
         await self.log.record(self.leadership, current.epoch, EpochState.DURABLE, manifest=path)
         self.latest_durable = current.epoch
         self.durable_count += 1
         faults.reached("after-durable", self.on_fault)
         await self.notify(current.epoch)
-        await self.log.record(self.leadership, current.epoch, EpochState.COMMITTED)
+        await self.log.record(self.leadership, current.epoch, EpochState.COMMITTED, kind=current.kind)
         self.latest_committed = current.epoch
         self.last_duration_ms = int((self.clock() - current.started) * 1000)
         await asyncio.to_thread(

@@ -49,16 +49,17 @@ class Leadership:
 class Election:
     """Campaigns for the coordinator key of one job."""
 
-    def __init__(self, backend: Backend, layout: Layout, candidate: str) -> None:
-        """A candidate named `candidate` (unique per process, e.g. pod name and attempt)."""
+    def __init__(self, backend: Backend, layout: Layout, candidate: str, *, endpoint: str = "") -> None:
+        """A candidate named `candidate` (unique per process, e.g. pod name), serving at `endpoint`."""
         self.backend = backend
         self.layout = layout
         self.candidate = candidate
+        self.endpoint = endpoint
 
     async def campaign(self, keeper: LeaseKeeper) -> Leadership:
         """Wait until this candidate leads; the key is bound to the keeper's lease."""
         key = self.layout.coordinator
-        value = json.dumps({"candidate": self.candidate}).encode()
+        value = json.dumps({"candidate": self.candidate, "endpoint": self.endpoint}).encode()
         while True:
             start = await self.backend.revision()
             token = await self.backend.create(key, value, lease=keeper.lease)
@@ -80,3 +81,11 @@ class Election:
         if entry is None:
             return None
         return json.loads(entry.value)["candidate"], entry.create_revision
+
+    async def leader_endpoint(self) -> str | None:
+        """Where the current leader serves (tasks send it their ACKs), if there is one."""
+        entry = await self.backend.get(self.layout.coordinator)
+        if entry is None:
+            return None
+        endpoint: str = json.loads(entry.value).get("endpoint", "")
+        return endpoint or None

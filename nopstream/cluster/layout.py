@@ -4,6 +4,7 @@ Under `/nopstream/{namespace}/{jobId}/{pipelineId}/`:
   coordinator                    the elected coordinator (bound to its lease)
   run                            the current run, advanced by compare-and-swap
   runs/{run}/tasks/{taskId}      a task's registration (bound to the task's lease)
+  runs/{run}/restore             the epoch the run's tasks restore (fenced, set once per run)
   epochs/{epoch:020d}            an epoch-log entry (fenced writes)
   latest-durable                 the latest durable epoch (fenced writes)
 """
@@ -43,6 +44,10 @@ class Layout:
     def task(self, run: int, task_id: str) -> str:
         """A task's registration key (task ids contain '/', kept as they are)."""
         return self.tasks(run) + task_id
+
+    def restore(self, run: int) -> str:
+        """The run's restore point, chosen by the coordinator before the run's first epoch."""
+        return f"{self.prefix}runs/{run}/restore"
 
     @property
     def epochs(self) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -65,3 +66,62 @@ class LeaseKeeper:
         if revoke and self.lease and not self.lost.is_set():
             with contextlib.suppress(StoreUnavailable, LeaseExpired, TimeoutError):
                 await asyncio.wait_for(self.backend.revoke(self.lease), self.ttl)
+
+
+class ThreadedLeaseKeeper:
+    """A LeaseKeeper on its own thread, event loop and store client; `async with` it.
+
+    A task's record loop runs user functions that may hold the event loop for a
+    while; keep-alives must not depend on it, or a busy task would lose its lease.
+    `lost` is set on the caller's loop when the lease is lost.
+    """
+
+    def __init__(self, make_backend: Callable[[], Backend], ttl: int) -> None:
+        """Keep a `ttl`-second lease through a client made by `make_backend` (in the thread)."""
+        self.make_backend = make_backend
+        self.ttl = ttl
+        self.lease = 0
+        self.lost = asyncio.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+
+    async def __aenter__(self) -> ThreadedLeaseKeeper:
+        caller = asyncio.get_running_loop()
+        granted: asyncio.Future[int] = caller.create_future()
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._keep(caller, granted)), name="lease keeper", daemon=True
+        )
+        self._thread.start()
+        self.lease = await granted
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._loop is not None and self._stop is not None:
+            with contextlib.suppress(RuntimeError):  # the thread's loop has ended already
+                self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+
+    async def _keep(self, caller: asyncio.AbstractEventLoop, granted: asyncio.Future[int]) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        backend = self.make_backend()
+        try:
+            async with LeaseKeeper(backend, self.ttl) as keeper:
+                caller.call_soon_threadsafe(granted.set_result, keeper.lease)
+                stopped = asyncio.create_task(self._stop.wait())
+                lost = asyncio.create_task(keeper.lost.wait())
+                await asyncio.wait({stopped, lost}, return_when=asyncio.FIRST_COMPLETED)
+                stopped.cancel()
+                lost.cancel()
+                if keeper.lost.is_set():
+                    caller.call_soon_threadsafe(self.lost.set)
+        except Exception as exc:
+            if not granted.done():
+                caller.call_soon_threadsafe(granted.set_exception, exc)
+            else:
+                caller.call_soon_threadsafe(self.lost.set)
+        finally:
+            await backend.close()

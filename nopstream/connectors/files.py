@@ -138,6 +138,7 @@ class FileSink(StagedSink):
         self.ext = "jsonl" if self.jsonl else "txt"
         self.name = f"{operator_id}-{subtask}"
         self._file: Any = None
+        self._file_epoch = 0  # the epoch the open transaction's staged file is named for
 
     def _staged(self, epoch: int) -> Path:
         return self.staging / f"{self.name}-{epoch:010d}.{self.ext}"
@@ -149,6 +150,7 @@ class FileSink(StagedSink):
         """Append the batch to the open transaction's staged file."""
         if self._file is None:
             self._file = open(self._staged(self.epoch), "ab")  # noqa: SIM115 (open until pre-commit)
+            self._file_epoch = self.epoch
         if self.jsonl:
             data = b"".join(orjson.dumps(r) + b"\n" for r in batch.records)
         else:
@@ -164,7 +166,15 @@ class FileSink(StagedSink):
             self._file = None
 
     def _stage(self, epoch: int) -> None:
-        """The staged file was fsynced by `_release`: nothing more to do."""
+        """The staged file was fsynced by `_release`; name it for `epoch` if it was opened for another.
+
+        Epoch numbers may skip after a recovery (a cluster coordinator numbers past
+        every epoch in its log), so the barrier that closes a transaction can carry a
+        higher number than the one its file was opened under.
+        """
+        if self._file_epoch != epoch:
+            os.replace(self._staged(self._file_epoch), self._staged(epoch))
+            _fsync_dir(self.staging)
 
     def _publish(self, epoch: int) -> None:
         staged = self._staged(epoch)

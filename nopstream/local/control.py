@@ -23,8 +23,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from nopstream.checkpoint.coordinator import Ack, EpochCoordinator
+from nopstream.checkpoint.coordinator import EpochCoordinator
 from nopstream.checkpoint.metrics import CoordinatorCollector
+from nopstream.node.taskserver import ack_of
 from nopstream.runtime.metrics import exposition
 
 
@@ -137,8 +138,7 @@ class ControlServer:
         body = await request.json()
         self._report(body)
         if self.coordinator is not None:
-            ack = Ack(body["segments"], body.get("sources", {}), body.get("sinks", []))
-            self.coordinator.ack(body["taskId"], int(body["epoch"]), ack)
+            self.coordinator.ack(body["taskId"], int(body["epoch"]), ack_of(body))
         return web.json_response({"ok": True})
 
     async def _source_finished(self, request: web.Request) -> web.Response:

@@ -60,7 +60,7 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
         return TaskProcess(settings.task_id, pid, log)
     code = 1
     try:
-        _die_with_parent()
+        die_with_parent()
         for fd in close_fds:
             os.close(fd)
         out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -81,7 +81,7 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
         os._exit(code)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: SIGKILL this child when the runner dies, so a killed runner leaves no task behind."""
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     pr_set_pdeathsig = 1

@@ -30,8 +30,9 @@ from nopstream.cluster.epochlog import EpochLog
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.local import LocalBackend
-from nopstream.local import checkpointing, inprocess, processes, worker
+from nopstream.local import inprocess, processes, worker
 from nopstream.local.control import ControlServer
+from nopstream.node import checkpointing
 from nopstream.plan import compiler
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.runtime import faults
@@ -273,6 +274,7 @@ async def _control_run(
     try:
         async with aiohttp.ClientSession() as session, LeaseKeeper(backend, 30) as keeper:
             leadership = await Election(backend, layout, f"local-runner-r{run}").campaign(keeper)
+            fence = {"run": run, "token": leadership.token}
             sources = [
                 s.task_id for v in plan.vertices if v.operators[0].kind == "source" for s in v.subtasks
             ]
@@ -285,13 +287,13 @@ async def _control_run(
 
             async def trigger(epoch: int, kind: str) -> None:
                 await asyncio.gather(
-                    *(post(t, "/control/barrier", {"epoch": epoch, "kind": kind}) for t in sources)
+                    *(post(t, "/control/barrier", {"epoch": epoch, "kind": kind, **fence}) for t in sources)
                 )
 
             async def notify(epoch: int) -> None:
                 await asyncio.gather(
                     *(
-                        post(t, "/control/commit", {"epoch": epoch})
+                        post(t, "/control/commit", {"epoch": epoch, **fence})
                         for t in plan.task_ids()
                         if not control.tasks[t].done
                     )

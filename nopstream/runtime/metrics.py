@@ -22,7 +22,7 @@ class TaskView(Protocol):
 
     def metric_values(self) -> dict[str, float]:
         """Current values: records_in, records_out, barriers, watermark, alignment_ms, snapshot_bytes,
-        pending_transactions, fenced_attempts."""
+        pending_transactions, fenced_attempts, refused_commands."""
         ...
 
 
@@ -41,6 +41,7 @@ class TaskCollector(Collector):
             "records_out": "records emitted by the task",
             "barriers": "barriers the task snapshotted and forwarded",
             "fenced_attempts": "channels refused because they came from another run",
+            "refused_commands": "coordinator commands refused (another run, or a deposed coordinator)",
         }
         gauges = {
             "watermark": "the task's current event time (ms)",

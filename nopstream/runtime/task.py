@@ -100,6 +100,7 @@ class TaskMetrics:
     barriers: int = 0
     alignment_ms: float = 0.0
     snapshot_bytes: int = 0
+    refused_commands: int = 0
 
 
 class Task:
@@ -129,6 +130,7 @@ class Task:
         self.metrics = TaskMetrics()
         self.gate = InputGate()
         self._pending_barriers: deque[Barrier] = deque()
+        self._last_triggered = 0
         self._barrier_arrived = asyncio.Event()
         self.final_epoch: int | None = None
         self._final_committed = asyncio.Event()
@@ -210,6 +212,7 @@ class Task:
             "snapshot_bytes": m.snapshot_bytes,
             "pending_transactions": sum(len(s.writer.snapshot().get("pending", [])) for s in self.sinks),
             "fenced_attempts": self.fenced_attempts(),
+            "refused_commands": m.refused_commands,
         }
 
     def fenced_attempts(self) -> int:
@@ -239,12 +242,20 @@ class Task:
             self._generator.restore(state["sourceWatermark"])
         self.watermarks.restore(state.get("watermarks", {}))
 
-    def trigger_barrier(self, epoch: int, kind: str = "checkpoint") -> None:
-        """Ask a source task to inject barrier `epoch` at its next safe point."""
+    def trigger_barrier(self, epoch: int, kind: str = "checkpoint") -> bool:
+        """Ask a source task to inject barrier `epoch` at its next safe point; False if it already has.
+
+        A coordinator that takes over an epoch in flight triggers it again: sources
+        that injected it already ignore the repeat, the others inject it now.
+        """
         if self.source is None:
             raise RuntimeError(f"task {self.task_id} is not a source task; barriers start at sources")
+        if epoch <= self._last_triggered:
+            return False
+        self._last_triggered = epoch
         self._pending_barriers.append(Barrier(epoch, kind))
         self._barrier_arrived.set()
+        return True
 
     def commit(self, upto: int) -> None:
         """Epoch `upto` is durable: the sinks publish their transactions up to it."""
@@ -252,6 +263,10 @@ class Task:
             sink.commit(upto)
         if self.final_epoch is not None and upto >= self.final_epoch:
             self._final_committed.set()
+
+    async def final_committed(self) -> None:
+        """Return once the final epoch has been committed."""
+        await self._final_committed.wait()
 
     def recover(self, durable: int) -> None:
         """After `restore` from epoch `durable`: sinks re-commit up to it and abort the rest."""

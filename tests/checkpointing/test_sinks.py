@@ -41,3 +41,19 @@ def test_transactions_are_staged_committed_once_and_recovered(tmp_path):
     assert list((out / ".staging").iterdir()) == []  # transaction 3 was aborted
     assert (out / "out-1-0000000002.jsonl").read_text() == '{"a":2}\n{"a":3}\n'
     assert again.snapshot() == {"pending": [], "epoch": 3}
+
+
+def test_a_transaction_closed_by_a_later_epoch_number_is_published_under_it(tmp_path):
+    # After a recovery a cluster coordinator numbers past every epoch in its log: the
+    # restored sink opened transaction 3, and barrier 5 is the one that closes it.
+    s = sink(tmp_path)
+    s.recover(2)
+    s.write(Batch([{"a": 1}, {"a": 2}]))
+    s.prepare(5)
+    assert s.snapshot() == {"pending": [{"id": "job:main:out:1:5", "epoch": 5, "records": 2}], "epoch": 6}
+    assert [p.name for p in (tmp_path / "out" / ".staging").iterdir()] == ["out-1-0000000005.jsonl"]
+    s.commit(5)
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("*.jsonl")) == ["out-1-0000000005.jsonl"]
+    assert (out / "out-1-0000000005.jsonl").read_text() == '{"a":1}\n{"a":2}\n'
+    assert list((out / ".staging").iterdir()) == []

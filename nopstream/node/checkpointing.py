@@ -1,4 +1,4 @@
-"""Checkpointing for the local runner: storage from the plan, restore, and the task side.
+"""Checkpointing on the task side: storage from the plan, restore, and writing snapshots.
 
 Tasks write their own segments (`checkpoint.snapshots.split`) and ACK the coordinator
 with the references; restoring a task joins its segments back from a verified epoch.

@@ -1,0 +1,196 @@
+"""`nopstream run --etcd HOST:PORT`: a job's processes as the pods run them, supervised as the operator does.
+
+Two coordinator processes (`nopstream coordinator`; one leads through etcd) and one
+process per task (`nopstream task`), configured by the same NOPSTREAM_* variables
+as the pods. When a task process fails or dies, the supervisor does what the
+operator does: it advances the run by compare-and-swap in etcd, stops every task of
+the old run and starts the new run's, which restore from the run's restore point.
+When a coordinator process dies another candidate is started in its place; the
+standby takes over without a global recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nopstream.cluster.backend import StoreUnavailable
+from nopstream.cluster.etcd import EtcdBackend
+from nopstream.cluster.layout import Layout
+from nopstream.cluster.registry import Registry
+from nopstream.local.processes import die_with_parent
+from nopstream.local.runner import JobFailed, RunOptions, RunResult
+from nopstream.node.settings import DEPLOYMENT_FILE, PARTITIONED_FILE
+from nopstream.plan import compiler
+from nopstream.plan.deployment import resource_name
+
+LEASE_TTL = 4
+CANDIDATES = 2
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+
+
+@dataclass
+class Child:
+    """A coordinator or task process."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 15) -> str:
+        """The end of its log."""
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+class Supervisor:
+    """Starts and watches one job's processes on this machine."""
+
+    def __init__(self, plans: compiler.CompiledPlans, options: RunOptions, etcd: str) -> None:
+        """Run `plans` coordinated by the etcd server at `etcd` (host:port)."""
+        self.plans = plans
+        self.options = options
+        self.etcd = etcd
+        ident = plans.partitioned.identity
+        self.layout = Layout(plans.deployment.namespace, ident.job_id, ident.pipeline_id)
+        self.home = options.workdir / "runs" / ident.job_id / "cluster"
+        self.plan_dir = self.home / "plans"
+        self.coordinators: list[Child] = []
+        self.tasks: list[Child] = []
+        self.started_candidates = 0
+
+    def run(self) -> RunResult:
+        """Run the job to its end; JobFailed after too many recoveries or coordinator failures."""
+        started = time.monotonic()
+        self.plan_dir.mkdir(parents=True, exist_ok=True)
+        (self.plan_dir / PARTITIONED_FILE).write_text(compiler.dump_document(self.plans.partitioned))
+        (self.plan_dir / DEPLOYMENT_FILE).write_text(compiler.dump_document(self.plans.deployment))
+        run = _advance_run(self.etcd, self.layout, None)
+        recoveries = 0
+        try:
+            self.coordinators = [self._candidate() for _ in range(CANDIDATES)]
+            self.tasks = self._start_tasks(run)
+            while not self._finished():
+                time.sleep(0.1)
+                self._replace_dead_coordinators()
+                dead = [(t, t.popen.poll()) for t in self.tasks if t.popen.poll() not in (None, 0)]
+                if not dead:
+                    continue
+                child, code = dead[0]
+                if recoveries >= self.options.max_restarts:
+                    raise JobFailed(
+                        f"task {child.name} exited with {code}"
+                        f" (after {recoveries} recoveries):\n{child.tail()}"
+                    )
+                recoveries += 1
+                if not self.options.quiet:
+                    print(
+                        f"recovering: {child.name} exited with {code} (run {run} -> {run + 1})",
+                        file=sys.stderr,
+                    )
+                _stop(self.tasks)
+                run = _advance_run(self.etcd, self.layout, run)
+                self.tasks = self._start_tasks(run)
+            _wait(self.coordinators, 15)
+        finally:
+            _stop(self.tasks + self.coordinators)
+        seconds = time.monotonic() - started
+        return RunResult(seconds, seconds, {}, {}, {}, runs=recoveries + 1)
+
+    def _finished(self) -> bool:
+        return all(t.popen.poll() == 0 for t in self.tasks)
+
+    def _replace_dead_coordinators(self) -> None:
+        for i, child in enumerate(self.coordinators):
+            code = child.popen.poll()
+            if code is None or code == 0:
+                continue
+            if self.started_candidates > len(self.coordinators) + self.options.max_restarts:
+                raise JobFailed(f"coordinator {child.name} exited with {code}:\n{child.tail()}")
+            self.coordinators[i] = self._candidate()
+
+    def _candidate(self) -> Child:
+        name = resource_name(self.plans.deployment.job_id, "coordinator", str(self.started_candidates))
+        self.started_candidates += 1
+        return self._spawn("coordinator", name, {})
+
+    def _start_tasks(self, run: int) -> list[Child]:
+        return [
+            self._spawn(
+                "task", f"{t.name}-r{run}", {"NOPSTREAM_TASK_ID": t.task_id, "NOPSTREAM_RUN": str(run)}
+            )
+            for t in self.plans.deployment.tasks
+        ]
+
+    def _spawn(self, role: str, name: str, extra: dict[str, str]) -> Child:
+        log = self.home / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        path = [*self.options.python_path, _PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in path if p),
+            "NOPSTREAM_PLAN_DIR": str(self.plan_dir.resolve()),
+            "NOPSTREAM_ETCD": self.etcd,
+            "NOPSTREAM_ATTEMPT": name,
+            "NOPSTREAM_LEASE_TTL": str(LEASE_TTL),
+            **extra,
+        }
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "nopstream", role],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent,
+            )
+        return Child(name, popen, log)
+
+
+def _advance_run(etcd: str, layout: Layout, expected: int | None) -> int:
+    """Move the run one past `expected` (None: past whatever it is now) by compare-and-swap."""
+
+    async def advance() -> int:
+        host, _, port = etcd.rpartition(":")
+        backend = EtcdBackend(host, int(port))
+        registry = Registry(backend, layout)
+        try:
+            while True:
+                try:
+                    seen = await registry.current_run() if expected is None else expected
+                    if await registry.advance_run(seen):
+                        return seen + 1
+                    if expected is not None:  # somebody else advanced it: that run is ours too
+                        return await registry.current_run()
+                except StoreUnavailable:
+                    await asyncio.sleep(0.5)  # etcd is down: recovery waits for it
+        finally:
+            await backend.close()
+
+    return asyncio.run(advance())
+
+
+def _wait(children: list[Child], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for child in children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.popen.wait(max(0.0, deadline - time.monotonic()))
+
+
+def _stop(children: list[Child], grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds; reap them all."""
+    for child in children:
+        if child.popen.poll() is None:
+            child.popen.terminate()
+    deadline = time.monotonic() + grace
+    for child in children:
+        try:
+            child.popen.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.popen.kill()
+            child.popen.wait(10)

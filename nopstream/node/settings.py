@@ -1,0 +1,105 @@
+"""What a task or coordinator process of a cluster job reads from its environment.
+
+The operator (and `nopstream run --etcd`) sets these on every pod (process):
+  NOPSTREAM_PLAN_DIR    directory holding partitioned.json and deployment.json
+  NOPSTREAM_ETCD        etcd endpoint host:port
+  NOPSTREAM_ATTEMPT     this process's unique name (the pod name)
+  NOPSTREAM_TASK_ID     the task this process runs (tasks only)
+  NOPSTREAM_RUN         the run this task belongs to (tasks only)
+  NOPSTREAM_HOST        address to listen on (default 127.0.0.1; 0.0.0.0 in a pod)
+  NOPSTREAM_ADVERTISE   address others reach this process at (the pod IP; default the host)
+  NOPSTREAM_PORT        port to listen on (default 0: any free port)
+  NOPSTREAM_LEASE_TTL   seconds of the process's etcd lease (default 10)
+S3 credentials come as NOPSTREAM_S3_ACCESS_KEY and NOPSTREAM_S3_SECRET_KEY.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+PARTITIONED_FILE = "partitioned.json"
+DEPLOYMENT_FILE = "deployment.json"
+
+
+class SettingsError(ValueError):
+    """A variable of the environment is missing or malformed; the message names it."""
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """Identity and bindings of one process of a cluster job."""
+
+    plan_dir: Path
+    etcd_host: str
+    etcd_port: int
+    attempt: str
+    host: str
+    advertise: str
+    port: int
+    lease_ttl: int
+    task_id: str | None = None
+    run: int | None = None
+
+    @property
+    def partitioned_path(self) -> Path:
+        """The PartitionedPlan document."""
+        return self.plan_dir / PARTITIONED_FILE
+
+    @property
+    def deployment_path(self) -> Path:
+        """The DeploymentPlan document."""
+        return self.plan_dir / DEPLOYMENT_FILE
+
+
+def _required(env: Mapping[str, str], name: str) -> str:
+    value = env.get(name, "").strip()
+    if not value:
+        raise SettingsError(f"{name} is not set (required)")
+    return value
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None = None, *, minimum: int = 0) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        if default is None:
+            raise SettingsError(f"{name} is not set (required)")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise SettingsError(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+def from_env(role: str, env: Mapping[str, str] = os.environ) -> NodeSettings:
+    """The settings of a `task` or `coordinator` process; SettingsError names a bad variable."""
+    plan_dir = Path(_required(env, "NOPSTREAM_PLAN_DIR"))
+    for name in (PARTITIONED_FILE, DEPLOYMENT_FILE):
+        if not (plan_dir / name).is_file():
+            raise SettingsError(f"NOPSTREAM_PLAN_DIR={plan_dir}: {name} is missing")
+    etcd = _required(env, "NOPSTREAM_ETCD").removeprefix("http://")
+    host, sep, port = etcd.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise SettingsError(f"NOPSTREAM_ETCD={etcd!r} must be host:port")
+    listen = env.get("NOPSTREAM_HOST", "").strip() or "127.0.0.1"
+    settings = NodeSettings(
+        plan_dir=plan_dir,
+        etcd_host=host,
+        etcd_port=int(port),
+        attempt=_required(env, "NOPSTREAM_ATTEMPT"),
+        host=listen,
+        advertise=env.get("NOPSTREAM_ADVERTISE", "").strip() or listen,
+        port=_int(env, "NOPSTREAM_PORT", 0),
+        lease_ttl=_int(env, "NOPSTREAM_LEASE_TTL", 10, minimum=2),
+    )
+    if role == "task":
+        return dataclasses.replace(
+            settings, task_id=_required(env, "NOPSTREAM_TASK_ID"), run=_int(env, "NOPSTREAM_RUN", minimum=1)
+        )
+    return settings

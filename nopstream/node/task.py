@@ -1,0 +1,180 @@
+"""A task pod's process (`nopstream task`): one task of one run, coordinated through etcd.
+
+It serves its channels and commands (`node.taskserver`), registers under its run
+with its endpoint bound to its own lease, waits for the run's restore point (chosen
+by the coordinator), restores, connects its outputs (peers found in the registry),
+runs, and exits 0 once the final epoch is committed. ACKs and source-finished go to
+whichever coordinator leads, retried through a failover (`CoordinatorLink`). When
+its lease is lost the process exits non-zero (crash-only): its pod's failure is what
+triggers the global recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+import aiohttp
+
+from nopstream.checkpoint.storage import Storage
+from nopstream.cluster.backend import Backend, StoreUnavailable
+from nopstream.cluster.election import Election
+from nopstream.cluster.etcd import EtcdBackend
+from nopstream.cluster.layout import Layout
+from nopstream.cluster.leases import ThreadedLeaseKeeper
+from nopstream.cluster.registry import Registration, Registry
+from nopstream.node import checkpointing
+from nopstream.node.settings import NodeSettings
+from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task, load_deployment, load_plan
+from nopstream.runtime.task import Task
+
+log = logging.getLogger(__name__)
+POLL = 0.05
+
+
+class LeaseLost(RuntimeError):
+    """This process's lease is gone: it must stop acting."""
+
+
+async def poll_key(backend: Backend, key: str) -> bytes:
+    """The value of `key` once it exists (etcd may be briefly unreachable meanwhile)."""
+    while True:
+        with contextlib.suppress(StoreUnavailable):
+            entry = await backend.get(key)
+            if entry is not None:
+                return entry.value
+        await asyncio.sleep(POLL)
+
+
+class CoordinatorLink:
+    """Messages from a task to the leading coordinator, in order, each retried until delivered.
+
+    The leader is found through the election key (its value names the leader's
+    endpoint); through a failover the message waits for the new leader. A 409 says
+    the coordinator leads another run: the message is obsolete and dropped.
+    """
+
+    def __init__(self, session: aiohttp.ClientSession, election: Election, who: TaskIdentity) -> None:
+        """Send as task `who`."""
+        self.session = session
+        self.election = election
+        self.who = who
+        self.queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self._sender: asyncio.Task[None] | None = None
+
+    async def send(self, path: str, body: dict[str, Any]) -> None:
+        """Queue a message; it is delivered in the background."""
+        if self._sender is None:
+            self._sender = asyncio.create_task(self._deliver(), name="coordinator link")
+        self.queue.put_nowait((path, {"taskId": self.who.task_id, "run": self.who.run, **body}))
+
+    async def close(self) -> None:
+        """Stop sending."""
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
+
+    async def _deliver(self) -> None:
+        while True:
+            path, body = await self.queue.get()
+            while not await self._post_once(path, body):
+                await asyncio.sleep(0.2)
+
+    async def _post_once(self, path: str, body: dict[str, Any]) -> bool:
+        """Whether the message is done with (delivered, or obsolete)."""
+        try:
+            endpoint = await self.election.leader_endpoint()
+            if endpoint is None:
+                return False
+            async with self.session.post(f"{endpoint}{path}", json=body) as resp:
+                if resp.status == 409:
+                    log.info("coordinator dropped %s: %s", path, await resp.text())
+                    return True
+                return resp.status < 300
+        except (aiohttp.ClientError, StoreUnavailable, TimeoutError) as exc:
+            log.info("coordinator unreachable for %s (%s); retrying", path, exc)
+            return False
+
+
+async def serve(settings: NodeSettings) -> None:
+    """Run one task of one run to completion; LeaseLost when its lease goes."""
+    assert settings.task_id is not None and settings.run is not None
+    plan = load_plan(settings.partitioned_path)
+    deployment = load_deployment(settings.deployment_path)
+    who = TaskIdentity(settings.task_id, settings.run, settings.attempt)
+    backend = EtcdBackend(settings.etcd_host, settings.etcd_port)
+    layout = Layout(deployment.namespace, plan.identity.job_id, plan.identity.pipeline_id)
+    try:
+        async with (
+            ThreadedLeaseKeeper(
+                lambda: EtcdBackend(settings.etcd_host, settings.etcd_port), settings.lease_ttl
+            ) as keeper,
+            aiohttp.ClientSession() as session,
+        ):
+            link = CoordinatorLink(session, Election(backend, layout, who.attempt), who)
+
+            async def resolve(task_id: str) -> str:
+                value = await poll_key(backend, layout.task(who.run, task_id))
+                endpoint: str = json.loads(value)["endpoint"]
+                return endpoint
+
+            task, receiver, listener = build_task(
+                plan, deployment, who, session=session, resolve=resolve, send=link.send
+            )
+            assert listener is not None
+            server = TaskServer(task, receiver, listener, run=who.run)
+            endpoint = await server.start(settings.host, settings.port, advertise=settings.advertise)
+            try:
+                registration = Registration(who.task_id, who.attempt, endpoint)
+                await Registry(backend, layout).register(who.run, registration, lease=keeper.lease)
+                log.info(
+                    "task %s serves %s (run %d, attempt %s)", who.task_id, endpoint, who.run, who.attempt
+                )
+                await _until_lease_lost(keeper, _work(task, backend, layout, who, listener.storage))
+            finally:
+                await link.close()
+                await server.close()
+    finally:
+        await backend.close()
+
+
+async def _work(task: Task, backend: Backend, layout: Layout, who: TaskIdentity, storage: Storage) -> None:
+    restore = json.loads(await poll_key(backend, layout.restore(who.run)))
+    if restore["epoch"] is not None:
+        point = checkpointing.find_restore_point(storage, task.plan, epoch=int(restore["epoch"]))
+        assert point is not None
+        checkpointing.restore_task(task, point)
+        log.info("task %s restored epoch %d", who.task_id, point.epoch)
+    await task.connect()
+    await task.run()
+    # Every task stays until the final epoch is committed, so a coordinator that takes
+    # over at the very end can still ask each of them for its last ACK.
+    await task.final_committed()
+    log.info(
+        "task %s finished: %d records in, %d out",
+        who.task_id,
+        task.metrics.records_in,
+        task.metrics.records_out,
+    )
+
+
+async def _until_lease_lost(keeper: ThreadedLeaseKeeper, work: Coroutine[Any, Any, None]) -> None:
+    """Run `work`; LeaseLost (and `work` cancelled) if the lease is lost first."""
+    running = asyncio.ensure_future(work)
+    lost = asyncio.ensure_future(keeper.lost.wait())
+    try:
+        await asyncio.wait({running, lost}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        lost.cancel()
+        if not running.done():
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+    if keeper.lost.is_set() and running.cancelled():
+        raise LeaseLost(f"lease {keeper.lease:x} lost: this process stops acting")
+    running.result()

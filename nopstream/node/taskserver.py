@@ -1,0 +1,210 @@
+"""A task process's side of the wire, shared by the local runner's task processes and task pods.
+
+One HTTP server per task carries its input channels (`runtime.transport_http`), the
+coordinator's commands, its status and its metrics:
+  POST /control/barrier {epoch, kind, run, token}  a source injects barrier `epoch`
+  POST /control/commit  {epoch, run, token}        epochs up to `epoch` are durable
+  GET  /control/status                             run, sourceFinished, the last ACK
+  GET  /metrics                                    Prometheus metrics
+  GET  /healthz                                    200 while the process serves
+A command of another run, or with a fencing token lower than the highest this task
+has seen, is refused with 409 (and counted in the fenced-attempts metric): a deposed
+coordinator can no longer make a task act.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from nopstream.checkpoint.coordinator import Ack
+from nopstream.checkpoint.storage import Storage
+from nopstream.cluster.fencing import TokenGate
+from nopstream.connectors.registry import Connectors
+from nopstream.node import checkpointing
+from nopstream.plan import compiler
+from nopstream.plan.deployment import DeploymentPlan
+from nopstream.plan.partitioned import PartitionedPlan
+from nopstream.runtime.metrics import TaskCollector, exposition
+from nopstream.runtime.task import Task
+from nopstream.runtime.transport_http import Fencing, HttpIO, HttpReceiver
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[str, dict[str, Any]], Awaitable[None]]
+"""Send a message (path, JSON body) to the coordinator."""
+Resolve = Callable[[str], Awaitable[str]]
+"""The endpoint of a task of the same run."""
+
+
+def load_plan(path: Path) -> PartitionedPlan:
+    """The PartitionedPlan of a plan document file."""
+    plan = compiler.load_document(path.read_text(), origin=str(path))
+    if not isinstance(plan, PartitionedPlan):
+        raise ValueError(f"{path} holds a {compiler.layer_name(plan)} plan, not a partitioned plan")
+    return plan
+
+
+def load_deployment(path: Path) -> DeploymentPlan:
+    """The DeploymentPlan of a plan document file."""
+    plan = compiler.load_document(path.read_text(), origin=str(path))
+    if not isinstance(plan, DeploymentPlan):
+        raise ValueError(f"{path} holds a {compiler.layer_name(plan)} plan, not a deployment plan")
+    return plan
+
+
+def locate(plan: PartitionedPlan, task_id: str) -> tuple[str, int]:
+    """(vertex id, subtask index) of a task id of the plan."""
+    for v in plan.vertices:
+        for s in v.subtasks:
+            if s.task_id == task_id:
+                return v.vertex_id, s.index
+    raise KeyError(f"task {task_id} is not in the plan")
+
+
+class ReportingListener:
+    """Writes a task's segments and reports to its coordinator; remembers what it reported.
+
+    A coordinator that takes over mid-epoch asks each task (GET /control/status)
+    for what it may have sent to its predecessor: whether its source finished and
+    its last ACK.
+    """
+
+    def __init__(self, storage: Storage, send: Send) -> None:
+        """Write segments to `storage`; send ACKs and source-finished through `send`."""
+        self.storage = storage
+        self.send = send
+        self.source_finished = False
+        self.last_ack: tuple[int, Ack] | None = None
+
+    async def on_snapshot(self, task: Task, epoch: int, kind: str, state: dict[str, Any]) -> None:
+        ack = await checkpointing.write_snapshot_async(self.storage, task, epoch, state)
+        self.last_ack = (epoch, ack)
+        await self.send("/ack", ack_body(epoch, ack))
+
+    async def on_source_finished(self, task: Task) -> None:
+        self.source_finished = True
+        await self.send("/source-finished", {})
+
+
+def ack_body(epoch: int, ack: Ack) -> dict[str, Any]:
+    """An ACK as JSON."""
+    return {"epoch": epoch, "segments": ack.segments, "sources": ack.sources, "sinks": ack.sinks}
+
+
+def ack_of(body: dict[str, Any]) -> Ack:
+    """An ACK from its JSON."""
+    return Ack(body["segments"], body.get("sources", {}), body.get("sinks", []))
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    """Which task of which run this process is."""
+
+    task_id: str
+    run: int
+    attempt: str
+
+
+def build_task(
+    plan: PartitionedPlan,
+    deployment: DeploymentPlan | None,
+    who: TaskIdentity,
+    *,
+    session: aiohttp.ClientSession,
+    resolve: Resolve,
+    send: Send,
+) -> tuple[Task, HttpReceiver, ReportingListener | None]:
+    """A task over http channels; checkpointing when a deployment plan binds storage."""
+    vertex_id, subtask = locate(plan, who.task_id)
+    receiver = HttpReceiver(Fencing(plan.identity.job_id, plan.identity.pipeline_id, lambda: who.run))
+    io = HttpIO(receiver, session, resolve, run=who.run, attempt=who.attempt)
+    listener = None
+    if deployment is not None:
+        listener = ReportingListener(checkpointing.open_storage(deployment), send)
+    task = Task(plan, vertex_id, subtask, io=io, connectors=Connectors(plan.identity), listener=listener)
+    return task, receiver, listener
+
+
+class TaskServer:
+    """Serves one task's channels, commands, status and metrics on one port."""
+
+    def __init__(
+        self, task: Task, receiver: HttpReceiver, listener: ReportingListener | None, *, run: int
+    ) -> None:
+        """Serve `task` of run `run`."""
+        self.task = task
+        self.listener = listener
+        self.run = run
+        self.gate = TokenGate()
+        self.app = web.Application()
+        receiver.routes(self.app)
+        self.app.router.add_post("/control/barrier", self._barrier)
+        self.app.router.add_post("/control/commit", self._commit)
+        self.app.router.add_get("/control/status", self._status)
+        self.app.router.add_get("/metrics", self._metrics)
+        self.app.router.add_get("/healthz", self._healthz)
+        self.registry = CollectorRegistry()
+        self.registry.register(
+            TaskCollector(lambda: [task], semantic_mode=task.plan.identity.semantic_mode.value)
+        )
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, host: str, port: int, *, advertise: str | None = None) -> str:
+        """Listen on host:port (0: any free port); the endpoint others reach it at."""
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return f"http://{advertise or host}:{bound}"
+
+    async def close(self) -> None:
+        """Stop serving."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _admitted(self, request: web.Request, command: str) -> dict[str, Any]:
+        body: dict[str, Any] = await request.json()
+        run = int(body.get("run", self.run))
+        if run != self.run:
+            self.task.metrics.refused_commands += 1
+            raise web.HTTPConflict(text=f"{command} of run {run} refused: this task is in run {self.run}")
+        token = int(body.get("token", 0))
+        if not self.gate.admit(token, command):
+            self.task.metrics.refused_commands += 1
+            raise web.HTTPConflict(
+                text=f"{command} refused: token {token} < {self.gate.highest} (a deposed coordinator)"
+            )
+        return body
+
+    async def _barrier(self, request: web.Request) -> web.Response:
+        body = await self._admitted(request, "barrier")
+        injected = self.task.trigger_barrier(int(body["epoch"]), body.get("kind", "checkpoint"))
+        return web.json_response({"ok": True, "injected": injected})
+
+    async def _commit(self, request: web.Request) -> web.Response:
+        body = await self._admitted(request, "commit")
+        self.task.commit(int(body["epoch"]))
+        return web.json_response({"ok": True})
+
+    async def _status(self, request: web.Request) -> web.Response:
+        status: dict[str, Any] = {"run": self.run, "sourceFinished": False, "ack": None}
+        if self.listener is not None:
+            status["sourceFinished"] = self.listener.source_finished
+            if self.listener.last_ack is not None:
+                status["ack"] = ack_body(*self.listener.last_ack)
+        return web.json_response(status)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=exposition(self.registry), content_type="text/plain")
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "task": self.task.task_id, "run": self.run})

@@ -1,0 +1,203 @@
+"""A running job coordinated through a real etcd server (`nopstream run --etcd`): failures of every part.
+
+Each job runs twice: once on the embedded default (no etcd, no faults) for the
+expected output, and once with coordinator and task processes coordinated through
+etcd while something fails. The committed outputs must be equal as multisets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from e2e import servers
+from nopstream.cluster.epochlog import EpochLog, EpochState
+from nopstream.cluster.etcd import EtcdBackend
+from nopstream.cluster.layout import Layout
+from nopstream.cluster.registry import Registry
+from tests.checkpointing.test_faults import committed, prepare, run, wordcount_model
+from tests.conftest import ROOT
+
+
+def paced_wordcount(job_id: str) -> dict:
+    """A rolling word count over generated lines paced to about eight seconds (1,500 lines/s)."""
+    model = wordcount_model(job_id, interval_ms=300)
+    model["model"]["sources"] = [
+        {
+            "id": "lines",
+            "type": "generator",
+            "config": {"kind": "words", "count": 12000, "ratePerSecond": 1500, "vocabulary": 500},
+        }
+    ]
+    return model
+
+
+def start(workdir: Path, etcd: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "nopstream", "run", "job.yaml", "--etcd", etcd],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def children(pid: int) -> dict[str, int]:
+    """The supervisor's processes by their NOPSTREAM_ATTEMPT name (Linux /proc)."""
+    found = {}
+    try:
+        pids = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return {}
+    for child in pids:
+        try:
+            env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for item in env:
+            if item.startswith(b"NOPSTREAM_ATTEMPT="):
+                found[item.split(b"=", 1)[1].decode()] = child
+    return found
+
+
+def coordination(etcd: tuple[str, int], job: str):
+    """(epoch-log entries, current run, leader name) of a local job."""
+
+    async def read():
+        backend = EtcdBackend(*etcd)
+        layout = Layout("local", job, "main")
+        try:
+            entry = await backend.get(layout.coordinator)
+            leader = json.loads(entry.value)["candidate"] if entry else None
+            return (
+                await EpochLog(backend, layout).entries(),
+                await Registry(backend, layout).current_run(),
+                leader,
+            )
+        finally:
+            await backend.close()
+
+    return asyncio.run(read())
+
+
+def wait_for_commits(etcd: tuple[str, int], job: str, count: int, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        entries, _, _ = coordination(etcd, job)
+        if sum(e.state is EpochState.COMMITTED for e in entries) >= count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{job}: fewer than {count} committed epochs before the job ended")
+
+
+def expected_output(tmp_path: Path, model: dict, data: dict[str, str]) -> object:
+    prepare(tmp_path / "clean", model, data)
+    code, _, err = run(tmp_path / "clean", kills=0, seed=0)
+    assert code == 0, err
+    expected = committed(tmp_path / "clean", "out")
+    assert expected
+    return expected
+
+
+def test_coordinator_failover_mid_job_keeps_the_run_and_the_output(tmp_path, etcd_server, capsys):
+    model = paced_wordcount("etcd-coordinator-failover")
+    data: dict[str, str] = {}
+    expected = expected_output(tmp_path, model, data)
+    prepare(tmp_path / "etcd", model, data)
+    proc = start(tmp_path / "etcd", "{}:{}".format(*etcd_server.endpoint))
+    try:
+        wait_for_commits(etcd_server.endpoint, model["jobId"], 2, proc)
+        before, _, leader = coordination(etcd_server.endpoint, model["jobId"])
+        assert {e.writer for e in before} == {leader}
+        assert before[-1].detail.get("kind") != "final"
+        os.kill(children(proc.pid)[leader], signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "recovering" not in err  # no global recovery: the tasks kept running
+    entries, run_now, _ = coordination(etcd_server.endpoint, model["jobId"])
+    assert run_now == 1
+    writers = {e.writer for e in entries}
+    assert leader in writers and len(writers) == 2, writers
+    new_leader_entries = [e for e in entries if e.writer != leader]
+    assert new_leader_entries[-1].state is EpochState.COMMITTED
+    assert new_leader_entries[-1].detail["kind"] == "final"
+    with capsys.disabled():
+        print(
+            f"\n[etcd job] coordinator {leader} killed; job ended {time.monotonic() - killed_at:.2f}s later"
+        )
+    got = committed(tmp_path / "etcd", "out")
+    assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
+
+
+def test_task_kills_recover_globally_through_the_run_in_etcd(tmp_path, etcd_server, capsys):
+    model = paced_wordcount("etcd-task-kills")
+    data: dict[str, str] = {}
+    expected = expected_output(tmp_path, model, data)
+    prepare(tmp_path / "etcd", model, data)
+    proc = start(tmp_path / "etcd", "{}:{}".format(*etcd_server.endpoint))
+    rng = random.Random(4)
+    kills = 0
+    try:
+        wait_for_commits(etcd_server.endpoint, model["jobId"], 1, proc)
+        while kills < 3 and proc.poll() is None:
+            tasks = {n: p for n, p in children(proc.pid).items() if "coordinator" not in n}
+            if tasks:
+                os.kill(tasks[rng.choice(sorted(tasks))], signal.SIGKILL)
+                kills += 1
+            time.sleep(rng.uniform(1.5, 3.0))
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    entries, run_now, _ = coordination(etcd_server.endpoint, model["jobId"])
+    recoveries = err.count("recovering: ")
+    assert kills >= 2 and recoveries == run_now - 1 >= 2, (kills, recoveries, run_now, err)
+    assert entries[-1].state is EpochState.COMMITTED and entries[-1].detail["kind"] == "final"
+    with capsys.disabled():
+        print(f"\n[etcd job] {kills} task SIGKILLs, run advanced to {run_now}")
+    got = committed(tmp_path / "etcd", "out")
+    assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
+
+
+def test_etcd_outage_longer_than_the_lease_ends_with_the_job_complete_and_exact(tmp_path, capsys):
+    model = paced_wordcount("etcd-outage")
+    data: dict[str, str] = {}
+    expected = expected_output(tmp_path, model, data)
+    prepare(tmp_path / "etcd", model, data)
+    etcd = servers.start_etcd(tmp_path / "etcd-server")
+    host, port = etcd.endpoint
+    proc = start(tmp_path / "etcd", f"{host}:{port}")
+    try:
+        wait_for_commits(etcd.endpoint, model["jobId"], 2, proc)
+        before, _, _ = coordination(etcd.endpoint, model["jobId"])
+        etcd.stop()
+        time.sleep(8)  # twice the lease TTL of the job's processes (4 s)
+        etcd = servers.start_etcd(tmp_path / "etcd-server", data_dir=etcd.data_dir, client_port=port)
+        _, err = proc.communicate(timeout=240)
+        entries, run_now, _ = coordination(etcd.endpoint, model["jobId"])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        etcd.stop()
+    assert proc.returncode == 0, err
+    durable_before = max(e.epoch for e in before if e.state is not EpochState.CREATED)
+    assert entries[-1].state is EpochState.COMMITTED and entries[-1].detail["kind"] == "final"
+    assert entries[-1].epoch > durable_before
+    with capsys.disabled():
+        print(f"\n[etcd job] etcd stopped 8 s; job went on (run {run_now}) and ended")
+    got = committed(tmp_path / "etcd", "out")
+    assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
