@@ -49,6 +49,16 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "coordinator", help="run one coordinator candidate of a cluster job (from NOPSTREAM_* variables)"
     )
+    p = sub.add_parser(
+        "savepoint", help="make the next epoch of a running job a savepoint (kept by retention)"
+    )
+    p.add_argument("file", help="the job's file")
+    p.add_argument(
+        "--workdir", default=".nopstream", help="run files of `nopstream run` (default .nopstream)"
+    )
+    p.add_argument(
+        "--etcd", metavar="HOST:PORT", help="the job runs with --etcd: ask its leading coordinator"
+    )
     p = sub.add_parser("validate", help="check a StreamJob or StreamModel file; list every issue")
     p.add_argument("file")
     p = sub.add_parser("plan", help="compile a model and print one plan layer")
@@ -193,6 +203,56 @@ def cmd_node(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_savepoint(args: argparse.Namespace) -> int:
+    """Ask a running job's coordinator for a savepoint; exit 1 when no coordinator answers."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    plans = compiler.compile_model(load_file(args.file), backend="local", namespace="local")
+    job = plans.partitioned.identity.job_id
+    url = _coordinator_url(plans, args)
+    if url is None:
+        print(f"job '{job}' is not running (no coordinator found)", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(f"{url}/savepoint", method="POST"), timeout=10
+        ) as r:
+            answer = json.loads(r.read())
+    except (urllib.error.URLError, OSError) as err:
+        print(f"job '{job}': the coordinator at {url} did not take the request: {err}", file=sys.stderr)
+        return EXIT_INVALID
+    done = ", ".join(map(str, answer.get("savepoints", []))) or "none yet"
+    print(f"savepoint requested: the next epoch of job '{job}' is a savepoint (savepoints so far: {done})")
+    return EXIT_OK
+
+
+def _coordinator_url(plans: compiler.CompiledPlans, args: argparse.Namespace) -> str | None:
+    """Where the job's coordinator listens: the leader in etcd, or the latest local run's control server."""
+    if args.etcd:
+        import asyncio
+
+        from nopstream.cluster.election import Election
+        from nopstream.cluster.etcd import EtcdBackend
+        from nopstream.cluster.layout import Layout
+
+        async def leader() -> str | None:
+            host, _, port = args.etcd.rpartition(":")
+            backend = EtcdBackend(host, int(port))
+            ident = plans.partitioned.identity
+            try:
+                layout = Layout(plans.deployment.namespace, ident.job_id, ident.pipeline_id)
+                return await Election(backend, layout, "cli").leader_endpoint()
+            finally:
+                await backend.close()
+
+        return asyncio.run(leader())
+    runs = Path(args.workdir) / "runs" / plans.partitioned.identity.job_id
+    found = sorted(runs.glob("run-*/control-url"), key=lambda p: int(p.parent.name.split("-")[1]))
+    return found[-1].read_text().strip() if found else None
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """Print each job's durable epochs and its latest manifest; exit 1 when DIR has none."""
     from nopstream.checkpoint import catalog
@@ -252,6 +312,7 @@ _COMMANDS = {
     "diff": cmd_diff,
     "crd": cmd_crd,
     "status": cmd_status,
+    "savepoint": cmd_savepoint,
 }
 
 

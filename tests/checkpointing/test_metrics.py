@@ -11,7 +11,7 @@ import urllib.request
 
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_nopstream
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -96,10 +96,14 @@ def test_a_requested_savepoint_survives_retention(tmp_path):
     while not url_file.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)
-    request = urllib.request.Request(f"{url_file.read_text()}/savepoint", method="POST")
-    with urllib.request.urlopen(request, timeout=5) as resp:
-        assert resp.status == 200
+    asked = run_nopstream("savepoint", "job.yaml", cwd=tmp_path)
+    assert (asked.code, asked.out) == (
+        0,
+        "savepoint requested: the next epoch of job 'saved' is a savepoint (savepoints so far: none yet)\n",
+    )
     assert proc.wait(120) == 0
+    gone = run_nopstream("savepoint", "job.yaml", "--workdir", "elsewhere", cwd=tmp_path)
+    assert (gone.code, gone.err) == (1, "job 'saved' is not running (no coordinator found)\n")
     manifests = sorted(
         (tmp_path / "cp" / "checkpoint" / "saved" / "main").glob("*/_manifest.json"),
         key=lambda p: int(p.parent.name),
