@@ -4,7 +4,9 @@ It registers a Node, keeps its Lease fresh, and runs every pod scheduled to that
 as local processes: each container's `command` + `args` (the image is ignored; the
 processes run from this virtualenv), with env from values, the downward API
 (`fieldRef`), Secrets and ConfigMaps. A pod gets its own loopback address 127.0.0.N
-as its pod IP, and the credentials of its ServiceAccount (a token from the
+as its pod IP, ConfigMap, Secret and emptyDir volumes as files in the pod's directory
+(with no mount namespace, an env value naming a mount path is rewritten to that
+directory), and the credentials of its ServiceAccount (a token from the
 TokenRequest API, in a kubeconfig named by `KUBECONFIG`), so RBAC applies to it as in
 a real cluster. It reports phase, container states, restart counts and exit codes,
 runs httpGet/tcpSocket/exec readiness and liveness probes, restarts containers by
@@ -122,6 +124,7 @@ class PodRunner(threading.Thread):
             self.dir.mkdir(parents=True, exist_ok=True)
             self.ip = self.agent.ips.allocate()
             kubeconfig = self._service_account_kubeconfig()
+            self._materialize_volumes()
             if not self._run_init_containers(kubeconfig):
                 return
             for spec in self.pod["spec"]["containers"]:
@@ -190,6 +193,33 @@ class PodRunner(threading.Thread):
         path.write_text(yaml.safe_dump(kubeconfig))
         path.chmod(0o600)
         return path
+
+    def _materialize_volumes(self) -> None:
+        """ConfigMap and Secret volumes become files under the pod's directory (no mount namespaces)."""
+        import base64
+
+        for volume in self.pod["spec"].get("volumes") or []:
+            target = self.dir / "volumes" / volume["name"]
+            target.mkdir(parents=True, exist_ok=True)
+            if "configMap" in volume:
+                cm = self.agent.core.read_namespaced_config_map(volume["configMap"]["name"], self.ns)
+                files = dict(cm.data or {})
+            elif "secret" in volume:
+                secret = self.agent.core.read_namespaced_secret(volume["secret"]["secretName"], self.ns)
+                files = {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+            elif "emptyDir" in volume or "projected" in volume:
+                files = {}  # projected: the service-account token comes through KUBECONFIG instead
+            else:
+                raise ValueError(f"volume {volume['name']}: only configMap, secret and emptyDir are supported")
+            for key, text in files.items():
+                (target / key).write_text(text)
+
+    def _mounts(self, spec: dict[str, Any]) -> dict[str, str]:
+        """A container's mount paths and the pod directories standing in for them."""
+        return {
+            m["mountPath"].rstrip("/"): str(self.dir / "volumes" / m["name"])
+            for m in spec.get("volumeMounts") or []
+        }
 
     def _field(self, path: str) -> str:
         meta, spec = self.pod["metadata"], self.pod["spec"]
@@ -263,6 +293,11 @@ class PodRunner(threading.Thread):
                     value = ""
             if value is not None:
                 env[item["name"]] = value
+        # No mount namespace: a value naming a mount path names the pod directory instead.
+        for mount, local in self._mounts(spec).items():
+            for key, value in env.items():
+                if value == mount or value.startswith(mount + "/"):
+                    env[key] = local + value[len(mount) :]
         return Container(spec, env, self.dir / f"{spec['name']}.log")
 
     # --- processes -----------------------------------------------------------------

@@ -59,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--etcd", metavar="HOST:PORT", help="the job runs with --etcd: ask its leading coordinator"
     )
+    p = sub.add_parser("operator", help="run the Kubernetes operator (kopf) in this process, cluster-wide")
+    p.add_argument(
+        "--liveness", metavar="URL", help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz"
+    )
     p = sub.add_parser("validate", help="check a StreamJob or StreamModel file; list every issue")
     p.add_argument("file")
     p = sub.add_parser("plan", help="compile a model and print one plan layer")
@@ -253,6 +257,14 @@ def _coordinator_url(plans: compiler.CompiledPlans, args: argparse.Namespace) ->
     return found[-1].read_text().strip() if found else None
 
 
+def cmd_operator(args: argparse.Namespace) -> int:
+    """Run the operator until it is stopped."""
+    from nopstream_operator import handlers
+
+    handlers.run(liveness=args.liveness)
+    return EXIT_OK
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """Print each job's durable epochs and its latest manifest; exit 1 when DIR has none."""
     from nopstream.checkpoint import catalog
@@ -313,6 +325,7 @@ _COMMANDS = {
     "crd": cmd_crd,
     "status": cmd_status,
     "savepoint": cmd_savepoint,
+    "operator": cmd_operator,
 }
 
 

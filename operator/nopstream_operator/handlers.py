@@ -1,0 +1,95 @@
+"""The kopf handlers: thin decorators around `reconcile` (run as `kopf run -m nopstream_operator`).
+
+One daemon per StreamJob runs a pass every PASS_SECONDS (observe, validate,
+reconcile), so the passes of one job never overlap; a pass that fails is logged and
+the next one tries again. Deleting a StreamJob runs `cleanup` behind kopf's
+finalizer (pods and plan ConfigMaps go; checkpoints stay in storage).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from nopstream_operator.kube import EtcdView, Kube, load_config
+from nopstream_operator.reconcile import Context, cleanup, reconcile_once
+from nopstream_operator.resources import GROUP, PLURAL, VERSION, PodSettings
+
+PASS_SECONDS = 1.0
+FINALIZER = "nopstream.io/finalizer"
+
+
+def pod_settings(env: dict[str, str] | None = None) -> PodSettings:
+    """The pods' command, extra environment and etcd endpoint, from the operator's environment.
+
+    NOPSTREAM_ETCD (host:port, required), NOPSTREAM_POD_COMMAND (JSON list, default
+    ["nopstream"]), NOPSTREAM_POD_ENV (JSON object), NOPSTREAM_POD_LEASE_TTL (seconds).
+    """
+    env = dict(os.environ) if env is None else env
+    etcd = env.get("NOPSTREAM_ETCD", "").strip()
+    if not etcd:
+        raise kopf.PermanentError("NOPSTREAM_ETCD is not set (the etcd endpoint host:port is required)")
+    return PodSettings(
+        etcd=etcd,
+        command=tuple(json.loads(env.get("NOPSTREAM_POD_COMMAND") or '["nopstream"]')),
+        extra_env=dict(json.loads(env.get("NOPSTREAM_POD_ENV") or "{}")),
+        lease_ttl=int(env.get("NOPSTREAM_POD_LEASE_TTL") or 10),
+    )
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Our finalizer name, events at INFO, and credentials from the cluster or KUBECONFIG."""
+    settings.persistence.finalizer = FINALIZER
+    settings.posting.level = logging.INFO
+    load_config()
+
+
+def _emit(job: dict[str, Any], kind: str, reason: str, message: str) -> None:
+    # kopf takes any mapping with apiVersion, kind and metadata as the object here.
+    kopf.event(job, type=kind, reason=reason, message=message)  # type: ignore[arg-type]
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+def drive(
+    stopped: kopf.DaemonStopped,
+    name: str,
+    namespace: str | None,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    **_: Any,
+) -> None:
+    """Pass after pass over one StreamJob until it is deleted or the operator stops."""
+    settings = pod_settings()
+    etcd = EtcdView(settings.etcd)
+    ctx = Context(Kube(), etcd, settings, _emit)
+    try:
+        while not stopped:
+            try:
+                reconcile_once(ctx, namespace or "default", name)
+            except Exception:
+                logger.exception("pass over %s/%s failed; the next pass tries again", namespace, name)
+            stopped.wait(PASS_SECONDS)
+    finally:
+        etcd.close()
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+def delete(name: str, namespace: str | None, spec: kopf.Spec, **_: Any) -> None:
+    """Remove the job's pods and plan ConfigMaps; keep its checkpoints."""
+    cleanup(Kube(), namespace or "default", spec.get("jobId") or name)
+
+
+def run(*, liveness: str | None = None) -> None:
+    """Run the operator in this process (`nopstream operator`), cluster-wide."""
+    standalone = os.environ.get("NOPSTREAM_OPERATOR_PEERING", "") == ""
+    kopf.configure(verbose=False)
+    kopf.run(
+        clusterwide=True,
+        standalone=standalone,
+        peering_name=os.environ.get("NOPSTREAM_OPERATOR_PEERING") or None,
+        liveness_endpoint=liveness,
+    )

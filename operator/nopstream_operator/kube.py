@@ -1,0 +1,157 @@
+"""The operator's calls to the Kubernetes API (the `kubernetes` client), and its view of etcd.
+
+Every write the operator makes goes through `Kube`, so a test can count them; an
+object that already exists or is already gone is not an error (passes repeat).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from nopstream.cluster.epochlog import EpochLog, EpochState
+from nopstream.cluster.etcd import EtcdBackend
+from nopstream.cluster.layout import Layout
+from nopstream.cluster.registry import Registry
+from nopstream_operator.resources import GROUP, LABEL_JOB, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+
+
+def load_config() -> None:
+    """In-cluster credentials, else the kubeconfig (KUBECONFIG)."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+class Kube:
+    """Reads and writes of one namespace's objects."""
+
+    def __init__(self) -> None:
+        """Clients from the loaded configuration."""
+        self.core = client.CoreV1Api()
+        self.custom = client.CustomObjectsApi()
+        self.writes = 0
+
+    def job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A StreamJob, or None when it is gone."""
+        try:
+            found: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name
+            )
+            return found
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def pods(self, namespace: str, job_id: str) -> list[dict[str, Any]]:
+        """The job's pods, as plain data."""
+        found = self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job_id}")
+        return [self.core.api_client.sanitize_for_serialization(p) for p in found.items]
+
+    def configmap_exists(self, namespace: str, name: str) -> bool:
+        """Whether a ConfigMap exists."""
+        try:
+            self.core.read_namespaced_config_map(name, namespace)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    def configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A ConfigMap's data, or None."""
+        try:
+            return dict(self.core.read_namespaced_config_map(name, namespace).data or {})
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create(self, manifest: dict[str, Any]) -> None:
+        """Create a Pod or ConfigMap; one that exists already is left as it is."""
+        self.writes += 1
+        ns = manifest["metadata"]["namespace"]
+        try:
+            if manifest["kind"] == "Pod":
+                self.core.create_namespaced_pod(ns, manifest)
+            else:
+                self.core.create_namespaced_config_map(ns, manifest)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    def delete_pod(self, namespace: str, name: str, *, grace: int = 5) -> None:
+        """Delete a pod; one already gone is fine."""
+        self.writes += 1
+        try:
+            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def delete_configmaps(self, namespace: str, job_id: str) -> None:
+        """Delete the job's plan ConfigMaps."""
+        self.writes += 1
+        self.core.delete_collection_namespaced_config_map(namespace, label_selector=f"{LABEL_JOB}={job_id}")
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge-patch a StreamJob's status."""
+        self.writes += 1
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status}
+        )
+
+
+class EtcdView:
+    """The operator's reads and compare-and-swaps in etcd, from synchronous code (own event loop)."""
+
+    def __init__(self, endpoint: str) -> None:
+        """A client of the etcd server at host:port."""
+        host, _, port = endpoint.rpartition(":")
+        self.loop = asyncio.new_event_loop()
+        self.backend = self.loop.run_until_complete(self._connect(host, int(port)))
+
+    @staticmethod
+    async def _connect(host: str, port: int) -> EtcdBackend:
+        return EtcdBackend(host, port)
+
+    def close(self) -> None:
+        """Close the client and the loop."""
+        self.loop.run_until_complete(self.backend.close())
+        self.loop.close()
+
+    def run(self, layout: Layout) -> int:
+        """The job's current run (0 before the first)."""
+        return self.loop.run_until_complete(Registry(self.backend, layout).current_run())
+
+    def advance_run(self, layout: Layout, expected: int) -> int:
+        """Advance the run from `expected` by compare-and-swap; the run now current either way."""
+        registry = Registry(self.backend, layout)
+        if self.loop.run_until_complete(registry.advance_run(expected)):
+            return expected + 1
+        return self.loop.run_until_complete(registry.current_run())
+
+    def epochs(self, layout: Layout) -> tuple[int | None, int | None, list[int]]:
+        """(latest durable, latest committed, committed savepoints) from the epoch log."""
+        entries = self.loop.run_until_complete(EpochLog(self.backend, layout).entries())
+        durable = self.loop.run_until_complete(EpochLog(self.backend, layout).latest_durable())
+        committed = [e for e in entries if e.state is EpochState.COMMITTED]
+        savepoints = [e.epoch for e in committed if e.detail.get("kind") == "savepoint"]
+        return durable, (committed[-1].epoch if committed else None), savepoints
+
+    def leader_endpoint(self, layout: Layout) -> str | None:
+        """The leading coordinator's endpoint."""
+        entry = self.loop.run_until_complete(self.backend.get(layout.coordinator))
+        if entry is None:
+            return None
+        endpoint: str = json.loads(entry.value).get("endpoint", "")
+        return endpoint or None

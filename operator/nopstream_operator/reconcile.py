@@ -1,0 +1,364 @@
+"""One pass over one StreamJob: observe, validate, reconcile (the Flink operator's loop).
+
+`observe` reads the StreamJob, its pods and etcd and changes nothing. `validate` is
+the compiler's validation, the same function as `nopstream validate`. `reconcile`
+acts, and its status is a write-ahead log: the target run and plan are recorded in
+status before any pod is touched, so a pass interrupted anywhere is finished by the
+next. A pass over a job whose world is as it should be writes nothing.
+
+Runs: status `run` is the run the pods belong to; `deployedRun` says every pod of that
+run was created. A task pod that failed, is being deleted, or (once deployed) is
+missing is a global recovery: `run` advances by compare-and-swap in etcd, the new
+run is recorded in status, then the old run's pods are deleted and the new run's are
+created. A coordinator pod's loss is not a recovery: it is recreated, and the
+standby leads meanwhile.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nopstream.cluster.layout import Layout
+from nopstream.model.errors import ModelError
+from nopstream.model.load import load_data
+from nopstream.plan import compat, compiler
+from nopstream.plan.deployment import DeploymentPlan
+from nopstream.plan.partitioned import PartitionedPlan
+from nopstream_operator.kube import EtcdView, Kube
+from nopstream_operator.resources import (
+    LABEL_ROLE,
+    LABEL_RUN,
+    LABEL_TASK,
+    PodSettings,
+    coordinator_pod,
+    plan_configmap,
+    plan_configmap_name,
+    task_pod,
+    task_pod_name,
+)
+
+Emit = Callable[[dict[str, Any], str, str, str], None]
+"""Post a Kubernetes Event about a StreamJob: (job, type, reason, message)."""
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What a pass needs to know of a pod."""
+
+    name: str
+    role: str
+    run: int | None
+    task: str | None
+    phase: str
+    ready: bool
+    deleting: bool
+
+
+def pod_view(pod: dict[str, Any]) -> PodView:
+    """A pod's role, run, task, phase and readiness."""
+    meta, status = pod["metadata"], pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+    run = labels.get(LABEL_RUN)
+    return PodView(
+        name=meta["name"],
+        role=labels.get(LABEL_ROLE, ""),
+        run=int(run) if run else None,
+        task=labels.get(LABEL_TASK),
+        phase=status.get("phase", "Pending"),
+        ready=conditions.get("Ready") == "True",
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One StreamJob and its world, as one pass saw them."""
+
+    job: dict[str, Any]
+    pods: dict[str, PodView]
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """The job's status (empty before the first pass)."""
+        return dict(self.job.get("status") or {})
+
+
+@dataclass
+class Context:
+    """What the passes over one job share: clients, pod settings, events, plans read so far."""
+
+    kube: Kube
+    etcd: EtcdView
+    pods: PodSettings
+    emit: Emit
+    plans: dict[str, tuple[PartitionedPlan, DeploymentPlan]] = field(default_factory=dict)
+
+
+def observe(ctx: Context, namespace: str, name: str) -> Observed | None:
+    """Read the job and its pods (None when the job is gone or being deleted); change nothing."""
+    job = ctx.kube.job(namespace, name)
+    if job is None or job["metadata"].get("deletionTimestamp"):
+        return None
+    job_id = (job.get("spec") or {}).get("jobId") or name
+    pods = {p.name: p for p in map(pod_view, ctx.kube.pods(namespace, job_id))}
+    return Observed(job, pods)
+
+
+def validate(job: dict[str, Any]) -> compiler.CompiledPlans:
+    """Compile the StreamJob for Kubernetes; ModelError lists every issue (as `nopstream validate`)."""
+    namespace = job["metadata"]["namespace"]
+    loaded = load_data(job, origin=f"streamjob/{job['metadata']['name']}")
+    return compiler.compile_model(loaded, backend="kubernetes", namespace=namespace)
+
+
+def reconcile_once(ctx: Context, namespace: str, name: str) -> None:
+    """One whole pass over one StreamJob."""
+    seen = observe(ctx, namespace, name)
+    if seen is None:
+        return
+    try:
+        desired = validate(seen.job)
+    except ModelError as err:
+        _invalid(ctx, seen, [str(i) for i in err.issues])
+        return
+    if seen.status.get("planFingerprint") is None:
+        _first_deploy(ctx, seen, desired)
+        return
+    partitioned, deployment = _deployed_plans(ctx, seen)
+    if desired.deployment.partitioned_fingerprint != deployment.partitioned_fingerprint:
+        _spec_change(ctx, seen, partitioned, desired)
+    _reconcile_pods(ctx, seen, deployment)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def with_condition(
+    conditions: list[dict[str, Any]], kind: str, status: str, reason: str, message: str
+) -> list[dict[str, Any]]:
+    """The conditions with one set; its transition time moves only when its status does."""
+    out = [c for c in conditions if c.get("type") != kind]
+    before = next((c for c in conditions if c.get("type") == kind), None)
+    moved = before is None or before.get("status") != status
+    since = _now() if moved or before is None else before.get("lastTransitionTime", _now())
+    out.append(
+        {"type": kind, "status": status, "reason": reason, "message": message, "lastTransitionTime": since}
+    )
+    return sorted(out, key=lambda c: c["type"])
+
+
+def _patch(ctx: Context, seen: Observed, changes: dict[str, Any]) -> None:
+    """Patch only what differs from the observed status (a settled pass writes nothing)."""
+    status = seen.status
+    diff = {k: v for k, v in changes.items() if status.get(k) != v}
+    conditions = changes.get("conditions")
+    if conditions is not None and [_timeless(c) for c in conditions] == [
+        _timeless(c) for c in status.get("conditions", [])
+    ]:
+        diff.pop("conditions", None)
+    if diff:
+        meta = seen.job["metadata"]
+        ctx.kube.patch_status(meta["namespace"], meta["name"], diff)
+        seen.job["status"] = {**status, **diff}
+
+
+def _timeless(condition: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in condition.items() if k != "lastTransitionTime"}
+
+
+def _conditions(seen: Observed) -> list[dict[str, Any]]:
+    return list(seen.status.get("conditions") or [])
+
+
+def _invalid(ctx: Context, seen: Observed, messages: list[str]) -> None:
+    text = "; ".join(messages)
+    if seen.status.get("phase") != "Invalid":
+        ctx.emit(seen.job, "Warning", "Invalid", text)
+    conditions = with_condition(_conditions(seen), "Valid", "False", "ValidationFailed", text)
+    _patch(ctx, seen, {"phase": "Invalid", "conditions": conditions})
+
+
+def _first_deploy(ctx: Context, seen: Observed, desired: compiler.CompiledPlans) -> None:
+    """Store the plan, take the next run in etcd, and record both (the pods come next pass)."""
+    deployment = desired.deployment
+    name = plan_configmap_name(deployment.job_id, deployment.partitioned_fingerprint)
+    if not ctx.kube.configmap_exists(deployment.namespace, name):
+        ctx.kube.create(plan_configmap(seen.job, desired.partitioned, deployment))
+    layout = _layout(deployment)
+    run = ctx.etcd.advance_run(layout, ctx.etcd.run(layout))
+    conditions = with_condition(
+        _conditions(seen), "Valid", "True", "Compiled", deployment.partitioned_fingerprint
+    )
+    _patch(
+        ctx,
+        seen,
+        {
+            "phase": "Pending",
+            "run": run,
+            "recoveries": 0,
+            "planFingerprint": deployment.partitioned_fingerprint,
+            "semanticMode": desired.partitioned.identity.semantic_mode.value,
+            "tasksTotal": len(deployment.tasks),
+            "tasksReady": 0,
+            "lastStableSpec": seen.job.get("spec"),
+            "observedGeneration": seen.job["metadata"].get("generation"),
+            "conditions": conditions,
+        },
+    )
+    ctx.emit(seen.job, "Normal", "Deploying", f"plan {deployment.partitioned_fingerprint[:19]}, run {run}")
+
+
+def _layout(deployment: DeploymentPlan) -> Layout:
+    return Layout(deployment.namespace, deployment.job_id, deployment.pipeline_id)
+
+
+def _deployed_plans(ctx: Context, seen: Observed) -> tuple[PartitionedPlan, DeploymentPlan]:
+    """The plans the running pods use, from their ConfigMap (read once per fingerprint)."""
+    fp = seen.status["planFingerprint"]
+    if fp not in ctx.plans:
+        meta = seen.job["metadata"]
+        job_id = (seen.job.get("spec") or {}).get("jobId") or meta["name"]
+        data = ctx.kube.configmap_data(meta["namespace"], plan_configmap_name(job_id, fp))
+        if data is None:
+            raise RuntimeError(f"the plan ConfigMap of {fp} is missing")
+        partitioned = compiler.load_document(data["partitioned.json"])
+        deployment = compiler.load_document(data["deployment.json"])
+        assert isinstance(partitioned, PartitionedPlan) and isinstance(deployment, DeploymentPlan)
+        ctx.plans[fp] = (partitioned, deployment)
+    return ctx.plans[fp]
+
+
+def _spec_change(
+    ctx: Context, seen: Observed, deployed: PartitionedPlan, desired: compiler.CompiledPlans
+) -> None:
+    """Classify a spec change against the deployed plan; the running job stays as it is."""
+    drop_state = (seen.job.get("spec") or {}).get("dropState") or ()
+    verdict = compat.check_compatibility(deployed, desired.partitioned, drop_state=drop_state)
+    reasons = "; ".join(str(r) for r in verdict.reasons)
+    fp = desired.deployment.partitioned_fingerprint
+    if verdict.change is compat.ChangeKind.REFUSED:
+        reason, message = "Refused", f"the change to plan {fp[:19]} is refused: {reasons}"
+    else:
+        reason = "NotSupportedYet"
+        message = (
+            f"the change to plan {fp[:19]} is a {verdict.change.name}: carrying it out from a savepoint "
+            f"is not implemented yet; the job keeps running its deployed plan ({reasons})"
+        )
+    conditions = with_condition(_conditions(seen), "SpecChange", "False", reason, message)
+    if seen.status.get("rejectedFingerprint") != fp:
+        ctx.emit(seen.job, "Warning", f"SpecChange{reason}", message)
+    _patch(ctx, seen, {"conditions": conditions, "rejectedFingerprint": fp})
+
+
+def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
+    """Coordinators present, old runs gone, the current run whole (or recovered), status current."""
+    ns, run = deployment.namespace, int(seen.status["run"])
+    if not ctx.kube.configmap_exists(
+        ns, plan_configmap_name(deployment.job_id, deployment.partitioned_fingerprint)
+    ):
+        raise RuntimeError("the deployed plan's ConfigMap is gone")
+    for name in deployment.coordinators:
+        pod = seen.pods.get(name)
+        if pod is None:
+            ctx.kube.create(coordinator_pod(seen.job, deployment, name, ctx.pods))
+        elif pod.phase == "Failed" and not pod.deleting:
+            ctx.kube.delete_pod(ns, name)
+    tasks = [p for p in seen.pods.values() if p.role == "task"]
+    for pod in tasks:
+        if pod.run != run and not pod.deleting:
+            ctx.kube.delete_pod(ns, pod.name, grace=0)
+    current = {p.task: p for p in tasks if p.run == run}
+    if seen.status.get("phase") == "Succeeded":
+        return
+    lost = [p.name for p in current.values() if p.phase == "Failed" or p.deleting]
+    if seen.status.get("deployedRun") == run:
+        lost += [task_pod_name(t, run) + " (gone)" for t in deployment.tasks if t.name not in current]
+    if lost:
+        _recover(ctx, seen, deployment, run, lost, current)
+        return
+    for t in deployment.tasks:
+        if t.name not in current:
+            ctx.kube.create(task_pod(seen.job, deployment, t, run, ctx.pods))
+    changes: dict[str, Any] = {"deployedRun": run}
+    _refresh(ctx, seen, deployment, current, changes)
+
+
+def _recover(
+    ctx: Context,
+    seen: Observed,
+    deployment: DeploymentPlan,
+    run: int,
+    lost: list[str],
+    current: dict[str | None, PodView],
+) -> None:
+    """A global recovery: the next run recorded first, then the old run's pods deleted."""
+    new_run = ctx.etcd.advance_run(_layout(deployment), run)
+    recoveries = int(seen.status.get("recoveries") or 0) + 1
+    message = f"{', '.join(sorted(lost))} failed: run {run} -> {new_run}, restoring the latest durable epoch"
+    conditions = with_condition(_conditions(seen), "Ready", "False", "Recovering", message)
+    _patch(
+        ctx,
+        seen,
+        {
+            "run": new_run,
+            "phase": "Recovering",
+            "recoveries": recoveries,
+            "tasksReady": 0,
+            "conditions": conditions,
+        },
+    )
+    ctx.emit(seen.job, "Warning", "Recovery", message)
+    for pod in current.values():
+        if not pod.deleting:
+            ctx.kube.delete_pod(deployment.namespace, pod.name, grace=0)
+
+
+def _refresh(
+    ctx: Context,
+    seen: Observed,
+    deployment: DeploymentPlan,
+    current: dict[str | None, PodView],
+    changes: dict[str, Any],
+) -> None:
+    """Phase, readiness and epochs from what was observed."""
+    total = len(deployment.tasks)
+    ready = sum(1 for p in current.values() if p.ready and p.phase == "Running")
+    succeeded = len(current) == total and all(p.phase == "Succeeded" for p in current.values())
+    phase = seen.status.get("phase")
+    conditions = _conditions(seen)
+    if succeeded:
+        phase = "Succeeded"
+        conditions = with_condition(conditions, "Ready", "False", "Succeeded", "the final epoch is committed")
+    elif ready == total:
+        phase = "Running"
+        conditions = with_condition(
+            conditions, "Ready", "True", "AllTasksReady", f"{ready}/{total} tasks ready"
+        )
+    durable, committed, savepoints = ctx.etcd.epochs(_layout(deployment))
+    changes.update(
+        {
+            "phase": phase,
+            "tasksReady": ready,
+            "tasksTotal": total,
+            "latestDurableEpoch": durable,
+            "latestCommittedEpoch": committed,
+            "savepoints": [{"epoch": e} for e in savepoints],
+            "conditions": conditions,
+        }
+    )
+    if phase != seen.status.get("phase") and phase in ("Running", "Succeeded"):
+        ctx.emit(seen.job, "Normal", phase, f"run {seen.status['run']}: {ready}/{total} tasks ready")
+    _patch(ctx, seen, changes)
+
+
+def cleanup(kube: Kube, namespace: str, job_id: str) -> None:
+    """The job is deleted: remove its pods and plan ConfigMaps (checkpoints stay in storage)."""
+    for pod in map(pod_view, kube.pods(namespace, job_id)):
+        if not pod.deleting:
+            kube.delete_pod(namespace, pod.name, grace=0)
+    kube.delete_configmaps(namespace, job_id)

@@ -1,0 +1,338 @@
+"""End to end on a real Kubernetes API server: helm install, StreamJobs, pod kills, refusals, quiet passes.
+
+The control plane and the process node agent come from `e2e/` (pods run as local
+processes of this checkout; the image is not used). etcd and MinIO are real servers
+started here. The job: a word count at parallelism 3 from MinIO to MinIO, strict
+exactly-once; its output is compared, as an exact multiset, with the output of the
+same model run on the embedded default (`nopstream run`) without faults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e import servers
+from e2e.agent import KILL_ANNOTATION
+from e2e.cluster import Cluster
+from tests.conftest import ROOT
+
+FNS = """
+import time
+
+def split(line):
+    time.sleep(0.002)
+    return line.split()
+
+def word(w):
+    return w
+
+def first_letter(w):
+    return w[:1]
+"""
+OPERATOR_USER = "system:serviceaccount:default:nopstream-operator"
+
+
+@dataclass
+class World:
+    """The cluster, the servers and the helpers one test module shares."""
+
+    cluster: Cluster
+    etcd: servers.Etcd
+    minio: object
+    workdir: Path
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
+        return self.cluster.kubectl(*args, check=check, input=input).stdout
+
+    def job(self, name: str) -> dict:
+        return json.loads(self.kubectl("get", "streamjob", name, "-o", "json"))
+
+    def wait(self, what: str, check, timeout: float = 120.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = check()
+            if value:
+                return value
+            time.sleep(0.25)
+        raise AssertionError(f"timed out waiting for {what}; operator log:\n{self.operator_log()}")
+
+    def operator_log(self) -> str:
+        logs = sorted((self.cluster.workdir / "agent").glob("*/pods/*operator*/operator.log"))
+        return "\n".join(p.read_text(errors="replace")[-3000:] for p in logs)
+
+    def pods(self, job: str) -> list[dict]:
+        out = self.kubectl("get", "pods", "-l", f"nopstream.io/job={job}", "-o", "json")
+        return json.loads(out)["items"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, minio_server):
+    workdir = tmp_path_factory.mktemp("e2e")
+    (workdir / "e2efns.py").write_text(FNS)
+    etcd = servers.start_etcd(workdir / "etcd")
+    try:
+        with Cluster.start(workdir / "kube") as cluster:
+            cluster.start_agent("agent-0", cwd=workdir)
+            w = World(cluster, etcd, minio_server, workdir)
+            install_chart(w)
+            yield w
+    finally:
+        etcd.stop()
+
+
+def install_chart(w: World) -> None:
+    path = os.pathsep.join([str(ROOT), str(ROOT / "operator"), str(w.workdir)])
+    values = {
+        "operator": {"command": ["python", "-m", "nopstream", "operator"], "extraEnv": {"PYTHONPATH": path}},
+        "pods": {
+            "command": ["python", "-m", "nopstream"],
+            "extraEnv": {"PYTHONPATH": path},
+            "leaseTtlSeconds": 4,
+        },
+        "etcd": {"endpoint": "{}:{}".format(*w.etcd.endpoint)},
+        "storageSecret": {
+            "create": True,
+            "accessKey": w.minio.access_key,
+            "secretKey": w.minio.secret_key,
+        },
+    }
+    (w.workdir / "values.yaml").write_text(yaml.safe_dump(values))
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(w.cluster.kubeconfig),
+        "HELM_CACHE_HOME": str(w.workdir / "helm" / "cache"),
+        "HELM_CONFIG_HOME": str(w.workdir / "helm" / "config"),
+        "HELM_DATA_HOME": str(w.workdir / "helm" / "data"),
+    }
+    subprocess.run(
+        [
+            servers.binary("helm"),
+            "install",
+            "nopstream",
+            str(ROOT / "charts" / "nopstream"),
+            "--namespace",
+            "default",
+            "-f",
+            str(w.workdir / "values.yaml"),
+            "--wait",
+            "--timeout",
+            "120s",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
+    w.wait(
+        "the operator pod running",
+        lambda: (
+            w.kubectl(
+                "get",
+                "pods",
+                "-l",
+                "app.kubernetes.io/component=operator",
+                "-o",
+                "jsonpath={.items[0].status.phase}",
+                check=False,
+            )
+            == "Running"
+        ),
+    )
+
+
+def wordcount(name: str, bucket: str, minio_url: str, out: str, *, key_fn: str = "e2efns:word") -> dict:
+    return {
+        "apiVersion": "nopstream.io/v1alpha1",
+        "kind": "StreamJob",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "semanticMode": "STRICT_EXACTLY_ONCE",
+            "parallelism": 3,
+            "checkpoint": {
+                "intervalMs": 500,
+                "storage": {
+                    "s3": {
+                        "endpoint": minio_url,
+                        "bucket": bucket,
+                        "prefix": f"cp-{out}",
+                        "secretRef": "nopstream-storage",
+                    }
+                },
+            },
+            "model": {
+                "sources": [
+                    {
+                        "id": "lines",
+                        "type": "s3",
+                        "config": {"endpoint": minio_url, "bucket": bucket, "prefix": "in/"},
+                    }
+                ],
+                "operators": [
+                    {"id": "split", "type": "flat_map", "fn": "e2efns:split"},
+                    {"id": "by-word", "type": "key_by", "key": {"fn": key_fn}},
+                    {"id": "count", "type": "aggregate", "aggregate": "count"},
+                ],
+                "sinks": [
+                    {
+                        "id": "out",
+                        "type": "s3",
+                        "config": {"endpoint": minio_url, "bucket": bucket, "prefix": f"{out}/"},
+                    }
+                ],
+            },
+        },
+    }
+
+
+def objects(client, bucket: str, prefix: str) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for obj in client.list_objects(bucket, prefix=prefix):
+        body = client.get_object(bucket, obj.object_name)
+        try:
+            out.update(json.dumps(json.loads(line), sort_keys=True) for line in body.read().splitlines())
+        finally:
+            body.close()
+            body.release_conn()
+    return out
+
+
+def leader(w: World, job: str) -> str:
+    from nopstream.cluster.election import Election
+    from nopstream.cluster.etcd import EtcdBackend
+    from nopstream.cluster.layout import Layout
+
+    async def read() -> str:
+        backend = EtcdBackend(*w.etcd.endpoint)
+        try:
+            found = await Election(backend, Layout("default", job, "main"), "test").leader()
+            assert found is not None, "no coordinator leads"
+            return found[0]
+        finally:
+            await backend.close()
+
+    return asyncio.run(read())
+
+
+def kill(w: World, pod: str, nonce: int) -> None:
+    w.kubectl("annotate", "pod", pod, "--overwrite", f"{KILL_ANNOTATION}=KILL:{nonce}")
+
+
+def operator_writes(w: World) -> list[dict]:
+    return [e for e in w.cluster.audit_writes() if e.get("user", {}).get("username") == OPERATOR_USER]
+
+
+def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, minio_client, bucket):
+    w = world
+    rng = random.Random(17)
+    vocabulary = [f"w{i}" for i in range(300)]
+    for f in range(9):
+        data = "".join(" ".join(rng.choices(vocabulary, k=8)) + "\n" for _ in range(2500)).encode()
+        minio_client.put_object(bucket, f"in/part-{f}.txt", io.BytesIO(data), len(data))
+    # the failure-free output, on the embedded default
+    clean = wordcount("wc-clean", bucket, w.minio.url, "clean")
+    (w.workdir / "clean.yaml").write_text(yaml.safe_dump(clean))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(w.workdir)]),
+        "NOPSTREAM_S3_ACCESS_KEY": w.minio.access_key,
+        "NOPSTREAM_S3_SECRET_KEY": w.minio.secret_key,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "nopstream", "run", "clean.yaml", "--quiet", "--workdir", "clean-run"],
+        cwd=w.workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    expected = objects(minio_client, bucket, "clean/")
+    assert sum(expected.values()) == 9 * 2500 * 8
+
+    job = wordcount("wordcount", bucket, w.minio.url, "faulty")
+    w.kubectl("apply", "-f", "-", input=json.dumps(job))
+    w.wait("Running", lambda: w.job("wordcount").get("status", {}).get("phase") == "Running")
+    table = w.kubectl("get", "streamjobs")
+    assert table.split("\n")[0].split() == ["NAME", "PHASE", "RUN", "MODE", "DURABLE", "AGE"]
+    assert table.split("\n")[1].split()[:4] == ["wordcount", "Running", "1", "STRICT_EXACTLY_ONCE"]
+    tasks = [p for p in w.pods("wordcount") if p["metadata"]["labels"]["nopstream.io/role"] == "task"]
+    assert len(tasks) == w.job("wordcount")["status"]["tasksTotal"] == 6  # lines+split, count+out: 3 each
+
+    # a keyed operator's key selector changes: refused, and the job keeps running as it was
+    changed = wordcount("wordcount", bucket, w.minio.url, "faulty", key_fn="e2efns:first_letter")
+    w.kubectl("apply", "-f", "-", input=json.dumps(changed))
+    condition = w.wait(
+        "the change refused",
+        lambda: next(
+            (
+                c
+                for c in w.job("wordcount").get("status", {}).get("conditions", [])
+                if c["type"] == "SpecChange"
+            ),
+            None,
+        ),
+    )
+    assert condition["reason"] == "Refused", condition
+    assert "REFUSED" in condition["message"] and "count" in condition["message"]
+    events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=wordcount", "-o", "json")
+    assert "SpecChangeRefused" in {e["reason"] for e in json.loads(events)["items"]}
+
+    # five task pods killed, one after the other, then the leading coordinator
+    for nonce in range(1, 6):
+        status = w.job("wordcount")["status"]
+        if status.get("phase") == "Succeeded":
+            break
+        run = status["run"]
+        tasks = [
+            p["metadata"]["name"]
+            for p in w.pods("wordcount")
+            if p["metadata"]["labels"].get("nopstream.io/run") == str(run)
+            and p["status"].get("phase") == "Running"
+        ]
+        kill(w, rng.choice(sorted(tasks)), nonce)
+        w.wait(f"run {run + 1}", lambda run=run: w.job("wordcount")["status"]["run"] > run)
+        w.wait("Running again", lambda: w.job("wordcount")["status"].get("phase") in ("Running", "Succeeded"))
+    kills = nonce
+    coordinator = leader(w, "wordcount")
+    run_before = w.job("wordcount")["status"]["run"]
+    kill(w, coordinator, 99)
+    w.wait("Succeeded", lambda: w.job("wordcount")["status"].get("phase") == "Succeeded", timeout=400)
+    status = w.job("wordcount")["status"]
+    assert kills == 5, "the job ended before five kills"
+    assert status["recoveries"] == 5 and status["run"] == 6 == run_before
+    assert status["latestCommittedEpoch"] >= 1
+    got = objects(minio_client, bucket, "faulty/")
+    assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
+
+    # passes over the finished, unchanged job write nothing
+    before = len(operator_writes(w))
+    time.sleep(6)
+    assert len(operator_writes(w)) == before, operator_writes(w)[before:]
+
+
+def test_an_invalid_streamjob_becomes_invalid_and_creates_nothing(world):
+    w = world
+    bad = wordcount("broken", "no-bucket", "http://127.0.0.1:9", "out")
+    bad["spec"]["model"]["operators"][0]["inputs"] = ["lines2"]
+    w.kubectl("apply", "-f", "-", input=json.dumps(bad))
+    w.wait("Invalid", lambda: w.job("broken").get("status", {}).get("phase") == "Invalid")
+    described = w.kubectl("describe", "streamjob", "broken")
+    assert "spec.model.operators[0].inputs[0]: unknown node 'lines2' (rule: inputs-exist)" in described
+    time.sleep(3)
+    assert w.pods("broken") == []
+    assert w.kubectl("get", "configmaps", "-l", "nopstream.io/job=broken", "-o", "name") == ""

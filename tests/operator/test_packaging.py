@@ -1,0 +1,162 @@
+"""The runtime image's Dockerfile and the Helm chart: consistent with the code, and accepted by the tools.
+
+No container engine runs here: the Dockerfile is checked for what it installs and
+runs. The chart goes through `helm lint`, `helm template` and a server-side dry run on
+the real API server.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+
+import pytest
+import yaml
+
+from e2e import servers
+from e2e.cluster import Cluster
+from nopstream.cli import _parser, dump_crd
+from nopstream_operator.resources import PodSettings
+from tests.conftest import ROOT
+
+CHART = ROOT / "charts" / "nopstream"
+DOCKERFILE = ROOT / "runtime-image" / "Dockerfile"
+
+
+def pins(lock: str) -> dict[str, str]:
+    return dict(re.findall(r"^([a-z0-9][a-z0-9._-]*)==([^\s\\]+)", lock, flags=re.MULTILINE))
+
+
+def test_the_dockerfile_installs_the_runtime_lock_and_runs_commands_that_exist():
+    text = DOCKERFILE.read_text()
+    assert "--require-hashes -r /src/requirements.lock" in text
+    assert "COPY runtime-image/requirements.lock /src/requirements.lock" in text
+    image_pins = pins((ROOT / "runtime-image" / "requirements.lock").read_text())
+    repo_pins = pins((ROOT / "requirements.lock").read_text())
+    # every runtime pin is the repository's pin: tests run what the image runs
+    assert {k: repo_pins.get(k) for k in image_pins} == image_pins
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["operator"]]
+    names = {re.split(r"[<>=!\[ ]", d, maxsplit=1)[0].lower().replace("_", "-") for d in wanted}
+    assert names <= set(image_pins), names - set(image_pins)
+    assert not {"pytest", "ruff", "mypy", "hypothesis"} & set(image_pins)  # no dev tools in the image
+    # the entrypoint is the console script, and the pods' commands are its subcommands
+    assert project["scripts"]["nopstream"] == "nopstream.cli:main"
+    assert 'ENTRYPOINT ["nopstream"]' in text
+    assert re.search(r"^USER 10001$", text, flags=re.MULTILINE)  # not root
+    assert text.count("FROM python:3.11-slim") == 2 and project["requires-python"] == ">=3.11,<3.12"
+    commands = set(_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["operator"]["command"] == ["nopstream", "operator"]
+    assert values["pods"]["command"] == list(PodSettings(etcd="x").command) == ["nopstream"]
+    assert {"task", "coordinator", "operator"} <= commands
+
+
+def test_the_chart_crd_is_the_generated_one():
+    assert (CHART / "crds" / "streamjob.yaml").read_text() == dump_crd()
+
+
+def helm(*args: str, tmp_path) -> subprocess.CompletedProcess[str]:
+    env = {
+        "HELM_CACHE_HOME": str(tmp_path / "cache"),
+        "HELM_CONFIG_HOME": str(tmp_path / "config"),
+        "HELM_DATA_HOME": str(tmp_path / "data"),
+        "PATH": "/usr/bin:/bin",
+    }
+    return subprocess.run(
+        [servers.binary("helm"), *args], capture_output=True, text=True, env=env, check=False
+    )
+
+
+QUICK_START = [
+    "--set", "operator.replicas=2",
+    "--set", "etcd.bundled=true",
+    "--set", "minio.bundled=true",
+    "--set", "storageSecret.create=true",
+    "--set", "storageSecret.accessKey=nopstream",
+    "--set", "storageSecret.secretKey=nopstream-secret",
+]  # fmt: skip
+
+
+def test_helm_lint_and_template(tmp_path):
+    lint = helm("lint", str(CHART), "--strict", *QUICK_START, tmp_path=tmp_path)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    rendered = helm(
+        "template",
+        "rel",
+        str(CHART),
+        "--kube-version",
+        "1.35.4",
+        "-n",
+        "ns1",
+        *QUICK_START,
+        tmp_path=tmp_path,
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    kinds = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in docs)
+    assert kinds == [
+        "ClusterKopfPeering/rel",
+        "ClusterRole/rel-operator",
+        "ClusterRoleBinding/rel-operator",
+        "Deployment/rel-etcd",
+        "Deployment/rel-minio",
+        "Deployment/rel-operator",
+        "Secret/nopstream-storage",
+        "Service/rel-etcd",
+        "Service/rel-minio",
+        "ServiceAccount/nopstream-operator",
+    ]
+    operator = next(d for d in docs if d["metadata"]["name"] == "rel-operator" and d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["NOPSTREAM_ETCD"] == "rel-etcd.ns1.svc:2379"
+    assert env["NOPSTREAM_OPERATOR_PEERING"] == "rel"
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    secrets = [r for r in role["rules"] if "secrets" in r["resources"]]
+    assert secrets == []  # least privilege: the operator never reads Secrets
+    bad = helm(
+        "template",
+        "rel",
+        str(CHART),
+        "--kube-version",
+        "1.35.4",
+        "--set",
+        "etcd.endpoint=nohost",
+        tmp_path=tmp_path,
+    )
+    assert bad.returncode == 1
+    assert "at '/etcd/endpoint': 'nohost' does not match pattern" in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def apiserver(tmp_path_factory):
+    with Cluster.start(tmp_path_factory.mktemp("kube")) as cluster:
+        yield cluster
+
+
+def test_the_rendered_chart_is_accepted_by_the_api_server(apiserver, tmp_path):
+    rendered = helm(
+        "template",
+        "rel",
+        str(CHART),
+        "--kube-version",
+        "1.35.4",
+        "--include-crds",
+        *QUICK_START,
+        tmp_path=tmp_path,
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    crds = "\n---\n".join(
+        d for d in rendered.stdout.split("\n---\n") if "kind: CustomResourceDefinition" in d
+    )
+    apiserver.kubectl("apply", "-f", "-", input=crds)
+    apiserver.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd/clusterkopfpeerings.kopf.dev",
+        "crd/streamjobs.nopstream.io",
+    )
+    out = apiserver.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered.stdout)
+    assert "deployment.apps/rel-operator created (server dry run)" in out.stdout
+    assert "clusterkopfpeering.kopf.dev/rel created (server dry run)" in out.stdout
