@@ -210,7 +210,9 @@ class PodRunner(threading.Thread):
             elif "emptyDir" in volume or "projected" in volume:
                 files = {}  # projected: the service-account token comes through KUBECONFIG instead
             else:
-                raise ValueError(f"volume {volume['name']}: only configMap, secret and emptyDir are supported")
+                raise ValueError(
+                    f"volume {volume['name']}: only configMap, secret and emptyDir are supported"
+                )
             for key, text in files.items():
                 (target / key).write_text(text)
 

@@ -13,11 +13,11 @@ import tomllib
 
 import pytest
 import yaml
+from nopstream_operator.resources import PodSettings
 
 from e2e import servers
 from e2e.cluster import Cluster
 from nopstream.cli import _parser, dump_crd
-from nopstream_operator.resources import PodSettings
 from tests.conftest import ROOT
 
 CHART = ROOT / "charts" / "nopstream"

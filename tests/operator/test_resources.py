@@ -1,0 +1,90 @@
+"""The objects the operator creates, built from plans: exact, and owned by the StreamJob."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from nopstream_operator.reconcile import with_condition
+from nopstream_operator.resources import PodSettings, coordinator_pod, plan_configmap, task_pod
+
+from nopstream.model.load import load_data
+from nopstream.plan import compiler
+from tests.conftest import EXAMPLES
+
+JOB = {**yaml.safe_load((EXAMPLES / "wordcount.yaml").read_text())}
+JOB["metadata"] = {**JOB["metadata"], "namespace": "prod", "uid": "u-1"}
+SETTINGS = PodSettings(etcd="etcd:2379", command=("nopstream",), extra_env={"A": "1"}, lease_ttl=7)
+
+
+def plans():
+    return compiler.compile_model(load_data(JOB), backend="kubernetes", namespace="prod")
+
+
+def test_a_task_pod_has_its_identity_run_plan_and_probes():
+    p = plans()
+    task = p.deployment.tasks[1]
+    pod = task_pod(JOB, p.deployment, task, 4, SETTINGS)
+    assert pod["metadata"]["name"] == "wordcount-lines-1-r4"
+    assert pod["metadata"]["labels"] == {
+        "app.kubernetes.io/name": "nopstream",
+        "app.kubernetes.io/managed-by": "nopstream-operator",
+        "nopstream.io/job": "wordcount",
+        "nopstream.io/role": "task",
+        "nopstream.io/run": "4",
+        "nopstream.io/vertex": "lines",
+        "nopstream.io/subtask": "1",
+        "nopstream.io/task": "wordcount-lines-1",
+    }
+    assert pod["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "nopstream.io/v1alpha1",
+            "kind": "StreamJob",
+            "name": "wordcount",
+            "uid": "u-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never"
+    (c,) = spec["containers"]
+    assert c["command"] == ["nopstream", "task"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+    assert env == {
+        "NOPSTREAM_PLAN_DIR": "/etc/nopstream/plan",
+        "NOPSTREAM_ETCD": "etcd:2379",
+        "NOPSTREAM_ATTEMPT": {"fieldRef": {"fieldPath": "metadata.name"}},
+        "NOPSTREAM_HOST": {"fieldRef": {"fieldPath": "status.podIP"}},
+        "NOPSTREAM_ADVERTISE": {"fieldRef": {"fieldPath": "status.podIP"}},
+        "NOPSTREAM_PORT": "7700",
+        "NOPSTREAM_LEASE_TTL": "7",
+        "NOPSTREAM_TASK_ID": "wordcount/main/lines/1",
+        "NOPSTREAM_RUN": "4",
+        "A": "1",
+    }
+    assert c["readinessProbe"]["tcpSocket"] == {"port": 7700}
+    fp = p.deployment.partitioned_fingerprint
+    assert spec["volumes"] == [{"name": "plan", "configMap": {"name": f"wordcount-plan-{fp[7:17]}"}}]
+
+
+def test_the_plan_configmap_round_trips_both_plans_and_coordinators_restart_on_failure():
+    p = plans()
+    cm = plan_configmap(JOB, p.partitioned, p.deployment)
+    assert cm["immutable"] is True
+    assert cm["metadata"]["annotations"] == {
+        "nopstream.io/plan-fingerprint": p.deployment.partitioned_fingerprint
+    }
+    assert compiler.load_document(cm["data"]["partitioned.json"]) == p.partitioned
+    assert compiler.load_document(cm["data"]["deployment.json"]) == p.deployment
+    pod = coordinator_pod(JOB, p.deployment, "wordcount-coordinator-1", SETTINGS)
+    assert pod["spec"]["restartPolicy"] == "OnFailure"
+    assert pod["spec"]["containers"][0]["command"] == ["nopstream", "coordinator"]
+    assert "NOPSTREAM_TASK_ID" not in json.dumps(pod)
+
+
+def test_a_condition_keeps_its_transition_time_while_its_status_holds():
+    first = with_condition([], "Ready", "True", "AllTasksReady", "3/3")
+    again = with_condition(first, "Ready", "True", "AllTasksReady", "3/3 tasks")
+    assert again[0]["lastTransitionTime"] == first[0]["lastTransitionTime"]
+    assert again[0]["message"] == "3/3 tasks"
