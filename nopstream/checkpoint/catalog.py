@@ -23,6 +23,9 @@ from nopstream.checkpoint.formats import (
 )
 from nopstream.checkpoint.storage import Storage
 
+SAVEPOINT_KINDS = ("savepoint", "stop")
+"""Epoch kinds retention never deletes: savepoints, and savepoints a job stopped at."""
+
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -96,7 +99,7 @@ def apply_retention(storage: Storage, namespace: str, *, keep: int) -> list[str]
         return []
     kept = set(durable[-keep:]) if keep > 0 else set()
     for epoch in durable:
-        if epoch not in kept and read_manifest(storage, namespace, epoch).get("kind") == "savepoint":
+        if epoch not in kept and read_manifest(storage, namespace, epoch).get("kind") in SAVEPOINT_KINDS:
             kept.add(epoch)
     newest = durable[-1]
     deleted = []

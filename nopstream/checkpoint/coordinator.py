@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nopstream.checkpoint.catalog import apply_retention
+from nopstream.checkpoint.catalog import SAVEPOINT_KINDS, apply_retention
 from nopstream.checkpoint.formats import encode_manifest, manifest_path
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.election import Leadership
@@ -108,7 +108,8 @@ class EpochCoordinator:
         self.latest_committed: int | None = None
         self.last_duration_ms = 0
         self.savepoints: list[int] = []
-        self._savepoint_requested = False
+        self._savepoint_requested: str | None = None  # "savepoint", or "stop" (stop with a savepoint)
+        self.stopped = False
         self._adopted: _Epoch | None = None
         self._manifest_write: asyncio.Future[None] | None = None
         self.on_fault: Callable[[], None] | None = None  # what a fault point does here (tests)
@@ -131,9 +132,14 @@ class EpochCoordinator:
         if self._manifest_write is not None:
             await asyncio.gather(self._manifest_write, return_exceptions=True)
 
-    def request_savepoint(self) -> None:
-        """Make the next epoch a savepoint (a durable epoch that retention never deletes)."""
-        self._savepoint_requested = True
+    def request_savepoint(self, *, stop: bool = False) -> None:
+        """Make the next epoch a savepoint (a durable epoch that retention never deletes).
+
+        With `stop`, sources read nothing after its barrier, and `run` returns once it
+        is committed: the state and the output stand still at that savepoint, ready
+        for a redeployment (an upgrade or rescale) to go on from it.
+        """
+        self._savepoint_requested = "stop" if stop else "savepoint"
 
     def source_finished(self, task_id: str) -> None:
         """A source task has read everything."""
@@ -175,7 +181,7 @@ class EpochCoordinator:
         else:
             epoch = self.next_epoch
             self.next_epoch += 1
-            kind = "final" if final else "savepoint" if self._savepoint_requested else "checkpoint"
+            kind = "final" if final else self._savepoint_requested or "checkpoint"
             current = _Epoch(epoch, kind, self.clock())
             detail = {"kind": kind, "run": self.run_number}
         self.in_flight = current
@@ -199,11 +205,13 @@ class EpochCoordinator:
                 self.next_epoch = epoch  # the final epoch must still happen
             return
         await self._make_durable(current)
-        if kind == "savepoint":
-            self._savepoint_requested = False
+        if kind in SAVEPOINT_KINDS:
+            self._savepoint_requested = None
             self.savepoints.append(epoch)
         self.in_flight = None
-        if final:
+        if kind == "stop":
+            self.stopped = True
+        if final or self.stopped:
             self.done.set()
 
     async def _make_durable(self, current: _Epoch) -> None:
@@ -230,12 +238,21 @@ class EpochCoordinator:
             asyncio.to_thread(self.storage.put, path, encode_manifest(manifest))
         )
         await asyncio.shield(self._manifest_write)
-        await self.log.record(self.leadership, current.epoch, EpochState.DURABLE, manifest=path)
+        await self.log.record(
+            self.leadership,
+            current.epoch,
+            EpochState.DURABLE,
+            manifest=path,
+            kind=current.kind,
+            run=self.run_number,
+        )
         self.latest_durable = current.epoch
         self.durable_count += 1
         faults.reached("after-durable", self.on_fault)
         await self.notify(current.epoch)
-        await self.log.record(self.leadership, current.epoch, EpochState.COMMITTED, kind=current.kind)
+        await self.log.record(
+            self.leadership, current.epoch, EpochState.COMMITTED, kind=current.kind, run=self.run_number
+        )
         self.latest_committed = current.epoch
         self.last_duration_ms = int((self.clock() - current.started) * 1000)
         await asyncio.to_thread(

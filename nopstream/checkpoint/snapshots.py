@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from nopstream.checkpoint.formats import encode_segment
-from nopstream.plan.partitioned import PartitionedPlan
+from nopstream.plan.partitioned import PartitionedPlan, ShardRange
 
 SCHEMA_VERSION = 1
 
@@ -83,25 +83,31 @@ def join(
     operator_ids: list[str],
     source_id: str | None,
     sink_ids: list[str],
+    shards: ShardRange | None,
+    rescaled: bool = False,
 ) -> dict[str, Any]:
-    """One task's snapshot rebuilt from the payloads of a verified checkpoint."""
+    """One task's snapshot rebuilt from the payloads of a verified checkpoint.
+
+    State is found by what it is, not by which subtask wrote it, so the same join
+    serves a rescaled plan: keyed state of every shard this subtask owns (`shards`),
+    whichever subtask held it; every split cursor and every finished split of the
+    source (readers keep only the splits they own). Operator state is this subtask's;
+    in a rescaled plan a subtask that did not exist takes subtask 0's, and watermarks
+    start afresh (channel ids change; they advance again from the inputs).
+    """
     state: dict[str, Any] = {"operators": {}}
     for op_id in operator_ids:
-        base = _path(plan, "operator", epoch, op_id, subtask, stateName="state")
-        if base not in segments:
+        op_state = _operator_state(plan, segments, epoch, op_id, subtask, "state", rescaled=rescaled)
+        if op_state is None:
             continue
-        op_state = dict(segments[base])
         keyed: dict[str, dict[str, Any]] = {}
-        prefix = base[: -len("operator/state")]
-        for path, payload in segments.items():
-            rest = path[len(prefix) :] if path.startswith(prefix) else ""
-            parts = rest.split("/")
-            if len(parts) == 2 and parts[0].isdigit():
-                keyed.setdefault(parts[0], {})[parts[1]] = payload
+        for (_, shard, name), payload in _under(plan, "keyed", epoch, op_id, segments):
+            if shard.isdigit() and (shards is None or int(shard) in shards):
+                keyed.setdefault(shard, {})[name] = payload
         if keyed:
             op_state["keyed"] = keyed
         if op_id in sink_ids:
-            sink = dict(segments.get(_path(plan, "operator", epoch, op_id, subtask, stateName="sink"), {}))
+            sink = _operator_state(plan, segments, epoch, op_id, subtask, "sink", rescaled=rescaled) or {}
             sink_prefix = _path(plan, "sink", epoch, op_id, subtask, transactionId="")
             sink["pending"] = sorted(
                 (p for path, p in segments.items() if path.startswith(sink_prefix)), key=lambda t: t["epoch"]
@@ -109,17 +115,62 @@ def join(
             op_state["sink"] = sink
         state["operators"][op_id] = op_state
     if source_id is not None:
-        enum_path = _path(plan, "operator", epoch, source_id, subtask, stateName="enumerator")
-        if enum_path in segments:
-            source = dict(segments[enum_path])
-            split_prefix = _path(plan, "source", epoch, source_id, subtask, splitId="")
+        enumerators = [
+            payload
+            for (_, kind, name), payload in _under(plan, "operator", epoch, source_id, segments)
+            if (kind, name) == ("operator", "enumerator")
+        ]
+        if enumerators:
+            source: dict[str, Any] = {}
+            for enumerator in enumerators:
+                for key, value in enumerator.items():
+                    source[key] = sorted({*source.get(key, []), *value}) if isinstance(value, list) else value
             source["cursors"] = {
-                p["split"]: p["cursor"] for path, p in segments.items() if path.startswith(split_prefix)
+                p["split"]: p["cursor"]
+                for (_, kind, _), p in _under(plan, "source", epoch, source_id, segments)
+                if kind == "source"
             }
             state["source"] = source
-    marks = segments.get(_path(plan, "operator", epoch, vertex_id, subtask, stateName="watermarks"), {})
-    state.update(marks)
+    if not rescaled:
+        state.update(
+            segments.get(_path(plan, "operator", epoch, vertex_id, subtask, stateName="watermarks"), {})
+        )
     return state
+
+
+def _operator_state(
+    plan: PartitionedPlan,
+    segments: dict[str, Any],
+    epoch: int,
+    op_id: str,
+    subtask: int,
+    name: str,
+    *,
+    rescaled: bool,
+) -> dict[str, Any] | None:
+    """An operator's non-keyed state of this subtask (of subtask 0 for a new subtask of a rescaled plan)."""
+    for index in (subtask, 0) if rescaled else (subtask,):
+        found = segments.get(_path(plan, "operator", epoch, op_id, index, stateName=name))
+        if found is not None:
+            return dict(found)
+    return None
+
+
+def _under(
+    plan: PartitionedPlan, kind: str, epoch: int, operator_id: str, segments: dict[str, Any]
+) -> list[tuple[tuple[str, str, str], Any]]:
+    """(subtask, part, name) and payload of every segment of an operator at a StatePath kind, any subtask."""
+    template = plan.state_paths[kind]
+    prefix = template.split("{subtask}")[0].format(
+        ns=plan.identity.checkpoint_namespace, epoch=epoch, operatorId=operator_id
+    )
+    found = []
+    for path, payload in segments.items():
+        if path.startswith(prefix):
+            parts = path[len(prefix) :].split("/")
+            if len(parts) == 3 and parts[0].isdigit():
+                found.append(((parts[0], parts[1], parts[2]), payload))
+    return sorted(found, key=lambda item: (int(item[0][0]), item[0][1], item[0][2]))
 
 
 def _safe(split_id: str) -> str:

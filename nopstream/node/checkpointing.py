@@ -39,14 +39,18 @@ def open_storage(deployment: DeploymentPlan) -> Storage:
 
 
 def find_restore_point(
-    storage: Storage, plan: PartitionedPlan, *, epoch: int | None = None
+    storage: Storage, plan: PartitionedPlan, *, epoch: int | None = None, from_plan: str | None = None
 ) -> Checkpoint | None:
-    """The checkpoint to restore: `epoch` when given, else the latest durable one (None: start fresh)."""
+    """The checkpoint to restore: `epoch` when given, else the latest durable one (None: start fresh).
+
+    `from_plan` names the plan the epoch was taken with when it is not `plan` (an
+    upgrade or rescale the operator found compatible); otherwise the plans must match.
+    """
     namespace = plan.identity.checkpoint_namespace
     chosen = epoch if epoch is not None else latest_durable(storage, namespace)
     if chosen is None:
         return None
-    return load_checkpoint(storage, namespace, chosen, plan_fingerprint=fingerprint(plan))
+    return load_checkpoint(storage, namespace, chosen, plan_fingerprint=from_plan or fingerprint(plan))
 
 
 def task_parts(task: Task) -> dict[str, Any]:
@@ -60,10 +64,20 @@ def task_parts(task: Task) -> dict[str, Any]:
 
 
 def restore_task(task: Task, checkpoint: Checkpoint) -> None:
-    """Restore a task from a verified checkpoint, then recover its sinks up to that epoch."""
+    """Restore a task from a verified checkpoint, then recover its sinks up to that epoch.
+
+    A checkpoint of another plan (a rescale or upgrade) is redistributed by shard and
+    split ownership (`snapshots.join`).
+    """
     parts = task_parts(task)
     state = snapshots.join(
-        task.plan, epoch=checkpoint.epoch, segments=checkpoint.segments, operator_ids=task.op_ids, **parts
+        task.plan,
+        epoch=checkpoint.epoch,
+        segments=checkpoint.segments,
+        operator_ids=task.op_ids,
+        shards=task.subtask.shards,
+        rescaled=checkpoint.manifest.get("planFingerprint") != fingerprint(task.plan),
+        **parts,
     )
     task.restore(state)
     task.recover(checkpoint.epoch)

@@ -12,8 +12,8 @@ running, and leads the new run. The job is over when the final epoch is committe
 a standby that wins after that finds it so in the log and exits 0 too. A lost
 lease or a refused fenced write ends the process non-zero (crash-only).
 
-HTTP: POST /ack, POST /source-finished (from tasks), POST /savepoint,
-GET /metrics, GET /healthz.
+HTTP: POST /ack, POST /source-finished (from tasks), POST /savepoint (`?stop=true`:
+stop with a savepoint, for an upgrade), GET /metrics, GET /healthz.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from nopstream.checkpoint import catalog
 from nopstream.checkpoint.coordinator import Ack, CoordinatorSettings, EpochCoordinator
 from nopstream.checkpoint.metrics import CoordinatorCollector
 from nopstream.checkpoint.storage import Storage
@@ -42,6 +43,7 @@ from nopstream.cluster.registry import Registry
 from nopstream.node import checkpointing
 from nopstream.node.settings import NodeSettings
 from nopstream.node.taskserver import ack_of, load_deployment, load_plan
+from nopstream.plan.canonical import fingerprint
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.runtime.metrics import exposition
@@ -190,24 +192,48 @@ class CoordinatorProcess:
         await self._settle_log(coordinator, last, run, statuses, notify)
         self.current, self.leading_run = coordinator, run
         try:
-            await coordinator.run()
+            if not _stopped_at(last, run):
+                await coordinator.run()
         finally:
             self.current = None
             await coordinator.settle()
+        if coordinator.stopped or _stopped_at(last, run):
+            log.info("run %d stands at a stop savepoint: no more epochs until the run changes", run)
+            await asyncio.Event().wait()  # the run watcher ends this
         return True
 
     async def _restore_point(self, leadership: Leadership, run: int) -> int | None:
-        """The run's restore point: chosen once per run from storage, then read back."""
+        """The run's restore point: chosen once per run from storage, then read back.
+
+        The latest durable epoch, verified. When it was taken with another plan it must
+        be a stop savepoint: the operator stops a job with one before it redeploys a
+        plan the compatibility check accepted (an upgrade or a rescale).
+        """
         key = self.layout.restore(run)
         entry = await self.backend.get(key)
         if entry is None:
-            point = await asyncio.to_thread(checkpointing.find_restore_point, self.storage, self.plan)
-            epoch = point.epoch if point is not None else None
-            await leadership.write({key: json.dumps({"epoch": epoch}).encode()})
-            log.info("run %d restores from %s", run, f"epoch {epoch}" if epoch is not None else "the start")
+            chosen = await asyncio.to_thread(self._choose_restore_point)
+            await leadership.write({key: json.dumps(chosen).encode()})
+            log.info("run %d restores %s", run, chosen)
+            epoch: int | None = chosen["epoch"]
             return epoch
-        chosen: int | None = json.loads(entry.value)["epoch"]
-        return chosen
+        recorded: int | None = json.loads(entry.value)["epoch"]
+        return recorded
+
+    def _choose_restore_point(self) -> dict[str, Any]:
+        namespace = self.plan.identity.checkpoint_namespace
+        epoch = catalog.latest_durable(self.storage, namespace)
+        if epoch is None:
+            return {"epoch": None}
+        manifest = catalog.read_manifest(self.storage, namespace, epoch)
+        taken_with = manifest.get("planFingerprint")
+        from_plan = (
+            taken_with if manifest.get("kind") == "stop" and taken_with != fingerprint(self.plan) else None
+        )
+        checkpointing.find_restore_point(
+            self.storage, self.plan, epoch=epoch, from_plan=from_plan
+        )  # verifies
+        return {"epoch": epoch, "fromPlan": from_plan} if from_plan else {"epoch": epoch}
 
     async def _registered(self, run: int) -> dict[str, str]:
         """Each task's endpoint, once every task of the run has registered."""
@@ -235,7 +261,13 @@ class CoordinatorProcess:
         if last.state is EpochState.DURABLE:
             if same_run:  # tasks of another run re-committed it when they restored
                 await notify(last.epoch)
-            await self.epoch_log.record(coordinator.leadership, last.epoch, EpochState.COMMITTED, kind=kind)
+            await self.epoch_log.record(
+                coordinator.leadership,
+                last.epoch,
+                EpochState.COMMITTED,
+                kind=kind,
+                run=last.detail.get("run"),
+            )
         elif last.state is EpochState.CREATED and same_run:
             acks: dict[str, Ack] = {
                 t: ack_of(s["ack"])
@@ -273,7 +305,7 @@ class CoordinatorProcess:
         current = self.current
         if current is None:
             raise web.HTTPServiceUnavailable(text="not leading a run")
-        current.request_savepoint()
+        current.request_savepoint(stop=request.query.get("stop") == "true")
         return web.json_response({"requested": True, "savepoints": current.savepoints})
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -286,6 +318,16 @@ class CoordinatorProcess:
         return web.json_response(
             {"ok": True, "candidate": self.settings.attempt, "leading": self.current is not None}
         )
+
+
+def _stopped_at(last: EpochEntry | None, run: int) -> bool:
+    """Whether the run already stopped at a savepoint (durable or committed)."""
+    return (
+        last is not None
+        and last.detail.get("kind") == "stop"
+        and last.state in (EpochState.DURABLE, EpochState.COMMITTED)
+        and last.detail.get("run") == run
+    )
 
 
 async def serve(settings: NodeSettings) -> int:

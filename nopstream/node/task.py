@@ -146,7 +146,9 @@ async def serve(settings: NodeSettings) -> None:
 async def _work(task: Task, backend: Backend, layout: Layout, who: TaskIdentity, storage: Storage) -> None:
     restore = json.loads(await poll_key(backend, layout.restore(who.run)))
     if restore["epoch"] is not None:
-        point = checkpointing.find_restore_point(storage, task.plan, epoch=int(restore["epoch"]))
+        point = checkpointing.find_restore_point(
+            storage, task.plan, epoch=int(restore["epoch"]), from_plan=restore.get("fromPlan")
+        )
         assert point is not None
         checkpointing.restore_task(task, point)
         log.info("task %s restored epoch %d", who.task_id, point.epoch)

@@ -5,7 +5,7 @@ end-of-input marker; the receiver sends credits back. Binary layout (big-endian)
 
     BATCH      0x01 | u8 has_timestamps | u32 n | n x i64 timestamps (if any) | codec bytes
     WATERMARK  0x02 | u8 idle | i64 timestamp
-    BARRIER    0x03 | u64 epoch | u8 kind (0 checkpoint, 1 savepoint, 2 final)
+    BARRIER    0x03 | u64 epoch | u8 kind (0 checkpoint, 1 savepoint, 2 final, 3 stop)
     END        0x04   end of data: no more records; flush (barriers may still follow)
     CREDIT     0x05 | u64 units
     HELLO      0x06 | JSON {job, pipeline, run, attempt, channel}
@@ -24,7 +24,7 @@ from typing import Any
 from nopstream.runtime.codec import Codec
 
 BATCH, WATERMARK, BARRIER, END, CREDIT, HELLO, WELCOME, REFUSED, CLOSE = range(1, 10)
-BARRIER_KINDS = ("checkpoint", "savepoint", "final")
+BARRIER_KINDS = ("checkpoint", "savepoint", "final", "stop")
 MIN_TIMESTAMP = -(2**63)
 MAX_TIMESTAMP = 2**63 - 1
 

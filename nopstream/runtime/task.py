@@ -131,6 +131,7 @@ class Task:
         self.gate = InputGate()
         self._pending_barriers: deque[Barrier] = deque()
         self._last_triggered = 0
+        self._stopped = False
         self._barrier_arrived = asyncio.Event()
         self.final_epoch: int | None = None
         self._final_committed = asyncio.Event()
@@ -303,6 +304,10 @@ class Task:
         while True:
             while self._pending_barriers:
                 await self._snapshot_and_forward(self._pending_barriers.popleft())
+            if self._stopped:  # after a stop-with-savepoint barrier: barriers only, no more records
+                await self._barrier_arrived.wait()
+                self._barrier_arrived.clear()
+                continue
             batch = reader.read(size)
             if batch is None:
                 break
@@ -485,6 +490,8 @@ class Task:
             sink.prepare(barrier.epoch)
         if barrier.kind == "final":
             self.final_epoch = barrier.epoch
+        elif barrier.kind == "stop":
+            self._stopped = True
         state = self.snapshot()
         self.metrics.barriers += 1
         if self.listener is not None:

@@ -14,7 +14,8 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from nopstream.cluster.epochlog import EpochLog, EpochState
+from nopstream.checkpoint.catalog import SAVEPOINT_KINDS
+from nopstream.cluster.epochlog import EpochEntry, EpochLog, EpochState
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
@@ -142,11 +143,35 @@ class EtcdView:
 
     def epochs(self, layout: Layout) -> tuple[int | None, int | None, list[int]]:
         """(latest durable, latest committed, committed savepoints) from the epoch log."""
-        entries = self.loop.run_until_complete(EpochLog(self.backend, layout).entries())
+        entries = self._entries(layout)
         durable = self.loop.run_until_complete(EpochLog(self.backend, layout).latest_durable())
         committed = [e for e in entries if e.state is EpochState.COMMITTED]
-        savepoints = [e.epoch for e in committed if e.detail.get("kind") == "savepoint"]
+        savepoints = [e.epoch for e in committed if e.detail.get("kind") in SAVEPOINT_KINDS]
         return durable, (committed[-1].epoch if committed else None), savepoints
+
+    def _entries(self, layout: Layout) -> list[EpochEntry]:
+        return self.loop.run_until_complete(EpochLog(self.backend, layout).entries())
+
+    def last_epoch(self, layout: Layout) -> int:
+        """The highest epoch in the log (0 when empty)."""
+        entries = self._entries(layout)
+        return entries[-1].epoch if entries else 0
+
+    def stopped_at(self, layout: Layout, *, after: int) -> int | None:
+        """The stop savepoint committed after epoch `after`, if there is one."""
+        for entry in self._entries(layout):
+            if (
+                entry.epoch > after
+                and entry.state is EpochState.COMMITTED
+                and entry.detail.get("kind") == "stop"
+            ):
+                return entry.epoch
+        return None
+
+    def set_restore(self, layout: Layout, run: int, epoch: int, from_plan: str) -> None:
+        """Fix a run's restore point before the run starts: a stop savepoint of another plan."""
+        value = json.dumps({"epoch": epoch, "fromPlan": from_plan}).encode()
+        self.loop.run_until_complete(self.backend.put(layout.restore(run), value))
 
     def leader_endpoint(self, layout: Layout) -> str | None:
         """The leading coordinator's endpoint."""

@@ -17,6 +17,8 @@ standby leads meanwhile.
 from __future__ import annotations
 
 import datetime
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +31,7 @@ from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream_operator.kube import EtcdView, Kube
 from nopstream_operator.resources import (
+    ANNOTATION_FINGERPRINT,
     LABEL_ROLE,
     LABEL_RUN,
     LABEL_TASK,
@@ -55,6 +58,7 @@ class PodView:
     phase: str
     ready: bool
     deleting: bool
+    fingerprint: str | None = None
 
 
 def pod_view(pod: dict[str, Any]) -> PodView:
@@ -71,6 +75,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         phase=status.get("phase", "Pending"),
         ready=conditions.get("Ready") == "True",
         deleting=bool(meta.get("deletionTimestamp")),
+        fingerprint=(meta.get("annotations") or {}).get(ANNOTATION_FINGERPRINT),
     )
 
 
@@ -129,8 +134,9 @@ def reconcile_once(ctx: Context, namespace: str, name: str) -> None:
         _first_deploy(ctx, seen, desired)
         return
     partitioned, deployment = _deployed_plans(ctx, seen)
-    if desired.deployment.partitioned_fingerprint != deployment.partitioned_fingerprint:
-        _spec_change(ctx, seen, partitioned, desired)
+    changed = desired.deployment.partitioned_fingerprint != deployment.partitioned_fingerprint
+    if changed and _spec_change(ctx, seen, partitioned, deployment, desired):
+        return  # redeployed: the next pass starts the new plan's pods
     _reconcile_pods(ctx, seen, deployment)
 
 
@@ -234,25 +240,96 @@ def _deployed_plans(ctx: Context, seen: Observed) -> tuple[PartitionedPlan, Depl
 
 
 def _spec_change(
-    ctx: Context, seen: Observed, deployed: PartitionedPlan, desired: compiler.CompiledPlans
-) -> None:
-    """Classify a spec change against the deployed plan; the running job stays as it is."""
+    ctx: Context,
+    seen: Observed,
+    deployed: PartitionedPlan,
+    deployment: DeploymentPlan,
+    desired: compiler.CompiledPlans,
+) -> bool:
+    """Classify a spec change against the deployed plan and carry it out; True once redeployed.
+
+    REFUSED leaves the running job untouched. RESCALE and UPGRADE stop the job with a
+    savepoint and redeploy from it (`_upgrade`).
+    """
     drop_state = (seen.job.get("spec") or {}).get("dropState") or ()
     verdict = compat.check_compatibility(deployed, desired.partitioned, drop_state=drop_state)
-    reasons = "; ".join(str(r) for r in verdict.reasons)
     fp = desired.deployment.partitioned_fingerprint
+    reasons = "; ".join(str(r) for r in verdict.reasons)
     if verdict.change is compat.ChangeKind.REFUSED:
-        reason, message = "Refused", f"the change to plan {fp[:19]} is refused: {reasons}"
-    else:
-        reason = "NotSupportedYet"
-        message = (
-            f"the change to plan {fp[:19]} is a {verdict.change.name}: carrying it out from a savepoint "
-            f"is not implemented yet; the job keeps running its deployed plan ({reasons})"
-        )
-    conditions = with_condition(_conditions(seen), "SpecChange", "False", reason, message)
-    if seen.status.get("rejectedFingerprint") != fp:
-        ctx.emit(seen.job, "Warning", f"SpecChange{reason}", message)
-    _patch(ctx, seen, {"conditions": conditions, "rejectedFingerprint": fp})
+        message = f"the change to plan {fp[:19]} is refused: {reasons}"
+        conditions = with_condition(_conditions(seen), "SpecChange", "False", "Refused", message)
+        if seen.status.get("rejectedFingerprint") != fp:
+            ctx.emit(seen.job, "Warning", "SpecChangeRefused", message)
+        _patch(ctx, seen, {"conditions": conditions, "rejectedFingerprint": fp})
+        return False
+    return _upgrade(ctx, seen, deployment, desired, f"{verdict.change.name}: {reasons}")
+
+
+def _upgrade(
+    ctx: Context, seen: Observed, deployment: DeploymentPlan, desired: compiler.CompiledPlans, why: str
+) -> bool:
+    """Stop with a savepoint, then redeploy the new plan from it; each step recorded in status first."""
+    layout = _layout(deployment)
+    fp = desired.deployment.partitioned_fingerprint
+    run = int(seen.status["run"])
+    upgrade = dict(seen.status.get("upgrade") or {})
+    if upgrade.get("to") != fp:
+        upgrade = {"to": fp, "after": ctx.etcd.last_epoch(layout), "requestedInRun": None}
+        conditions = with_condition(_conditions(seen), "SpecChange", "True", "StoppingWithSavepoint", why)
+        _patch(ctx, seen, {"phase": "Upgrading", "upgrade": upgrade, "conditions": conditions})
+        ctx.emit(seen.job, "Normal", "Upgrade", f"to plan {fp[:19]} ({why}): stopping with a savepoint")
+    stop = ctx.etcd.stopped_at(layout, after=int(upgrade["after"]))
+    if stop is None:
+        if upgrade.get("requestedInRun") != run and _request_stop(ctx, layout):
+            _patch(ctx, seen, {"upgrade": {**upgrade, "requestedInRun": run}})
+        return False
+    ns = desired.deployment.namespace
+    if not ctx.kube.configmap_exists(ns, plan_configmap_name(desired.deployment.job_id, fp)):
+        ctx.kube.create(plan_configmap(seen.job, desired.partitioned, desired.deployment))
+    ctx.etcd.set_restore(layout, run + 1, stop, deployment.partitioned_fingerprint)
+    new_run = ctx.etcd.advance_run(layout, run)
+    conditions = with_condition(
+        _conditions(seen), "SpecChange", "True", "Redeployed", f"from savepoint {stop}"
+    )
+    _patch(
+        ctx,
+        seen,
+        {
+            "phase": "Upgrading",
+            "run": new_run,
+            "planFingerprint": fp,
+            "upgrade": None,
+            "tasksTotal": len(desired.deployment.tasks),
+            "tasksReady": 0,
+            "lastStableSpec": seen.job.get("spec"),
+            "observedGeneration": seen.job["metadata"].get("generation"),
+            "conditions": conditions,
+        },
+    )
+    ctx.emit(
+        seen.job,
+        "Normal",
+        "Savepoint",
+        f"stop savepoint {stop} of plan {deployment.partitioned_fingerprint[:19]}",
+    )
+    ctx.emit(seen.job, "Normal", "Upgraded", f"run {new_run} starts plan {fp[:19]} from savepoint {stop}")
+    for pod in seen.pods.values():
+        if not pod.deleting:
+            ctx.kube.delete_pod(ns, pod.name, grace=0)
+    return True
+
+
+def _request_stop(ctx: Context, layout: Layout) -> bool:
+    """Ask the leading coordinator to stop the job with a savepoint; whether it took the request."""
+    endpoint = ctx.etcd.leader_endpoint(layout)
+    if endpoint is None:
+        return False
+    request = urllib.request.Request(f"{endpoint}/savepoint?stop=true", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
@@ -266,8 +343,10 @@ def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) ->
         pod = seen.pods.get(name)
         if pod is None:
             ctx.kube.create(coordinator_pod(seen.job, deployment, name, ctx.pods))
-        elif pod.phase == "Failed" and not pod.deleting:
-            ctx.kube.delete_pod(ns, name)
+        elif (
+            pod.phase == "Failed" or pod.fingerprint != deployment.partitioned_fingerprint
+        ) and not pod.deleting:
+            ctx.kube.delete_pod(ns, name, grace=0)
     tasks = [p for p in seen.pods.values() if p.role == "task"]
     for pod in tasks:
         if pod.run != run and not pod.deleting:

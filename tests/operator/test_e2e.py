@@ -33,7 +33,7 @@ FNS = """
 import time
 
 def split(line):
-    time.sleep(0.002)
+    time.sleep(0.003)
     return line.split()
 
 def word(w):
@@ -154,14 +154,16 @@ def install_chart(w: World) -> None:
     )
 
 
-def wordcount(name: str, bucket: str, minio_url: str, out: str, *, key_fn: str = "e2efns:word") -> dict:
+def wordcount(
+    name: str, bucket: str, minio_url: str, out: str, *, key_fn: str = "e2efns:word", parallelism: int = 3
+) -> dict:
     return {
         "apiVersion": "nopstream.io/v1alpha1",
         "kind": "StreamJob",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
             "semanticMode": "STRICT_EXACTLY_ONCE",
-            "parallelism": 3,
+            "parallelism": parallelism,
             "checkpoint": {
                 "intervalMs": 500,
                 "storage": {
@@ -227,6 +229,27 @@ def leader(w: World, job: str) -> str:
     return asyncio.run(read())
 
 
+def kill_tasks(w: World, rng: random.Random, count: int, *, first_nonce: int) -> int:
+    """Kill `count` task pods of the current run one after the other, each after the job runs again."""
+    done = 0
+    for nonce in range(first_nonce, first_nonce + count):
+        status = w.job("wordcount")["status"]
+        if status.get("phase") == "Succeeded":
+            break
+        run = status["run"]
+        tasks = [
+            p["metadata"]["name"]
+            for p in w.pods("wordcount")
+            if p["metadata"]["labels"].get("nopstream.io/run") == str(run)
+            and p["status"].get("phase") == "Running"
+        ]
+        kill(w, rng.choice(sorted(tasks)), nonce)
+        done += 1
+        w.wait(f"run {run + 1}", lambda run=run: w.job("wordcount")["status"]["run"] > run)
+        w.wait("Running again", lambda: w.job("wordcount")["status"].get("phase") in ("Running", "Succeeded"))
+    return done
+
+
 def kill(w: World, pod: str, nonce: int) -> None:
     w.kubectl("annotate", "pod", pod, "--overwrite", f"{KILL_ANNOTATION}=KILL:{nonce}")
 
@@ -239,7 +262,7 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, mi
     w = world
     rng = random.Random(17)
     vocabulary = [f"w{i}" for i in range(300)]
-    for f in range(9):
+    for f in range(12):
         data = "".join(" ".join(rng.choices(vocabulary, k=8)) + "\n" for _ in range(2500)).encode()
         minio_client.put_object(bucket, f"in/part-{f}.txt", io.BytesIO(data), len(data))
     # the failure-free output, on the embedded default
@@ -262,7 +285,7 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, mi
     )
     assert done.returncode == 0, done.stderr
     expected = objects(minio_client, bucket, "clean/")
-    assert sum(expected.values()) == 9 * 2500 * 8
+    assert sum(expected.values()) == 12 * 2500 * 8
 
     job = wordcount("wordcount", bucket, w.minio.url, "faulty")
     w.kubectl("apply", "-f", "-", input=json.dumps(job))
@@ -292,32 +315,38 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, mi
     events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=wordcount", "-o", "json")
     assert "SpecChangeRefused" in {e["reason"] for e in json.loads(events)["items"]}
 
-    # five task pods killed, one after the other, then the leading coordinator
-    for nonce in range(1, 6):
-        status = w.job("wordcount")["status"]
-        if status.get("phase") == "Succeeded":
-            break
-        run = status["run"]
-        tasks = [
-            p["metadata"]["name"]
-            for p in w.pods("wordcount")
-            if p["metadata"]["labels"].get("nopstream.io/run") == str(run)
-            and p["status"].get("phase") == "Running"
-        ]
-        kill(w, rng.choice(sorted(tasks)), nonce)
-        w.wait(f"run {run + 1}", lambda run=run: w.job("wordcount")["status"]["run"] > run)
-        w.wait("Running again", lambda: w.job("wordcount")["status"].get("phase") in ("Running", "Succeeded"))
-    kills = nonce
+    # two task pods killed; parallelism 3 -> 4 (a rescale from a stop savepoint); three more
+    # task pods killed; then the leading coordinator
+    kills = kill_tasks(w, rng, 2, first_nonce=1)
+    fingerprint = w.job("wordcount")["status"]["planFingerprint"]
+    rescaled = wordcount("wordcount", bucket, w.minio.url, "faulty", parallelism=4)
+    w.kubectl("apply", "-f", "-", input=json.dumps(rescaled))
+    w.wait(
+        "the rescaled plan running",
+        lambda: (
+            (s := w.job("wordcount")["status"])["planFingerprint"] != fingerprint
+            and s.get("phase") in ("Running", "Succeeded")
+        ),
+        timeout=180,
+    )
+    status = w.job("wordcount")["status"]
+    assert status["tasksTotal"] == 8 and status["savepoints"], status
+    condition = next(c for c in status["conditions"] if c["type"] == "SpecChange")
+    assert condition["reason"] == "Redeployed", condition
+    kills += kill_tasks(w, rng, 3, first_nonce=10)
     coordinator = leader(w, "wordcount")
     run_before = w.job("wordcount")["status"]["run"]
     kill(w, coordinator, 99)
     w.wait("Succeeded", lambda: w.job("wordcount")["status"].get("phase") == "Succeeded", timeout=400)
     status = w.job("wordcount")["status"]
     assert kills == 5, "the job ended before five kills"
-    assert status["recoveries"] == 5 and status["run"] == 6 == run_before
-    assert status["latestCommittedEpoch"] >= 1
+    # one run per recovery, one for the rescale; none for the coordinator
+    assert status["recoveries"] == 5 and status["run"] == 7 == run_before
     got = objects(minio_client, bucket, "faulty/")
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
+    events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=wordcount", "-o", "json")
+    reasons = {e["reason"] for e in json.loads(events)["items"]}
+    assert {"Recovery", "Upgrade", "Savepoint", "Upgraded", "Succeeded", "SpecChangeRefused"} <= reasons
 
     # passes over the finished, unchanged job write nothing
     before = len(operator_writes(w))

@@ -1,0 +1,84 @@
+"""A checkpoint split by one plan and joined by a rescaled one: state goes to its new owners."""
+
+from __future__ import annotations
+
+from nopstream.checkpoint import snapshots
+from nopstream.checkpoint.formats import decode_segment
+from nopstream.model.load import load_data
+from nopstream.plan import compiler
+
+
+def plan(parallelism: int):
+    model = {
+        "jobId": "rescale",
+        "parallelism": parallelism,
+        "model": {
+            "sources": [{"id": "src", "type": "file", "config": {"path": "in/*.txt"}}],
+            "operators": [{"id": "count", "type": "aggregate", "key": {"field": "k"}, "aggregate": "count"}],
+            "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
+        },
+    }
+    return compiler.compile_model(load_data(model), backend="local").partitioned
+
+
+def test_keyed_state_cursors_and_finished_splits_follow_ownership_after_a_rescale():
+    old, new = plan(3), plan(4)
+    count_old, count_new = old.vertex("count"), new.vertex("count")
+    segments: dict[str, object] = {}
+    for sub in count_old.subtasks:  # each old subtask snapshots its shards, one key per shard
+        state = {
+            "operators": {
+                "count": {
+                    "keyed": {
+                        str(shard): {"acc": [[f"k{shard}", shard]]}
+                        for shard in range(sub.shards.start, sub.shards.end)
+                    },
+                    "watermark": 100 + sub.index,
+                },
+                "out": {"sink": {"pending": [], "epoch": 9}},
+            },
+            "watermarks": {"x": 1},
+        }
+        parts = snapshots.split(
+            old, vertex_id="count", subtask=sub.index, epoch=8, state=state, source_id=None, sink_ids=["out"]
+        )
+        segments.update({path: _payload(data) for path, data in parts.items()})
+    for sub in old.vertex("src").subtasks:
+        state = {
+            "operators": {},
+            "source": {
+                "cursors": {f"in/{sub.index}.txt": 40 + sub.index},
+                "finished": [f"in/done-{sub.index}.txt"],
+            },
+        }
+        parts = snapshots.split(
+            old, vertex_id="src", subtask=sub.index, epoch=8, state=state, source_id="src", sink_ids=[]
+        )
+        segments.update({path: _payload(data) for path, data in parts.items()})
+
+    owned_by = {}
+    for sub in count_new.subtasks:
+        joined = snapshots.join(
+            new, vertex_id="count", subtask=sub.index, epoch=8, segments=segments,
+            operator_ids=["count", "out"], source_id=None, sink_ids=["out"], shards=sub.shards, rescaled=True,
+        )  # fmt: skip
+        keyed = joined["operators"]["count"]["keyed"]
+        assert set(keyed) == {str(s) for s in range(sub.shards.start, sub.shards.end)}
+        owned_by.update({shard: sub.index for shard in keyed})
+        # operator state of the same subtask, or subtask 0's for the new one; fresh watermarks
+        assert joined["operators"]["count"]["watermark"] == 100 + (sub.index if sub.index < 3 else 0)
+        assert joined["operators"]["out"]["sink"] == {"pending": [], "epoch": 9}
+        assert "watermarks" not in joined
+    assert sorted(int(s) for s in owned_by) == list(range(new.identity.state_shard_count))
+    source = snapshots.join(
+        new, vertex_id="src", subtask=3, epoch=8, segments=segments,
+        operator_ids=[], source_id="src", sink_ids=[], shards=None, rescaled=True,
+    )["source"]  # fmt: skip
+    assert source == {
+        "cursors": {"in/0.txt": 40, "in/1.txt": 41, "in/2.txt": 42},
+        "finished": ["in/done-0.txt", "in/done-1.txt", "in/done-2.txt"],
+    }
+
+
+def _payload(data: bytes) -> object:
+    return decode_segment(data, path="p", epoch=8)[1]
