@@ -47,6 +47,7 @@ class TaskSettings:
     """Batch size, processing-time tick and idle poll of a task."""
 
     batch_size: int = 1000
+    batch_target_ms: float = 50.0
     tick_ms: int = 100
     idle_poll_ms: int = 20
 
@@ -320,7 +321,9 @@ class Task:
             if ts_fn is not None and gen is not None:
                 batch.timestamps = [ts_fn(r) for r in batch.records]
                 gen.observe(batch.timestamps)
+            held = _LoopHold()
             await self._push(0, batch, 0)
+            size = next_batch_size(size, len(batch.records), held.seconds(), self.settings)
             await self._source_watermark(gen)
             await self._tick()
             await asyncio.sleep(0)
@@ -499,6 +502,39 @@ class Task:
         await self._send_all(barrier)
 
     _current_op: int = 0
+
+
+class _LoopHold:
+    """How long the code after its creation held the event loop before first letting it run.
+
+    Time spent waiting (for channel credit, under backpressure) does not count: only
+    the synchronous stretch, which is what delays the task's other work.
+    """
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.released: float | None = None
+        asyncio.get_running_loop().call_soon(self._release)
+
+    def _release(self) -> None:
+        self.released = time.monotonic()
+
+    def seconds(self) -> float:
+        """The stretch so far (all of it when the loop has not run since)."""
+        return (self.released if self.released is not None else time.monotonic()) - self.started
+
+
+def next_batch_size(size: int, records: int, seconds: float, settings: TaskSettings) -> int:
+    """The next source read size: a batch should hold the event loop for about the target.
+
+    The chain runs user functions on the event loop; a batch that holds it for seconds
+    delays everything else the task does (barrier commands, ACKs, channel credit).
+    Slow functions shrink the batches, fast ones grow them back up to the configured size.
+    """
+    target = settings.batch_target_ms / 1000
+    if seconds > target and records:
+        return max(1, int(records * target / seconds))
+    return min(settings.batch_size, size * 2)
 
 
 def _uses_processing_time(node: StreamNode) -> bool:

@@ -116,3 +116,13 @@ def test_union_of_two_sources(tmp_path, mode, parallelism):
     out = run_job(tmp_path, model, mode=mode, inputs={**a, **b}, parallelism=parallelism)
     expected = [r for records in list(a.values()) + list(b.values()) for r in records]
     assert multiset(out["out"]) == multiset(expected)
+
+
+def test_slow_chains_get_smaller_source_batches_and_fast_ones_grow_back():
+    from nopstream.runtime.task import TaskSettings, next_batch_size
+
+    settings = TaskSettings(batch_size=1000, batch_target_ms=50)
+    assert next_batch_size(1000, 1000, 3.0, settings) == 16  # 3 ms a record: 16 records in 50 ms
+    assert next_batch_size(16, 16, 0.0001, settings) == 32
+    assert next_batch_size(800, 800, 0.01, settings) == 1000  # never above the configured size
+    assert next_batch_size(10, 10, 60.0, settings) == 1
