@@ -217,6 +217,9 @@ class StreamModel(Spec):
     image: str = DEFAULT_IMAGE
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     drop_state: list[str] = Field(default_factory=list)
+    # Operational requests to the operator; they change no plan.
+    suspend: bool = False
+    savepoint_nonce: str | None = None
     graph: GraphSpec = Field(alias="model")
 
 

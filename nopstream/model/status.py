@@ -48,3 +48,9 @@ class StreamJobStatus(Spec):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
     last_stable_spec: dict[str, Any] | None = None
+    deployed_run: int | None = None
+    rejected_fingerprint: str | None = None
+    stopping: dict[str, Any] | None = None
+    suspended_at: int | None = None
+    savepoint_nonce: str | None = None
+    savepoint_request: dict[str, Any] | None = None

@@ -134,9 +134,16 @@ def reconcile_once(ctx: Context, namespace: str, name: str) -> None:
         _first_deploy(ctx, seen, desired)
         return
     partitioned, deployment = _deployed_plans(ctx, seen)
+    if (seen.job.get("spec") or {}).get("suspend"):
+        _suspend(ctx, seen, deployment)
+        return
+    if seen.status.get("phase") == "Suspended":
+        _resume(ctx, seen, deployment)
+        return
     changed = desired.deployment.partitioned_fingerprint != deployment.partitioned_fingerprint
     if changed and _spec_change(ctx, seen, partitioned, deployment, desired):
         return  # redeployed: the next pass starts the new plan's pods
+    _savepoint_nonce(ctx, seen, deployment)
     _reconcile_pods(ctx, seen, deployment)
 
 
@@ -272,16 +279,16 @@ def _upgrade(
     layout = _layout(deployment)
     fp = desired.deployment.partitioned_fingerprint
     run = int(seen.status["run"])
-    upgrade = dict(seen.status.get("upgrade") or {})
-    if upgrade.get("to") != fp:
-        upgrade = {"to": fp, "after": ctx.etcd.last_epoch(layout), "requestedInRun": None}
-        conditions = with_condition(_conditions(seen), "SpecChange", "True", "StoppingWithSavepoint", why)
-        _patch(ctx, seen, {"phase": "Upgrading", "upgrade": upgrade, "conditions": conditions})
-        ctx.emit(seen.job, "Normal", "Upgrade", f"to plan {fp[:19]} ({why}): stopping with a savepoint")
-    stop = ctx.etcd.stopped_at(layout, after=int(upgrade["after"]))
+    conditions = with_condition(_conditions(seen), "SpecChange", "True", "StoppingWithSavepoint", why)
+    stop = _stop_with_savepoint(
+        ctx,
+        seen,
+        layout,
+        f"upgrade to {fp}",
+        {"phase": "Upgrading", "conditions": conditions},
+        ("Upgrade", f"to plan {fp[:19]} ({why}): stopping with a savepoint"),
+    )
     if stop is None:
-        if upgrade.get("requestedInRun") != run and _request_stop(ctx, layout):
-            _patch(ctx, seen, {"upgrade": {**upgrade, "requestedInRun": run}})
         return False
     ns = desired.deployment.namespace
     if not ctx.kube.configmap_exists(ns, plan_configmap_name(desired.deployment.job_id, fp)):
@@ -298,7 +305,7 @@ def _upgrade(
             "phase": "Upgrading",
             "run": new_run,
             "planFingerprint": fp,
-            "upgrade": None,
+            "stopping": None,
             "tasksTotal": len(desired.deployment.tasks),
             "tasksReady": 0,
             "lastStableSpec": seen.job.get("spec"),
@@ -319,17 +326,104 @@ def _upgrade(
     return True
 
 
-def _request_stop(ctx: Context, layout: Layout) -> bool:
-    """Ask the leading coordinator to stop the job with a savepoint; whether it took the request."""
+def _stop_with_savepoint(
+    ctx: Context,
+    seen: Observed,
+    layout: Layout,
+    purpose: str,
+    first: dict[str, Any],
+    event: tuple[str, str],
+) -> int | None:
+    """Stop the job with a savepoint for `purpose`; its epoch once committed, else None.
+
+    The purpose and the last epoch before it are recorded in status `stopping` first
+    (with `first`, and the event posted once); the leading coordinator is asked, and
+    asked again when a recovery changed the run since.
+    """
+    run = int(seen.status["run"])
+    stopping = dict(seen.status.get("stopping") or {})
+    if stopping.get("for") != purpose:
+        stopping = {"for": purpose, "after": ctx.etcd.last_epoch(layout), "requestedInRun": None}
+        _patch(ctx, seen, {**first, "stopping": stopping})
+        ctx.emit(seen.job, "Normal", *event)
+    stop = ctx.etcd.stopped_at(layout, after=int(stopping["after"]))
+    if stop is None and stopping.get("requestedInRun") != run and _request_savepoint(ctx, layout, stop=True):
+        _patch(ctx, seen, {"stopping": {**stopping, "requestedInRun": run}})
+    return stop
+
+
+def _request_savepoint(ctx: Context, layout: Layout, *, stop: bool) -> bool:
+    """Ask the leading coordinator for a savepoint (`stop`: and stop at it); whether it took the request."""
     endpoint = ctx.etcd.leader_endpoint(layout)
     if endpoint is None:
         return False
-    request = urllib.request.Request(f"{endpoint}/savepoint?stop=true", method="POST")
+    query = "?stop=true" if stop else ""
+    request = urllib.request.Request(f"{endpoint}/savepoint{query}", method="POST")
     try:
         with urllib.request.urlopen(request, timeout=5) as resp:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def _suspend(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
+    """spec.suspend: stop with a savepoint, then remove every pod; phase Suspended."""
+    if seen.status.get("phase") != "Suspended":
+        stop = _stop_with_savepoint(
+            ctx,
+            seen,
+            _layout(deployment),
+            "suspend",
+            {},
+            ("Suspend", "stopping with a savepoint, then removing the pods"),
+        )
+        if stop is None:
+            _reconcile_pods(ctx, seen, deployment)  # recoveries go on until the savepoint
+            return
+        conditions = with_condition(_conditions(seen), "Ready", "False", "Suspended", f"at savepoint {stop}")
+        _patch(
+            ctx, seen, {"phase": "Suspended", "suspendedAt": stop, "stopping": None, "conditions": conditions}
+        )
+        ctx.emit(seen.job, "Normal", "Suspended", f"at savepoint {stop}; the pods are removed")
+    for pod in seen.pods.values():
+        if not pod.deleting:
+            ctx.kube.delete_pod(deployment.namespace, pod.name, grace=0)
+
+
+def _resume(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
+    """spec.suspend back to false: a new run, which restores the savepoint it stopped at."""
+    new_run = ctx.etcd.advance_run(_layout(deployment), int(seen.status["run"]))
+    _patch(ctx, seen, {"phase": "Pending", "run": new_run, "suspendedAt": None, "tasksReady": 0})
+    ctx.emit(
+        seen.job, "Normal", "Resumed", f"run {new_run} restores savepoint {seen.status.get('suspendedAt')}"
+    )
+
+
+def _savepoint_nonce(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
+    """A new spec.savepointNonce asks for a savepoint; the next committed one carries the nonce."""
+    nonce = (seen.job.get("spec") or {}).get("savepointNonce")
+    if not nonce or nonce == seen.status.get("savepointNonce"):
+        return
+    layout = _layout(deployment)
+    after = ctx.etcd.last_epoch(layout)
+    if _request_savepoint(ctx, layout, stop=False):
+        _patch(ctx, seen, {"savepointNonce": nonce, "savepointRequest": {"nonce": nonce, "after": after}})
+        ctx.emit(seen.job, "Normal", "SavepointRequested", f"nonce {nonce}")
+
+
+def _savepoints(ctx: Context, seen: Observed, epochs: list[int]) -> dict[str, Any]:
+    """Status of the committed savepoints, with the nonces that asked for them; a matched request is done."""
+    known = {int(s["epoch"]): s.get("nonce") for s in seen.status.get("savepoints") or []}
+    request = seen.status.get("savepointRequest")
+    out = []
+    for epoch in epochs:
+        nonce = known.get(epoch)
+        if nonce is None and request and epoch > int(request["after"]):
+            nonce = request["nonce"]
+            request = None
+            ctx.emit(seen.job, "Normal", "Savepoint", f"savepoint {epoch} (nonce {nonce})")
+        out.append({"epoch": epoch, "nonce": nonce} if nonce else {"epoch": epoch})
+    return {"savepoints": out, "savepointRequest": request}
 
 
 def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
@@ -426,7 +520,7 @@ def _refresh(
             "tasksTotal": total,
             "latestDurableEpoch": durable,
             "latestCommittedEpoch": committed,
-            "savepoints": [{"epoch": e} for e in savepoints],
+            **_savepoints(ctx, seen, savepoints),
             "conditions": conditions,
         }
     )

@@ -200,6 +200,25 @@ def wordcount(
     }
 
 
+def clean_output(w: World, client, bucket: str, model: dict) -> Counter[str]:
+    """The output of `model` run on the embedded default (no cluster, no faults)."""
+    name = model["metadata"]["name"]
+    (w.workdir / f"{name}.yaml").write_text(yaml.safe_dump(model))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(w.workdir)]),
+        "NOPSTREAM_S3_ACCESS_KEY": w.minio.access_key,
+        "NOPSTREAM_S3_SECRET_KEY": w.minio.secret_key,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "nopstream", "run", f"{name}.yaml", "--quiet", "--workdir", f"run-{name}"],
+        cwd=w.workdir, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out_prefix = model["spec"]["model"]["sinks"][0]["config"]["prefix"]
+    return objects(client, bucket, out_prefix)
+
+
 def objects(client, bucket: str, prefix: str) -> Counter[str]:
     out: Counter[str] = Counter()
     for obj in client.list_objects(bucket, prefix=prefix):
@@ -266,25 +285,7 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, mi
         data = "".join(" ".join(rng.choices(vocabulary, k=8)) + "\n" for _ in range(2500)).encode()
         minio_client.put_object(bucket, f"in/part-{f}.txt", io.BytesIO(data), len(data))
     # the failure-free output, on the embedded default
-    clean = wordcount("wc-clean", bucket, w.minio.url, "clean")
-    (w.workdir / "clean.yaml").write_text(yaml.safe_dump(clean))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(w.workdir)]),
-        "NOPSTREAM_S3_ACCESS_KEY": w.minio.access_key,
-        "NOPSTREAM_S3_SECRET_KEY": w.minio.secret_key,
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "nopstream", "run", "clean.yaml", "--quiet", "--workdir", "clean-run"],
-        cwd=w.workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    expected = objects(minio_client, bucket, "clean/")
+    expected = clean_output(w, minio_client, bucket, wordcount("wc-clean", bucket, w.minio.url, "clean"))
     assert sum(expected.values()) == 12 * 2500 * 8
 
     job = wordcount("wordcount", bucket, w.minio.url, "faulty")
@@ -365,3 +366,42 @@ def test_an_invalid_streamjob_becomes_invalid_and_creates_nothing(world):
     time.sleep(3)
     assert w.pods("broken") == []
     assert w.kubectl("get", "configmaps", "-l", "nopstream.io/job=broken", "-o", "name") == ""
+
+
+def test_a_savepoint_on_request_then_suspend_and_resume(world, minio_client, bucket):
+    w = world
+    rng = random.Random(5)
+    vocabulary = [f"w{i}" for i in range(200)]
+    for f in range(8):
+        data = "".join(" ".join(rng.choices(vocabulary, k=6)) + "\n" for _ in range(2000)).encode()
+        minio_client.put_object(bucket, f"in/part-{f}.txt", io.BytesIO(data), len(data))
+    expected = clean_output(
+        w, minio_client, bucket, wordcount("pause-clean", bucket, w.minio.url, "clean", parallelism=2)
+    )
+    job = wordcount("pausable", bucket, w.minio.url, "paused", parallelism=2)
+    w.kubectl("apply", "-f", "-", input=json.dumps(job))
+    w.wait("Running", lambda: w.job("pausable").get("status", {}).get("phase") == "Running")
+
+    def patch(spec: dict) -> None:
+        w.kubectl("patch", "streamjob", "pausable", "--type", "merge", "-p", json.dumps({"spec": spec}))
+
+    patch({"savepointNonce": "first"})
+    saved = w.wait(
+        "the requested savepoint",
+        lambda: [s for s in w.job("pausable")["status"].get("savepoints", []) if s.get("nonce") == "first"],
+    )
+    patch({"suspend": True})
+    w.wait("Suspended", lambda: w.job("pausable")["status"].get("phase") == "Suspended")
+    w.wait("no pods", lambda: w.pods("pausable") == [])
+    status = w.job("pausable")["status"]
+    assert status["suspendedAt"] > saved[0]["epoch"]
+    run = status["run"]
+    patch({"suspend": False})
+    w.wait("Succeeded", lambda: w.job("pausable")["status"].get("phase") == "Succeeded", timeout=300)
+    status = w.job("pausable")["status"]
+    assert status["run"] == run + 1 and status["recoveries"] == 0
+    got = objects(minio_client, bucket, "paused/")
+    assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
+    events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=pausable", "-o", "json")
+    reasons = {e["reason"] for e in json.loads(events)["items"]}
+    assert {"SavepointRequested", "Savepoint", "Suspend", "Suspended", "Resumed", "Succeeded"} <= reasons
