@@ -99,24 +99,24 @@ def wait_for_commits(etcd: tuple[str, int], job: str, count: int, proc: subproce
     raise AssertionError(f"{job}: fewer than {count} committed epochs before the job ended")
 
 
-def expected_output(tmp_path: Path, model: dict, data: dict[str, str]) -> object:
-    prepare(tmp_path / "clean", model, data)
+def expected_then_start(tmp_path: Path, job_id: str, etcd: str) -> tuple[object, subprocess.Popen[str]]:
+    """The paced word count's failure-free output (embedded default), then the job started on etcd."""
+    model = paced_wordcount(job_id)
+    prepare(tmp_path / "clean", model, {})
     code, _, err = run(tmp_path / "clean", kills=0, seed=0)
     assert code == 0, err
     expected = committed(tmp_path / "clean", "out")
     assert expected
-    return expected
+    prepare(tmp_path / "etcd", model, {})
+    return expected, start(tmp_path / "etcd", etcd)
 
 
 def test_coordinator_failover_mid_job_keeps_the_run_and_the_output(tmp_path, etcd_server, capsys):
-    model = paced_wordcount("etcd-coordinator-failover")
-    data: dict[str, str] = {}
-    expected = expected_output(tmp_path, model, data)
-    prepare(tmp_path / "etcd", model, data)
-    proc = start(tmp_path / "etcd", "{}:{}".format(*etcd_server.endpoint))
+    job = "etcd-coordinator-failover"
+    expected, proc = expected_then_start(tmp_path, job, "{}:{}".format(*etcd_server.endpoint))
     try:
-        wait_for_commits(etcd_server.endpoint, model["jobId"], 2, proc)
-        before, _, leader = coordination(etcd_server.endpoint, model["jobId"])
+        wait_for_commits(etcd_server.endpoint, job, 2, proc)
+        before, _, leader = coordination(etcd_server.endpoint, job)
         assert {e.writer for e in before} == {leader}
         assert before[-1].detail.get("kind") != "final"
         os.kill(children(proc.pid)[leader], signal.SIGKILL)
@@ -127,7 +127,7 @@ def test_coordinator_failover_mid_job_keeps_the_run_and_the_output(tmp_path, etc
             proc.kill()
     assert proc.returncode == 0, err
     assert "recovering" not in err  # no global recovery: the tasks kept running
-    entries, run_now, _ = coordination(etcd_server.endpoint, model["jobId"])
+    entries, run_now, _ = coordination(etcd_server.endpoint, job)
     assert run_now == 1
     writers = {e.writer for e in entries}
     assert leader in writers and len(writers) == 2, writers
@@ -143,15 +143,12 @@ def test_coordinator_failover_mid_job_keeps_the_run_and_the_output(tmp_path, etc
 
 
 def test_task_kills_recover_globally_through_the_run_in_etcd(tmp_path, etcd_server, capsys):
-    model = paced_wordcount("etcd-task-kills")
-    data: dict[str, str] = {}
-    expected = expected_output(tmp_path, model, data)
-    prepare(tmp_path / "etcd", model, data)
-    proc = start(tmp_path / "etcd", "{}:{}".format(*etcd_server.endpoint))
+    job = "etcd-task-kills"
+    expected, proc = expected_then_start(tmp_path, job, "{}:{}".format(*etcd_server.endpoint))
     rng = random.Random(4)
     kills = 0
     try:
-        wait_for_commits(etcd_server.endpoint, model["jobId"], 1, proc)
+        wait_for_commits(etcd_server.endpoint, job, 1, proc)
         while kills < 3 and proc.poll() is None:
             tasks = {n: p for n, p in children(proc.pid).items() if "coordinator" not in n}
             if tasks:
@@ -163,7 +160,7 @@ def test_task_kills_recover_globally_through_the_run_in_etcd(tmp_path, etcd_serv
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
-    entries, run_now, _ = coordination(etcd_server.endpoint, model["jobId"])
+    entries, run_now, _ = coordination(etcd_server.endpoint, job)
     recoveries = err.count("recovering: ")
     assert kills >= 2 and recoveries == run_now - 1 >= 2, (kills, recoveries, run_now, err)
     assert entries[-1].state is EpochState.COMMITTED and entries[-1].detail["kind"] == "final"
@@ -174,21 +171,18 @@ def test_task_kills_recover_globally_through_the_run_in_etcd(tmp_path, etcd_serv
 
 
 def test_etcd_outage_longer_than_the_lease_ends_with_the_job_complete_and_exact(tmp_path, capsys):
-    model = paced_wordcount("etcd-outage")
-    data: dict[str, str] = {}
-    expected = expected_output(tmp_path, model, data)
-    prepare(tmp_path / "etcd", model, data)
+    job = "etcd-outage"
     etcd = servers.start_etcd(tmp_path / "etcd-server")
     host, port = etcd.endpoint
-    proc = start(tmp_path / "etcd", f"{host}:{port}")
+    expected, proc = expected_then_start(tmp_path, job, f"{host}:{port}")
     try:
-        wait_for_commits(etcd.endpoint, model["jobId"], 2, proc)
-        before, _, _ = coordination(etcd.endpoint, model["jobId"])
+        wait_for_commits(etcd.endpoint, job, 2, proc)
+        before, _, _ = coordination(etcd.endpoint, job)
         etcd.stop()
         time.sleep(8)  # twice the lease TTL of the job's processes (4 s)
         etcd = servers.start_etcd(tmp_path / "etcd-server", data_dir=etcd.data_dir, client_port=port)
         _, err = proc.communicate(timeout=240)
-        entries, run_now, _ = coordination(etcd.endpoint, model["jobId"])
+        entries, run_now, _ = coordination(etcd.endpoint, job)
     finally:
         if proc.poll() is None:
             proc.kill()

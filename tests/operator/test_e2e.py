@@ -200,6 +200,14 @@ def wordcount(
     }
 
 
+def upload_lines(client, bucket: str, rng: random.Random, *, files: int, lines: int, words: int) -> None:
+    """Objects in/part-N.txt of random lines of words from a 300-word vocabulary."""
+    vocabulary = [f"w{i}" for i in range(300)]
+    for f in range(files):
+        data = "".join(" ".join(rng.choices(vocabulary, k=words)) + "\n" for _ in range(lines)).encode()
+        client.put_object(bucket, f"in/part-{f}.txt", io.BytesIO(data), len(data))
+
+
 def clean_output(w: World, client, bucket: str, model: dict) -> Counter[str]:
     """The output of `model` run on the embedded default (no cluster, no faults)."""
     name = model["metadata"]["name"]
@@ -280,10 +288,7 @@ def operator_writes(w: World) -> list[dict]:
 def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, minio_client, bucket):
     w = world
     rng = random.Random(17)
-    vocabulary = [f"w{i}" for i in range(300)]
-    for f in range(12):
-        data = "".join(" ".join(rng.choices(vocabulary, k=8)) + "\n" for _ in range(2500)).encode()
-        minio_client.put_object(bucket, f"in/part-{f}.txt", io.BytesIO(data), len(data))
+    upload_lines(minio_client, bucket, rng, files=12, lines=2500, words=8)
     # the failure-free output, on the embedded default
     expected = clean_output(w, minio_client, bucket, wordcount("wc-clean", bucket, w.minio.url, "clean"))
     assert sum(expected.values()) == 12 * 2500 * 8
@@ -370,11 +375,7 @@ def test_an_invalid_streamjob_becomes_invalid_and_creates_nothing(world):
 
 def test_a_savepoint_on_request_then_suspend_and_resume(world, minio_client, bucket):
     w = world
-    rng = random.Random(5)
-    vocabulary = [f"w{i}" for i in range(200)]
-    for f in range(8):
-        data = "".join(" ".join(rng.choices(vocabulary, k=6)) + "\n" for _ in range(2000)).encode()
-        minio_client.put_object(bucket, f"in/part-{f}.txt", io.BytesIO(data), len(data))
+    upload_lines(minio_client, bucket, random.Random(5), files=8, lines=2000, words=6)
     expected = clean_output(
         w, minio_client, bucket, wordcount("pause-clean", bucket, w.minio.url, "clean", parallelism=2)
     )

@@ -57,6 +57,11 @@ def test_the_chart_crd_is_the_generated_one():
     assert (CHART / "crds" / "streamjob.yaml").read_text() == dump_crd()
 
 
+def template(tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`helm template rel CHART --kube-version 1.35.4 ARGS`."""
+    return helm("template", "rel", str(CHART), "--kube-version", "1.35.4", *args, tmp_path=tmp_path)
+
+
 def helm(*args: str, tmp_path) -> subprocess.CompletedProcess[str]:
     env = {
         "HELM_CACHE_HOME": str(tmp_path / "cache"),
@@ -82,17 +87,7 @@ QUICK_START = [
 def test_helm_lint_and_template(tmp_path):
     lint = helm("lint", str(CHART), "--strict", *QUICK_START, tmp_path=tmp_path)
     assert lint.returncode == 0, lint.stdout + lint.stderr
-    rendered = helm(
-        "template",
-        "rel",
-        str(CHART),
-        "--kube-version",
-        "1.35.4",
-        "-n",
-        "ns1",
-        *QUICK_START,
-        tmp_path=tmp_path,
-    )
+    rendered = template(tmp_path, "-n", "ns1", *QUICK_START)
     assert rendered.returncode == 0, rendered.stderr
     docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
     kinds = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in docs)
@@ -115,16 +110,7 @@ def test_helm_lint_and_template(tmp_path):
     role = next(d for d in docs if d["kind"] == "ClusterRole")
     secrets = [r for r in role["rules"] if "secrets" in r["resources"]]
     assert secrets == []  # least privilege: the operator never reads Secrets
-    bad = helm(
-        "template",
-        "rel",
-        str(CHART),
-        "--kube-version",
-        "1.35.4",
-        "--set",
-        "etcd.endpoint=nohost",
-        tmp_path=tmp_path,
-    )
+    bad = template(tmp_path, "--set", "etcd.endpoint=nohost")
     assert bad.returncode == 1
     assert "at '/etcd/endpoint': 'nohost' does not match pattern" in bad.stderr
 
@@ -136,16 +122,7 @@ def apiserver(tmp_path_factory):
 
 
 def test_the_rendered_chart_is_accepted_by_the_api_server(apiserver, tmp_path):
-    rendered = helm(
-        "template",
-        "rel",
-        str(CHART),
-        "--kube-version",
-        "1.35.4",
-        "--include-crds",
-        *QUICK_START,
-        tmp_path=tmp_path,
-    )
+    rendered = template(tmp_path, "--include-crds", *QUICK_START)
     assert rendered.returncode == 0, rendered.stderr
     crds = "\n---\n".join(
         d for d in rendered.stdout.split("\n---\n") if "kind: CustomResourceDefinition" in d
