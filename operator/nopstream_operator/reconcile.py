@@ -507,7 +507,7 @@ def _refresh(
     if succeeded:
         phase = "Succeeded"
         conditions = with_condition(conditions, "Ready", "False", "Succeeded", "the final epoch is committed")
-    elif ready == total:
+    elif ready == total and not seen.status.get("stopping"):  # stopping: still Upgrading
         phase = "Running"
         conditions = with_condition(
             conditions, "Ready", "True", "AllTasksReady", f"{ready}/{total} tasks ready"
