@@ -96,9 +96,7 @@ class EpochCoordinator:
         self.run_number = run
         self.clock = clock
         self.fingerprint = fingerprint(plan)
-        self.sources = {
-            s.task_id for v in plan.vertices if v.operators[0].kind == "source" for s in v.subtasks
-        }
+        self.sources = set(plan.source_task_ids())
         self.finished_sources: set[str] = set()
         self.in_flight: _Epoch | None = None
         self.latest_durable: int | None = first_epoch - 1 if first_epoch > 1 else None

@@ -275,9 +275,7 @@ async def _control_run(
         async with aiohttp.ClientSession() as session, LeaseKeeper(backend, 30) as keeper:
             leadership = await Election(backend, layout, f"local-runner-r{run}").campaign(keeper)
             fence = {"run": run, "token": leadership.token}
-            sources = [
-                s.task_id for v in plan.vertices if v.operators[0].kind == "source" for s in v.subtasks
-            ]
+            sources = plan.source_task_ids()
 
             async def post(task_id: str, path: str, body: dict[str, Any]) -> None:
                 report = control.tasks[task_id]

@@ -114,10 +114,9 @@ class CoordinatorProcess:
                 await asyncio.wait({lead, moved}, return_when=asyncio.FIRST_COMPLETED)
                 if lead.done():
                     moved.cancel()
-                    if lead.result():
-                        log.info("the job is over: the final epoch is committed")
-                        return 0
-                    continue
+                    lead.result()  # raises what ended it, if anything did
+                    log.info("the job is over: the final epoch is committed")
+                    return 0
                 lead.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await lead
@@ -135,13 +134,13 @@ class CoordinatorProcess:
                     return current
             await asyncio.sleep(RETRY)
 
-    async def _lead_run(self, leadership: Leadership, run: int, session: aiohttp.ClientSession) -> bool:
-        """Drive run `run`'s epochs; True when the final epoch is committed."""
+    async def _lead_run(self, leadership: Leadership, run: int, session: aiohttp.ClientSession) -> None:
+        """Drive run `run`'s epochs until the final one is committed (or idle at a stop savepoint)."""
         restored = await self._restore_point(leadership, run)
         entries = await self.epoch_log.entries()
         last = entries[-1] if entries else None
         if last is not None and last.state is EpochState.COMMITTED and last.detail.get("kind") == "final":
-            return True
+            return
         tasks = await self._registered(run)
         fence = {"run": run, "token": leadership.token}
 
@@ -160,9 +159,7 @@ class CoordinatorProcess:
                     log.info("task %s unreachable for %s (%s); retrying", task_id, path, exc)
                     await asyncio.sleep(RETRY)
 
-        sources = sorted(
-            s.task_id for v in self.plan.vertices if v.operators[0].kind == "source" for s in v.subtasks
-        )
+        sources = self.plan.source_task_ids()
 
         async def trigger(epoch: int, kind: str) -> None:
             body = {"epoch": epoch, "kind": kind, **fence}
@@ -200,7 +197,6 @@ class CoordinatorProcess:
         if coordinator.stopped or _stopped_at(last, run):
             log.info("run %d stands at a stop savepoint: no more epochs until the run changes", run)
             await asyncio.Event().wait()  # the run watcher ends this
-        return True
 
     async def _restore_point(self, leadership: Leadership, run: int) -> int | None:
         """The run's restore point: chosen once per run from storage, then read back.

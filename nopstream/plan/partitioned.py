@@ -142,6 +142,10 @@ class PartitionedPlan:
         """Every task id, in vertex then subtask order."""
         return tuple(s.task_id for v in self.vertices for s in v.subtasks)
 
+    def source_task_ids(self) -> tuple[str, ...]:
+        """The ids of the tasks whose chain starts with a source (where barriers are injected)."""
+        return tuple(s.task_id for v in self.vertices if v.operators[0].kind == "source" for s in v.subtasks)
+
 
 def task_id(identity: JobIdentity, vertex_id: str, subtask: int) -> str:
     """The task identity `jobId/pipelineId/vertexId/subtaskIndex`."""
