@@ -406,3 +406,17 @@ def test_a_savepoint_on_request_then_suspend_and_resume(world, minio_client, buc
     events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=pausable", "-o", "json")
     reasons = {e["reason"] for e in json.loads(events)["items"]}
     assert {"SavepointRequested", "Savepoint", "Suspend", "Suspended", "Resumed", "Succeeded"} <= reasons
+
+    # deleting the StreamJob removes its pods and plan ConfigMaps behind the finalizer; checkpoints stay
+    assert "nopstream.io/finalizer" in w.job("pausable")["metadata"]["finalizers"]
+    checkpoints = sorted(
+        o.object_name for o in minio_client.list_objects(bucket, prefix="cp-paused/", recursive=True)
+    )
+    assert checkpoints
+    w.kubectl("delete", "streamjob", "pausable", "--wait=true", "--timeout=60s")
+    w.wait("the pods gone", lambda: w.pods("pausable") == [])
+    assert w.kubectl("get", "configmaps", "-l", "nopstream.io/job=pausable", "-o", "name") == ""
+    after = sorted(
+        o.object_name for o in minio_client.list_objects(bucket, prefix="cp-paused/", recursive=True)
+    )
+    assert after == checkpoints
