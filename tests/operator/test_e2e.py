@@ -288,10 +288,10 @@ def operator_writes(w: World) -> list[dict]:
 def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, minio_client, bucket):
     w = world
     rng = random.Random(17)
-    upload_lines(minio_client, bucket, rng, files=12, lines=2500, words=8)
+    upload_lines(minio_client, bucket, rng, files=16, lines=2500, words=8)
     # the failure-free output, on the embedded default
     expected = clean_output(w, minio_client, bucket, wordcount("wc-clean", bucket, w.minio.url, "clean"))
-    assert sum(expected.values()) == 12 * 2500 * 8
+    assert sum(expected.values()) == 16 * 2500 * 8
 
     job = wordcount("wordcount", bucket, w.minio.url, "faulty")
     w.kubectl("apply", "-f", "-", input=json.dumps(job))
