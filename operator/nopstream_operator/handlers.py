@@ -8,9 +8,11 @@ finalizer (pods and plan ConfigMaps go; checkpoints stay in storage).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import socket
 from typing import Any
 
 import kopf
@@ -83,13 +85,28 @@ def delete(name: str, namespace: str | None, spec: kopf.Spec, **_: Any) -> None:
     cleanup(Kube(), namespace or "default", spec.get("jobId") or name)
 
 
+def peering_priority(pod_name: str) -> int:
+    """This replica's kopf peering priority, stable per pod and distinct between pods.
+
+    kopf freezes every operator of a peering when two share a priority, and the
+    replicas of a Deployment are alike: the pod name tells them apart.
+    """
+    digest = hashlib.blake2b(pod_name.encode(), digest_size=4).digest()
+    return 1 + int.from_bytes(digest, "big") % 1_000_000
+
+
 def run(*, liveness: str | None = None) -> None:
-    """Run the operator in this process (`nopstream operator`), cluster-wide."""
-    standalone = os.environ.get("NOPSTREAM_OPERATOR_PEERING", "") == ""
+    """Run the operator in this process (`nopstream operator`), cluster-wide.
+
+    With NOPSTREAM_OPERATOR_PEERING set, replicas peer through that ClusterKopfPeering:
+    the one with the highest priority (from POD_NAME) acts, the others wait.
+    """
+    peering = os.environ.get("NOPSTREAM_OPERATOR_PEERING") or None
     kopf.configure(verbose=False)
     kopf.run(
         clusterwide=True,
-        standalone=standalone,
-        peering_name=os.environ.get("NOPSTREAM_OPERATOR_PEERING") or None,
+        standalone=peering is None,
+        peering_name=peering,
+        priority=peering_priority(os.environ.get("POD_NAME") or socket.gethostname()) if peering else None,
         liveness_endpoint=liveness,
     )

@@ -88,3 +88,12 @@ def test_a_condition_keeps_its_transition_time_while_its_status_holds():
     again = with_condition(first, "Ready", "True", "AllTasksReady", "3/3 tasks")
     assert again[0]["lastTransitionTime"] == first[0]["lastTransitionTime"]
     assert again[0]["message"] == "3/3 tasks"
+
+
+def test_operator_replicas_get_distinct_stable_peering_priorities():
+    from nopstream_operator.handlers import peering_priority
+
+    names = [f"nopstream-operator-7fd9866774-{s}" for s in ("kdtnx", "vlf6b", "22xxw", "a1b2c")]
+    priorities = [peering_priority(n) for n in names]
+    assert len(set(priorities)) == len(names) and all(0 < p <= 1_000_000 for p in priorities)
+    assert peering_priority(names[0]) == priorities[0]
