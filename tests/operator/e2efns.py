@@ -1,0 +1,19 @@
+"""The user functions of the e2e jobs: on PYTHONPATH of the job pods (and in the e2e image)."""
+
+import time
+
+
+def split(line: str) -> list[str]:
+    """Words of a line, slowly (3 ms a line), so a job lasts long enough to be hurt."""
+    time.sleep(0.003)
+    return line.split()
+
+
+def word(w: str) -> str:
+    """The word itself: the key of the word count."""
+    return w
+
+
+def first_letter(w: str) -> str:
+    """A different key selector (a change the compatibility check refuses)."""
+    return w[:1]
