@@ -217,9 +217,10 @@ class StreamModel(Spec):
     image: str = DEFAULT_IMAGE
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     drop_state: list[str] = Field(default_factory=list)
-    # Operational requests to the operator; they change no plan.
+    # Operational settings and requests to the operator; they change no plan.
     suspend: bool = False
     savepoint_nonce: str | None = None
+    max_recoveries: int = Field(default=10, ge=0)
     graph: GraphSpec = Field(alias="model")
 
 

@@ -428,6 +428,8 @@ def _savepoints(ctx: Context, seen: Observed, epochs: list[int]) -> dict[str, An
 
 def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
     """Coordinators present, old runs gone, the current run whole (or recovered), status current."""
+    if seen.status.get("phase") == "Failed":
+        return  # its pods are gone; a spec change or a new StreamJob starts it again
     ns, run = deployment.namespace, int(seen.status["run"])
     if not ctx.kube.configmap_exists(
         ns, plan_configmap_name(deployment.job_id, deployment.partitioned_fingerprint)
@@ -469,9 +471,23 @@ def _recover(
     lost: list[str],
     current: dict[str | None, PodView],
 ) -> None:
-    """A global recovery: the next run recorded first, then the old run's pods deleted."""
-    new_run = ctx.etcd.advance_run(_layout(deployment), run)
+    """A global recovery: the next run recorded first, then the old run's pods deleted.
+
+    Past spec.maxRecoveries the job is Failed instead: its task pods go, its
+    checkpoints stay (a spec change or a new StreamJob can start from them).
+    """
     recoveries = int(seen.status.get("recoveries") or 0) + 1
+    limit = int((seen.job.get("spec") or {}).get("maxRecoveries", 10))
+    if recoveries > limit:
+        message = f"{', '.join(sorted(lost))} failed after {limit} recoveries: the job has failed"
+        conditions = with_condition(_conditions(seen), "Ready", "False", "TooManyRecoveries", message)
+        _patch(ctx, seen, {"phase": "Failed", "tasksReady": 0, "conditions": conditions})
+        ctx.emit(seen.job, "Warning", "Failed", message)
+        for pod in seen.pods.values():
+            if not pod.deleting:
+                ctx.kube.delete_pod(deployment.namespace, pod.name, grace=0)
+        return
+    new_run = ctx.etcd.advance_run(_layout(deployment), run)
     message = f"{', '.join(sorted(lost))} failed: run {run} -> {new_run}, restoring the latest durable epoch"
     conditions = with_condition(_conditions(seen), "Ready", "False", "Recovering", message)
     _patch(

@@ -17,3 +17,8 @@ def word(w: str) -> str:
 def first_letter(w: str) -> str:
     """A different key selector (a change the compatibility check refuses)."""
     return w[:1]
+
+
+def explode(line: str) -> list[str]:
+    """A function that always fails: its task fails in every run."""
+    raise ValueError(f"cannot split {line[:20]!r}")

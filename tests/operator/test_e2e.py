@@ -477,3 +477,20 @@ def test_a_savepoint_on_request_then_suspend_and_resume(world, s3_client, bucket
     assert w.kubectl("get", "configmaps", "-l", "nopstream.io/job=pausable", "-o", "name") == ""
     after = sorted(o.object_name for o in s3_client.list_objects(bucket, prefix="cp-paused/", recursive=True))
     assert after == checkpoints
+
+
+def test_a_job_that_keeps_failing_is_failed_after_its_recoveries(world, s3_client, bucket):
+    w = world
+    upload_lines(s3_client, bucket, random.Random(3), files=2, lines=10, words=3)
+    job = wordcount("doomed", bucket, w.s3_url, "doomed", parallelism=1)
+    job["spec"]["maxRecoveries"] = 2
+    job["spec"]["model"]["operators"][0]["fn"] = "e2efns:explode"
+    w.kubectl("apply", "-f", "-", input=json.dumps(job))
+    w.wait("Failed", lambda: w.job("doomed").get("status", {}).get("phase") == "Failed", timeout=180)
+    status = w.job("doomed")["status"]
+    assert (status["recoveries"], status["run"]) == (2, 3)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "TooManyRecoveries" and "after 2 recoveries" in ready["message"]
+    w.wait("no pods", lambda: w.pods("doomed") == [])
+    events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=doomed", "-o", "json")
+    assert [e["reason"] for e in json.loads(events)["items"]].count("Recovery") == 2
