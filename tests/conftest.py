@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,6 +39,19 @@ def run_nopstream(*args: str, env: dict[str, str] | None = None, cwd: Path = ROO
         check=False,
     )
     return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def s3_records(client: Any, bucket: str, prefix: str) -> Counter[str]:
+    """The JSON-lines records of every object under a prefix, as a multiset (canonical JSON)."""
+    out: Counter[str] = Counter()
+    for obj in client.list_objects(bucket, prefix=prefix):
+        body = client.get_object(bucket, obj.object_name)
+        try:
+            out.update(json.dumps(json.loads(line), sort_keys=True) for line in body.read().splitlines())
+        finally:
+            body.close()
+            body.release_conn()
+    return out
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, s3_records
 
 FNS = """
 import time
@@ -224,15 +224,7 @@ def test_minio_to_minio_at_parallelism_three_survives_random_kills(
         }
 
     def objects(prefix: str) -> Counter[str]:
-        out: Counter[str] = Counter()
-        for obj in minio_client.list_objects(bucket, prefix=prefix):
-            body = minio_client.get_object(bucket, obj.object_name)
-            try:
-                out.update(json.dumps(json.loads(line), sort_keys=True) for line in body.read().splitlines())
-            finally:
-                body.close()
-                body.release_conn()
-        return out
+        return s3_records(minio_client, bucket, prefix)
 
     prepare(tmp_path / "clean", model("clean"), {})
     prepare(tmp_path / "faulty", model("faulty"), {})

@@ -38,7 +38,7 @@ import yaml
 from e2e import servers
 from e2e.agent import KILL_ANNOTATION
 from e2e.cluster import Cluster
-from tests.conftest import ROOT
+from tests.conftest import ROOT, s3_records
 
 FNS_DIR = Path(__file__).resolve().parent  # e2efns.py: the jobs' user functions
 OPERATOR_USER = "system:serviceaccount:default:nopstream-operator"
@@ -267,19 +267,7 @@ def clean_output(w: World, client, bucket: str, model: dict) -> Counter[str]:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     out_prefix = model["spec"]["model"]["sinks"][0]["config"]["prefix"]
-    return objects(client, bucket, out_prefix)
-
-
-def objects(client, bucket: str, prefix: str) -> Counter[str]:
-    out: Counter[str] = Counter()
-    for obj in client.list_objects(bucket, prefix=prefix):
-        body = client.get_object(bucket, obj.object_name)
-        try:
-            out.update(json.dumps(json.loads(line), sort_keys=True) for line in body.read().splitlines())
-        finally:
-            body.close()
-            body.release_conn()
-    return out
+    return s3_records(client, bucket, out_prefix)
 
 
 def leader(w: World, job: str) -> str:
@@ -404,7 +392,7 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, s3
     assert kills == 5, "the job ended before five kills"
     # one run per recovery, one for the rescale; none for the coordinator
     assert status["recoveries"] == 5 and status["run"] == 7 == run_before
-    got = objects(s3_client, bucket, "faulty/")
+    got = s3_records(s3_client, bucket, "faulty/")
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
     events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=wordcount", "-o", "json")
     reasons = {e["reason"] for e in json.loads(events)["items"]}
@@ -460,7 +448,7 @@ def test_a_savepoint_on_request_then_suspend_and_resume(world, s3_client, bucket
     w.wait("Succeeded", lambda: w.job("pausable")["status"].get("phase") == "Succeeded", timeout=300)
     status = w.job("pausable")["status"]
     assert status["run"] == run + 1 and status["recoveries"] == 0
-    got = objects(s3_client, bucket, "paused/")
+    got = s3_records(s3_client, bucket, "paused/")
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
     events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=pausable", "-o", "json")
     reasons = {e["reason"] for e in json.loads(events)["items"]}
@@ -475,7 +463,9 @@ def test_a_savepoint_on_request_then_suspend_and_resume(world, s3_client, bucket
     w.kubectl("delete", "streamjob", "pausable", "--wait=true", "--timeout=60s")
     w.wait("the pods gone", lambda: w.pods("pausable") == [])
     assert w.kubectl("get", "configmaps", "-l", "nopstream.io/job=pausable", "-o", "name") == ""
-    after = sorted(o.object_name for o in s3_client.list_objects(bucket, prefix="cp-paused/", recursive=True))
+    after = sorted(
+        o.object_name for o in s3_client.list_objects(bucket, prefix="cp-paused/", recursive=True)
+    )
     assert after == checkpoints
 
 
