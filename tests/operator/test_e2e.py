@@ -463,9 +463,7 @@ def test_a_savepoint_on_request_then_suspend_and_resume(world, s3_client, bucket
     w.kubectl("delete", "streamjob", "pausable", "--wait=true", "--timeout=60s")
     w.wait("the pods gone", lambda: w.pods("pausable") == [])
     assert w.kubectl("get", "configmaps", "-l", "nopstream.io/job=pausable", "-o", "name") == ""
-    after = sorted(
-        o.object_name for o in s3_client.list_objects(bucket, prefix="cp-paused/", recursive=True)
-    )
+    after = sorted(o.object_name for o in s3_client.list_objects(bucket, prefix="cp-paused/", recursive=True))
     assert after == checkpoints
 
 
