@@ -53,6 +53,15 @@ class Registry:
         old = None if expected == 0 else str(expected).encode()
         return await self.backend.compare_and_swap(self.layout.run, old, str(expected + 1).encode())
 
+    async def next_run(self, expected: int) -> int:
+        """Advance the run from `expected`; the run now current either way.
+
+        When another watcher of the same failure advanced it first, its run is ours too.
+        """
+        if await self.advance_run(expected):
+            return expected + 1
+        return await self.current_run()
+
     async def register(self, run: int, registration: Registration, *, lease: int) -> None:
         """Register a task under a run, bound to its lease."""
         value = json.dumps({"attempt": registration.attempt, "endpoint": registration.endpoint}).encode()

@@ -162,11 +162,11 @@ def _advance_run(etcd: str, layout: Layout, expected: int | None) -> int:
         try:
             while True:
                 try:
-                    seen = await registry.current_run() if expected is None else expected
-                    if await registry.advance_run(seen):
+                    if expected is not None:
+                        return await registry.next_run(expected)
+                    seen = await registry.current_run()
+                    if await registry.advance_run(seen):  # a run of our own, past any before
                         return seen + 1
-                    if expected is not None:  # somebody else advanced it: that run is ours too
-                        return await registry.current_run()
                 except StoreUnavailable:
                     await asyncio.sleep(0.5)  # etcd is down: recovery waits for it
         finally:

@@ -136,10 +136,7 @@ class EtcdView:
 
     def advance_run(self, layout: Layout, expected: int) -> int:
         """Advance the run from `expected` by compare-and-swap; the run now current either way."""
-        registry = Registry(self.backend, layout)
-        if self.loop.run_until_complete(registry.advance_run(expected)):
-            return expected + 1
-        return self.loop.run_until_complete(registry.current_run())
+        return self.loop.run_until_complete(Registry(self.backend, layout).next_run(expected))
 
     def epochs(self, layout: Layout) -> tuple[int | None, int | None, list[int]]:
         """(latest durable, latest committed, committed savepoints) from the epoch log."""

@@ -123,6 +123,9 @@ def test_run_cas_and_task_registry(backend_factory, layout, run_async):
         assert await reg.advance_run(0) is False  # a second report of the same failure
         assert await reg.advance_run(1) is True
         assert await reg.current_run() == 2
+        assert await reg.next_run(2) == 3
+        assert await reg.next_run(2) == 3  # another watcher of the same failure: the same run
+        assert await reg.current_run() == 3
         start = await b.revision()
         lease = await b.grant(5)
         await reg.register(2, Registration("job/main/v/0", "r2-a0", "http://127.0.0.2:7700"), lease=lease)
