@@ -33,8 +33,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--workdir", default=".nopstream", help="run files and logs (default .nopstream)")
     p.add_argument(
-        "--restore-from", type=int, metavar="EPOCH", help="restore this durable epoch (default: latest)"
+        "--restore-from",
+        type=int,
+        metavar="EPOCH",
+        help="start a new lineage from this durable epoch (default: go on from the latest)",
     )
+    p.add_argument("--fresh", action="store_true", help="start over: a new lineage that restores nothing")
     p.add_argument(
         "--max-restarts", type=int, default=10, help="global recoveries before failing (default 10)"
     )
@@ -134,6 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run a job to completion on this machine; exit 3 with the task's error when it fails."""
     from nopstream.checkpoint.errors import RestoreRefused
     from nopstream.local import runner
+    from nopstream.local.ownership import NamespaceHeld
 
     loaded = load_file(args.file)
     plans = compiler.compile_model(loaded, backend="local", namespace="local")
@@ -144,11 +149,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         workdir=Path(args.workdir),
         python_path=(job_dir,),
         restore_from=args.restore_from,
+        fresh=args.fresh,
         max_restarts=args.max_restarts,
     )
     if args.etcd and args.in_process:
         print("nopstream run: --etcd and --in-process exclude each other", file=sys.stderr)
         return EXIT_USAGE
+    if args.fresh and args.restore_from is not None:
+        print("nopstream run: --fresh and --restore-from exclude each other", file=sys.stderr)
+        return EXIT_USAGE
+    job = plans.partitioned.identity.job_id
     try:
         if args.etcd:
             from nopstream.local.supervisor import Supervisor
@@ -157,13 +167,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             result = runner.run_job(plans, options)
     except RestoreRefused as refused:
-        print(f"job '{plans.partitioned.identity.job_id}' cannot restore: {refused}", file=sys.stderr)
+        print(f"job '{job}' cannot restore: {refused}", file=sys.stderr)
+        return EXIT_INVALID
+    except NamespaceHeld as held:
+        print(f"job '{job}' cannot run: {held}", file=sys.stderr)
         return EXIT_INVALID
     except runner.JobFailed as failure:
-        print(f"job '{plans.partitioned.identity.job_id}' failed: {failure}", file=sys.stderr)
+        print(f"job '{job}' failed: {failure}", file=sys.stderr)
         return EXIT_JOB_FAILED
+    if result.finished_before is not None:
+        print(
+            f"job '{job}' already finished at epoch {result.finished_before}"
+            " (nothing emitted; --fresh starts it over)",
+            file=sys.stderr,
+        )
+        return EXIT_OK
     if not args.quiet:
-        print(f"job '{plans.partitioned.identity.job_id}' finished in {result.seconds:.2f}s", file=sys.stderr)
+        print(f"job '{job}' finished in {result.seconds:.2f}s", file=sys.stderr)
         for sink in _sinks(plans):
             print(f"  sink '{sink}' wrote to {sink_location(plans, sink)}", file=sys.stderr)
     return EXIT_OK
@@ -199,11 +219,16 @@ def cmd_node(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.command == "coordinator":
         return EXIT_OK if asyncio.run(coordinator.serve(config)) == 0 else EXIT_JOB_FAILED
+    from nopstream.checkpoint.errors import RestoreRefused
+
     try:
         asyncio.run(task.serve(config))
     except task.LeaseLost as lost:
         print(f"nopstream task: {lost}", file=sys.stderr)
         return EXIT_JOB_FAILED
+    except RestoreRefused as refused:  # the same for every attempt: not a failure to recover from
+        print(f"nopstream task: cannot start: {refused}", file=sys.stderr)
+        return task.EXIT_REFUSED
     return EXIT_OK
 
 

@@ -53,10 +53,15 @@ def durable_epochs(storage: Storage, namespace: str) -> list[int]:
     )
 
 
-def latest_durable(storage: Storage, namespace: str) -> int | None:
-    """The newest epoch with a manifest, or None."""
-    epochs = durable_epochs(storage, namespace)
+def latest_durable(storage: Storage, namespace: str, *, since: int = 1) -> int | None:
+    """The newest epoch with a manifest (of epoch `since` or later), or None."""
+    epochs = [e for e in durable_epochs(storage, namespace) if e >= since]
     return epochs[-1] if epochs else None
+
+
+def highest_epoch(storage: Storage, namespace: str) -> int | None:
+    """The highest epoch number anything in storage is kept under (durable or not), or None."""
+    return max(_epochs_with(storage, namespace), default=None)
 
 
 def read_manifest(storage: Storage, namespace: str, epoch: int) -> dict[str, Any]:

@@ -81,10 +81,15 @@ class EpochCoordinator:
         trigger: Trigger,
         notify: Notify,
         first_epoch: int = 1,
+        restored: int | None = None,
+        finished: bool = False,
         run: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """Coordinate run `run` of `plan`'s tasks, numbering epochs from `first_epoch`."""
+        """Coordinate run `run` of `plan`'s tasks, restored from `restored`, numbering from `first_epoch`.
+
+        With `finished` the restored epoch is the job's final one: `run` returns at once.
+        """
         self.plan = plan
         self.storage = storage
         self.log = epoch_log
@@ -99,8 +104,10 @@ class EpochCoordinator:
         self.sources = set(plan.source_task_ids())
         self.finished_sources: set[str] = set()
         self.in_flight: _Epoch | None = None
-        self.latest_durable: int | None = first_epoch - 1 if first_epoch > 1 else None
+        self.latest_durable: int | None = restored
         self.done = asyncio.Event()
+        if finished:
+            self.done.set()
         self.durable_count = 0
         self.aborted_count = 0
         self.latest_committed: int | None = None

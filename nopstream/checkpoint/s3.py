@@ -94,6 +94,16 @@ class S3Storage:
             raise StorageError(f"cannot stat {self.describe()}/{path}: {exc.code}") from exc
         return True
 
+    def etag(self, path: str) -> str | None:
+        """An object's ETag (its content's MD5 when written in one PUT or copied), or None when missing."""
+        try:
+            etag: str | None = self.client.stat_object(self.bucket, self.prefix + path).etag
+        except S3Error as exc:
+            if exc.code in ("NoSuchKey", "NoSuchObject"):
+                return None
+            raise StorageError(f"cannot stat {self.describe()}/{path}: {exc.code}") from exc
+        return etag
+
     def list(self, prefix: str) -> list[str]:
         """Every object under a prefix."""
         objects = self.client.list_objects(self.bucket, prefix=self.prefix + prefix, recursive=True)

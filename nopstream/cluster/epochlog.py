@@ -81,4 +81,10 @@ class EpochLog:
     async def latest_durable(self) -> int | None:
         """The latest durable epoch, or None."""
         entry = await self.backend.get(self.layout.latest_durable)
-        return None if entry is None else int(json.loads(entry.value)["epoch"])
+        epoch = None if entry is None else json.loads(entry.value)["epoch"]
+        return None if epoch is None else int(epoch)
+
+    async def disown_latest(self, leadership: Leadership, reason: str) -> None:
+        """Fenced: the latest-durable pointer no longer names an epoch (checkpoint storage disagrees)."""
+        pointer = {"epoch": None, "token": leadership.token, "writer": leadership.candidate, "reason": reason}
+        await leadership.write({self.layout.latest_durable: json.dumps(pointer, sort_keys=True).encode()})

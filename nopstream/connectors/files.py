@@ -10,8 +10,8 @@ and the enumerator state (discovered and finished files); `restore` resumes each
 split at its cursor. With `discoveryIntervalMs` the source never ends and picks up
 new files as they appear; files are taken as complete once visible.
 
-Sink (STAGED_ATOMIC_COMMIT): per sink subtask, one staged file per epoch, renamed
-into place when the epoch is committed (see `FileSink`).
+Sink (STAGED_ATOMIC_COMMIT): per sink subtask, one staged file per epoch, linked
+into place when the epoch is committed, never over another file (see `FileSink`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from nopstream.connectors.staged import StagedSink
+from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
 from nopstream.plan.keys import stable_hash
 from nopstream.runtime.frames import Batch
 
@@ -122,35 +122,34 @@ class FileSource:
 class FileSink(StagedSink):
     """Writes a sink subtask's records in transactions, one per epoch (STAGED_ATOMIC_COMMIT).
 
-    Transaction N goes to the staged file `{path}/.staging/{operatorId}-{subtask}-{N:010d}.jsonl`,
-    flushed and fsynced at barrier N; committing renames it to
-    `{path}/{operatorId}-{subtask}-{N:010d}.jsonl` (atomic; a staged file already
-    renamed is simply gone). Bookkeeping: `staged.StagedSink`.
+    Transaction N goes to the staged file `{path}/.staging/{object}`, created fresh at
+    its first record, flushed and fsynced at barrier N; committing links it to
+    `{path}/{object}` and removes the staged name (atomic; a link never replaces an
+    existing file, so a committed file that is not this transaction's is never
+    overwritten). Object names and bookkeeping: `staged.StagedSink`.
     """
 
-    def __init__(self, config: dict[str, Any], *, operator_id: str, subtask: int, txn_prefix: str) -> None:
+    def __init__(self, config: dict[str, Any], *, name: SinkName) -> None:
         """Prepare the output and staging directories."""
-        super().__init__(txn_prefix)
+        self.ext = "jsonl" if config.get("format", "jsonl") == "jsonl" else "txt"
+        super().__init__(name)
         self.dir = Path(config["path"])
         self.staging = self.dir / ".staging"
         self.staging.mkdir(parents=True, exist_ok=True)
-        self.jsonl = config.get("format", "jsonl") == "jsonl"
-        self.ext = "jsonl" if self.jsonl else "txt"
-        self.name = f"{operator_id}-{subtask}"
+        self.jsonl = self.ext == "jsonl"
         self._file: Any = None
         self._file_epoch = 0  # the epoch the open transaction's staged file is named for
+        self._created = 0  # the last epoch whose staged file this process created
 
     def _staged(self, epoch: int) -> Path:
-        return self.staging / f"{self.name}-{epoch:010d}.{self.ext}"
-
-    def _final(self, epoch: int) -> Path:
-        return self.dir / f"{self.name}-{epoch:010d}.{self.ext}"
+        return self.staging / self._object(epoch)
 
     def write(self, batch: Batch) -> None:
-        """Append the batch to the open transaction's staged file."""
+        """Append the batch to the open transaction's staged file (created fresh for a new one)."""
         if self._file is None:
-            self._file = open(self._staged(self.epoch), "ab")  # noqa: SIM115 (open until pre-commit)
-            self._file_epoch = self.epoch
+            fresh = self._created != self.epoch
+            self._file = open(self._staged(self.epoch), "wb" if fresh else "ab")  # noqa: SIM115 (open until pre-commit)
+            self._file_epoch = self._created = self.epoch
         if self.jsonl:
             data = b"".join(orjson.dumps(r) + b"\n" for r in batch.records)
         else:
@@ -168,31 +167,51 @@ class FileSink(StagedSink):
     def _stage(self, epoch: int) -> None:
         """The staged file was fsynced by `_release`; name it for `epoch` if it was opened for another.
 
-        Epoch numbers may skip after a recovery (a cluster coordinator numbers past
-        every epoch in its log), so the barrier that closes a transaction can carry a
-        higher number than the one its file was opened under.
+        Epoch numbers may skip after a recovery (a run numbers its epochs past every
+        epoch in storage), so the barrier that closes a transaction can carry a higher
+        number than the one its file was opened under.
         """
         if self._file_epoch != epoch:
             os.replace(self._staged(self._file_epoch), self._staged(epoch))
             _fsync_dir(self.staging)
 
-    def _publish(self, epoch: int) -> None:
-        staged = self._staged(epoch)
-        if staged.exists():
-            os.replace(staged, self._final(epoch))
-            _fsync_dir(self.dir)
+    def _publish(self, epoch: int, lineage: int) -> None:
+        staged, final = self.staging / self._object(epoch, lineage), self.dir / self._object(epoch, lineage)
+        try:
+            os.link(staged, final)
+        except FileExistsError:
+            if not staged.exists():
+                return  # published before
+            if not os.path.samefile(staged, final):
+                raise OutputConflict(
+                    f"refusing to replace committed output {final}: it is not transaction"
+                    f" {self.txn_prefix}:{epoch}"
+                ) from None
+        except FileNotFoundError:
+            if final.exists():
+                return  # published before
+            raise OutputConflict(
+                f"transaction {self.txn_prefix}:{epoch} has no staged file {staged}"
+            ) from None
+        _fsync_dir(self.dir)
+        staged.unlink()
+        _fsync_dir(self.staging)
 
-    def _abort_after(self, durable: int) -> None:
-        for staged in self.staging.glob(f"{self.name}-*.{self.ext}"):
-            if int(staged.stem.rsplit("-", 1)[1]) > durable:
-                staged.unlink()
+    def _staged_names(self) -> list[str]:
+        return os.listdir(self.staging)
+
+    def _committed_names(self) -> list[str]:
+        return os.listdir(self.dir)
+
+    def _drop_staged(self, name: str) -> None:
+        (self.staging / name).unlink(missing_ok=True)
+
+    def _where(self, name: str) -> str:
+        return str(self.dir / name)
 
     def finish(self) -> None:
-        """End of input: release the staged file (its records wait for the final epoch)."""
-        if self._file is not None:
-            self._file.flush()
-            self._file.close()
-            self._file = None
+        """End of input: write the staged file out (its records wait for the final epoch)."""
+        self._release()
 
 
 def _fsync_dir(path: Path) -> None:

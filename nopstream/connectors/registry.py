@@ -5,6 +5,7 @@ from __future__ import annotations
 from nopstream.connectors.files import FileSink, FileSource
 from nopstream.connectors.generator import GeneratorSource
 from nopstream.connectors.s3 import S3Sink, S3Source
+from nopstream.connectors.staged import SinkName
 from nopstream.connectors.stdout import StdoutSink
 from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES
 from nopstream.plan.partitioned import SourceSplits
@@ -37,21 +38,17 @@ class Connectors:
             " implemented by this build"
         )
 
-    def _txn(self, node: StreamNode, subtask: int) -> str:
-        """A sink subtask's transaction id prefix; the id adds `:{epoch}` (never random)."""
-        return f"{self.identity.job_id}:{self.identity.pipeline_id}:{node.node_id}:{subtask}"
+    def _name(self, node: StreamNode, subtask: int) -> SinkName:
+        """A sink subtask's name: its transaction ids and the names of its objects (never random)."""
+        return SinkName(self.identity.job_id, self.identity.pipeline_id, node.node_id, subtask)
 
     def sink(self, node: StreamNode, *, subtask: int, parallelism: int) -> SinkWriter:
         """The writer of one sink subtask."""
         config = node.spec.get("config", {})
         if node.type == "file":
-            return FileSink(
-                config, operator_id=node.node_id, subtask=subtask, txn_prefix=self._txn(node, subtask)
-            )
+            return FileSink(config, name=self._name(node, subtask))
         if node.type == "s3":
-            return S3Sink(
-                config, operator_id=node.node_id, subtask=subtask, txn_prefix=self._txn(node, subtask)
-            )
+            return S3Sink(config, name=self._name(node, subtask))
         if node.type == "stdout":
             return StdoutSink(config)
         raise NotImplementedError(

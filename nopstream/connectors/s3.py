@@ -6,13 +6,13 @@ Cursor: the byte offset of the next line (an exclusive cut); `snapshot` returns 
 split's cursor and the finished objects; `restore` resumes each at its cursor.
 
 Sink (STAGED_ATOMIC_COMMIT): transaction N of a subtask collects its records and, at
-barrier N, is PUT as the staged object `{prefix}.staging/{operatorId}-{subtask}-{N}.jsonl`
-(durable once the PUT returns). Committing publishes it by a server-side copy to
-`{prefix}{operatorId}-{subtask}-{N}.jsonl` and removes the staged object; a commit
-finds nothing to do when it already happened (idempotent). `recover(durable)`
-commits the restored pending transactions up to the durable epoch and removes
-staged objects of later epochs. Credentials: NOPSTREAM_S3_ACCESS_KEY and
-NOPSTREAM_S3_SECRET_KEY (a Kubernetes Secret named by `secretRef` on a cluster).
+barrier N, is PUT as the staged object `{prefix}.staging/{object}` (durable once the
+PUT returns; object names in `staged`). Committing publishes it by a server-side copy
+to `{prefix}{object}` and removes the staged object; a commit finds nothing to do
+when it already happened (idempotent), and never copies over a committed object with
+other contents (ETags differ). `recover` at every start: see `staged.StagedSink`.
+Credentials: NOPSTREAM_S3_ACCESS_KEY and NOPSTREAM_S3_SECRET_KEY (a Kubernetes Secret
+named by `secretRef` on a cluster).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from nopstream.checkpoint.s3 import S3Storage
-from nopstream.connectors.staged import StagedSink
+from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
 from nopstream.plan.keys import stable_hash
 from nopstream.runtime.frames import Batch
 
@@ -96,20 +96,16 @@ class S3Source:
 class S3Sink(StagedSink):
     """Writes a sink subtask's records as one object per committed epoch (bookkeeping: `StagedSink`)."""
 
-    def __init__(self, config: dict[str, Any], *, operator_id: str, subtask: int, txn_prefix: str) -> None:
+    def __init__(self, config: dict[str, Any], *, name: SinkName) -> None:
         """Write under the config's bucket and prefix."""
-        super().__init__(txn_prefix)
+        super().__init__(name)
         self.store = connect(config)
         self.prefix = config.get("prefix", "")
         self.jsonl = config.get("format", "jsonl") == "jsonl"
-        self.name = f"{operator_id}-{subtask}"
         self._buffer: list[bytes] = []
 
     def _staged(self, epoch: int) -> str:
-        return f"{self.prefix}.staging/{self.name}-{epoch:010d}.jsonl"
-
-    def _final(self, epoch: int) -> str:
-        return f"{self.prefix}{self.name}-{epoch:010d}.jsonl"
+        return f"{self.prefix}.staging/{self._object(epoch)}"
 
     def write(self, batch: Batch) -> None:
         """Add the batch to the open transaction."""
@@ -127,16 +123,35 @@ class S3Sink(StagedSink):
         super().prepare(epoch)
         self._buffer = []
 
-    def _publish(self, epoch: int) -> None:
-        staged = self._staged(epoch)
-        if self.store.exists(staged):
-            self.store.copy(staged, self._final(epoch))
-            self.store.delete(staged)
+    def _publish(self, epoch: int, lineage: int) -> None:
+        staged = f"{self.prefix}.staging/{self._object(epoch, lineage)}"
+        final = f"{self.prefix}{self._object(epoch, lineage)}"
+        staged_tag, final_tag = self.store.etag(staged), self.store.etag(final)
+        if staged_tag is None:
+            if final_tag is not None:
+                return  # published before
+            raise OutputConflict(f"transaction {self.txn_prefix}:{epoch} has no staged object {staged}")
+        if final_tag is not None and final_tag != staged_tag:
+            raise OutputConflict(
+                f"refusing to replace committed output {self._where(final[len(self.prefix) :])}: it is not"
+                f" transaction {self.txn_prefix}:{epoch}"
+            )
+        self.store.copy(staged, final)
+        self.store.delete(staged)
 
-    def _abort_after(self, durable: int) -> None:
-        for key in self.store.list(f"{self.prefix}.staging/{self.name}-"):
-            if int(key.rsplit("-", 1)[1].split(".")[0]) > durable:
-                self.store.delete(key)
+    def _staged_names(self) -> list[str]:
+        staging = f"{self.prefix}.staging/"
+        return [key[len(staging) :] for key in self.store.list(f"{staging}{self.name.job_id}.")]
+
+    def _committed_names(self) -> list[str]:
+        base = self._object(0).rsplit(".", 2)[0]  # the names of this lineage, without epoch and ext
+        return [key[len(self.prefix) :] for key in self.store.list(f"{self.prefix}{base}.")]
+
+    def _drop_staged(self, name: str) -> None:
+        self.store.delete(f"{self.prefix}.staging/{name}")
+
+    def _where(self, name: str) -> str:
+        return f"s3://{self.store.bucket}/{self.prefix}{name}"
 
     def finish(self) -> None:
         """Nothing to release: the open transaction waits for the final epoch."""

@@ -3,38 +3,105 @@
 Transaction N holds the records between barriers N-1 and N; its id is
 `{jobId}:{pipelineId}:{operatorId}:{subtask}:{N}`, never random. At barrier N a sink
 stages it durably (`_stage`) and it becomes pending; committing epoch M publishes
-every pending transaction <= M (`_publish`, idempotent); after a restore from
-durable epoch D, `recover(D)` publishes the restored pending ones <= D and drops
-everything staged for later epochs (`_abort_after`).
+every pending transaction <= M (`_publish`, idempotent). Staged and committed
+objects are named `{jobId}.{pipelineId}.l{lineage}.{operatorId}.{subtask}.{N:010d}.{ext}`:
+the job and its lineage are in every name, so jobs sharing an output location, and
+the lineages of one job, never write over each other.
+
+Every start of a run calls `recover` before any record flows (the one rule for every
+start): it refuses when this sink already committed output newer than the restore
+point (a later manifest is missing), publishes the restored pending transactions up
+to the durable epoch, and drops everything this sink subtask staged after it (all of
+it when nothing is durable, and whatever an earlier lineage left). A transaction is
+then created fresh, never appended to what a dead run staged.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Any
 
+from nopstream.checkpoint.errors import RestoreRefused
 from nopstream.runtime import faults
+from nopstream.runtime.connectors import SinkStart
+
+
+class OutputConflict(RuntimeError):
+    """A commit would replace committed output that is not its own; nothing was replaced."""
+
+
+@dataclass(frozen=True)
+class SinkName:
+    """Who a sink subtask is: its transaction ids and the names of what it writes."""
+
+    job_id: str
+    pipeline_id: str
+    operator_id: str
+    subtask: int
+
+    @property
+    def txn_prefix(self) -> str:
+        """Transaction ids are `{txn_prefix}:{epoch}`."""
+        return f"{self.job_id}:{self.pipeline_id}:{self.operator_id}:{self.subtask}"
+
+    def pattern(self, ext: str) -> re.Pattern[str]:
+        """Matches this subtask's object names of any lineage; groups: lineage, epoch."""
+        job, pipeline, op = (re.escape(p) for p in (self.job_id, self.pipeline_id, self.operator_id))
+        return re.compile(rf"^{job}\.{pipeline}\.l(\d+)\.{op}\.{self.subtask}\.(\d{{10}})\.{re.escape(ext)}$")
+
+    def object(self, lineage: int, epoch: int, ext: str) -> str:
+        """The name of transaction `epoch`'s object in lineage `lineage`."""
+        job = f"{self.job_id}.{self.pipeline_id}.l{lineage}"
+        return f"{job}.{self.operator_id}.{self.subtask}.{epoch:010d}.{ext}"
 
 
 class StagedSink:
-    """Pending transactions, their snapshot and restore; subclasses stage and publish."""
+    """Pending transactions, their snapshot, restore and recovery at a start; subclasses stage and publish."""
 
-    def __init__(self, txn_prefix: str) -> None:
-        """Name transactions `{txn_prefix}:{epoch}`; the first open transaction is epoch 1."""
-        self.txn_prefix = txn_prefix
+    ext = "jsonl"
+
+    def __init__(self, name: SinkName) -> None:
+        """A sink subtask named `name`; the first open transaction is epoch 1 of lineage 1."""
+        self.name = name
+        self.txn_prefix = name.txn_prefix
+        self._pattern = name.pattern(self.ext)
+        self.lineage = 1
         self.epoch = 1
         self.pending: list[dict[str, Any]] = []
         self.records = 0
+
+    def _object(self, epoch: int, lineage: int | None = None) -> str:
+        return self.name.object(self.lineage if lineage is None else lineage, epoch, self.ext)
+
+    def _parse(self, name: str) -> tuple[int, int] | None:
+        """(lineage, epoch) of one of this subtask's object names; None for anything else."""
+        m = self._pattern.match(name)
+        return (int(m.group(1)), int(m.group(2))) if m else None
 
     def _stage(self, epoch: int) -> None:
         """Make the open transaction's records durable under epoch `epoch` (only called with records)."""
         raise NotImplementedError
 
-    def _publish(self, epoch: int) -> None:
-        """Make a staged transaction visible; nothing to do when it already is."""
+    def _publish(self, epoch: int, lineage: int) -> None:
+        """Make a staged transaction of `lineage` visible; nothing to do when it already is;
+        OutputConflict rather than replacing a committed object that is not this transaction's."""
         raise NotImplementedError
 
-    def _abort_after(self, durable: int) -> None:
-        """Drop everything this subtask staged for epochs after `durable`."""
+    def _staged_names(self) -> list[str]:
+        """Names of the staged objects in the staging area (any sink's)."""
+        raise NotImplementedError
+
+    def _committed_names(self) -> list[str]:
+        """Names of the committed objects of this subtask's current lineage."""
+        raise NotImplementedError
+
+    def _drop_staged(self, name: str) -> None:
+        """Delete a staged object."""
+        raise NotImplementedError
+
+    def _where(self, name: str) -> str:
+        """A committed object's location, for messages."""
         raise NotImplementedError
 
     def prepare(self, epoch: int) -> None:
@@ -42,7 +109,8 @@ class StagedSink:
         self._release()
         if self.records:
             self._stage(epoch)
-            self.pending.append({"id": f"{self.txn_prefix}:{epoch}", "epoch": epoch, "records": self.records})
+            txn = {"id": f"{self.txn_prefix}:{epoch}", "epoch": epoch, "records": self.records}
+            self.pending.append({**txn, "lineage": self.lineage})
         self.records = 0
         self.epoch = epoch + 1
 
@@ -52,15 +120,32 @@ class StagedSink:
     def commit(self, upto: int) -> None:
         """Publish every pending transaction of an epoch <= upto."""
         for txn in [t for t in self.pending if t["epoch"] <= upto]:
-            self._publish(txn["epoch"])
+            # a lineage started from an older one's epoch restores its pending transactions:
+            # they were published under the older lineage's names
+            self._publish(txn["epoch"], int(txn.get("lineage", 1)))
             faults.reached("mid-commit")
             self.pending.remove(txn)
 
-    def recover(self, durable: int) -> None:
-        """After a restore: commit up to the durable epoch, abort every later transaction."""
+    def recover(self, start: SinkStart) -> None:
+        """Start of a run: refuse output ahead of the restore point, commit up to it, abort the rest."""
+        self.lineage = start.lineage
+        durable = start.durable or 0
+        committed = [p for p in map(self._parse, self._committed_names()) if p and p[0] == self.lineage]
+        newest = max((epoch for _, epoch in committed), default=0)
+        if newest > durable:
+            raise RestoreRefused(
+                f"sink '{self.name.operator_id}' subtask {self.name.subtask} already committed epoch"
+                f" {newest} ({self._where(self._object(newest))}), after the restore point"
+                f" (epoch {start.durable if start.durable is not None else 'none'}): the manifest of a"
+                " later epoch is missing (restore an older epoch explicitly with --restore-from,"
+                " or start a new lineage with --fresh)"
+            )
         self.commit(durable)
-        self._abort_after(durable)
-        self.pending = [t for t in self.pending if t["epoch"] > durable]
+        for staged in self._staged_names():
+            parsed = self._parse(staged)
+            if parsed is not None and (parsed[0] != self.lineage or parsed[1] > durable):
+                self._drop_staged(staged)
+        self.pending = []
         self.epoch = durable + 1
 
     def snapshot(self) -> dict[str, Any]:

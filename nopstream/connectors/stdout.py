@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from nopstream.runtime.connectors import SinkStart
 from nopstream.runtime.frames import Batch
 
 
@@ -34,7 +35,7 @@ class StdoutSink:
     def commit(self, upto: int) -> None:
         """Nothing to publish."""
 
-    def recover(self, durable: int) -> None:
+    def recover(self, start: SinkStart) -> None:
         """Nothing to re-commit or abort."""
 
     def snapshot(self) -> dict[str, Any]:

@@ -4,7 +4,7 @@ JSON over HTTP on loopback:
   POST /register {taskId, attempt, run, endpoint}    a task's server is up
   GET  /endpoint?task=ID                              that task's endpoint (waits until known)
   POST /stats {taskId, recordsIn, recordsOut, watermark}
-  POST /done {taskId}  |  POST /failed {taskId, error}
+  POST /done {taskId}  |  POST /failed {taskId, error, refused}   (refused: it cannot start at all)
   GET  /run                                           the current run
   POST /ack {taskId, epoch, segments, sources, sinks} a task's checkpoint ACK
   POST /source-finished {taskId}                      a source read all its input
@@ -41,6 +41,7 @@ class TaskReport:
     channels: dict[str, dict[str, int]] = field(default_factory=dict)
     done: bool = False
     error: str | None = None
+    refused: bool = False
     registered_at: float | None = None
     done_at: float | None = None
     registered: asyncio.Event = field(default_factory=asyncio.Event)
@@ -124,7 +125,8 @@ class ControlServer:
 
     async def _failed(self, request: web.Request) -> web.Response:
         body = await request.json()
-        self._report(body).error = str(body.get("error", "unknown error"))
+        report = self._report(body)
+        report.error, report.refused = str(body.get("error", "unknown error")), bool(body.get("refused"))
         self.changed.set()
         return web.json_response({"ok": True})
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,14 +25,17 @@ from typing import Any, TextIO
 
 import aiohttp
 
+from nopstream.checkpoint import restore
 from nopstream.checkpoint.coordinator import CoordinatorSettings, EpochCoordinator, Notify, Trigger
+from nopstream.checkpoint.errors import RestoreRefused
+from nopstream.checkpoint.restore import NewLineage, RestorePoint
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.election import Election, Leadership
 from nopstream.cluster.epochlog import EpochLog
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.local import LocalBackend
-from nopstream.local import inprocess, processes, worker
+from nopstream.local import inprocess, ownership, processes, worker
 from nopstream.local.control import ControlServer
 from nopstream.node import checkpointing
 from nopstream.plan import compiler
@@ -62,6 +67,7 @@ class RunOptions:
     python_path: tuple[str, ...] = ()
     progress: TextIO | None = None
     restore_from: int | None = None
+    fresh: bool = False
     max_restarts: int = 10
 
 
@@ -75,16 +81,26 @@ class RunResult:
     records_out: dict[str, int]
     channels: dict[str, dict[str, int]]
     runs: int = 1
+    finished_before: int | None = None  # the final epoch, when the job had finished in an earlier run
+
+
+def new_lineage(options: RunOptions) -> NewLineage | None:
+    """The new lineage `--fresh` or `--restore-from` asks for (one nonce per command), or None."""
+    if not options.fresh and options.restore_from is None:
+        return None
+    return NewLineage(uuid.uuid4().hex, base=options.restore_from)
 
 
 def run_job(plans: compiler.CompiledPlans, options: RunOptions) -> RunResult:
-    """Run a compiled job to completion; JobFailed when a task fails."""
+    """Run a compiled job to completion, holding its checkpoint namespace; JobFailed when a task fails."""
     for path in options.python_path:
         if path not in sys.path:
             sys.path.insert(0, path)
-    if options.in_process:
-        return asyncio.run(_run_in_process(plans, options))
-    return _run_processes(plans, options)
+    storage = checkpointing.open_storage(plans.deployment)
+    with ownership.hold(storage, plans.partitioned.identity.checkpoint_namespace, holder="nopstream run"):
+        if options.in_process:
+            return asyncio.run(_run_in_process(plans, options, storage))
+        return _run_processes(plans, options, storage)
 
 
 class _InProcessListener:
@@ -102,11 +118,10 @@ class _InProcessListener:
         self.coordinator.source_finished(task.task_id)
 
 
-async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions) -> RunResult:
+async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions, storage: Storage) -> RunResult:
     started = time.monotonic()
     plan = plans.partitioned
-    storage = checkpointing.open_storage(plans.deployment)
-    restore = checkpointing.find_restore_point(storage, plan, epoch=options.restore_from)
+    point = await asyncio.to_thread(restore.choose, storage, plan, new_lineage=new_lineage(options))
     backend = LocalBackend()
     layout = Layout("local", plan.identity.job_id, plan.identity.pipeline_id)
     try:
@@ -130,12 +145,11 @@ async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions) ->
                 leadership,
                 trigger,
                 notify,
-                restore.epoch if restore else None,
+                point,
             )
             tasks.extend(inprocess.build_tasks(plan, listener=_InProcessListener(storage, coordinator)))
-            if restore is not None:
-                for t in tasks:
-                    checkpointing.restore_task(t, restore)
+            for t in tasks:
+                checkpointing.start_task(t, storage, point)
             processing_started = time.monotonic()
             progress = _Progress(
                 plan,
@@ -160,7 +174,8 @@ async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions) ->
         await backend.close()
     counts = {t.task_id: (t.metrics.records_in, t.metrics.records_out) for t in tasks}
     channels = [t.channel_stats() for t in tasks]
-    return _result(plan, started, time.monotonic() - processing_started, counts, channels)
+    result = _result(plan, started, time.monotonic() - processing_started, counts, channels)
+    return dataclasses.replace(result, finished_before=point.epoch if point.finished else None)
 
 
 def _coordinator(
@@ -170,9 +185,9 @@ def _coordinator(
     leadership: Leadership,
     trigger: Trigger,
     notify: Notify,
-    restored: int | None,
+    point: RestorePoint,
 ) -> EpochCoordinator:
-    """The coordinator of one run, numbering epochs after the restored one."""
+    """The coordinator of one run, numbering epochs from the restore point's next epoch."""
     cp = plans.deployment.checkpoint
     return EpochCoordinator(
         plans.partitioned,
@@ -182,39 +197,42 @@ def _coordinator(
         settings=CoordinatorSettings(cp.interval_ms, cp.timeout_ms, cp.retain_latest),
         trigger=trigger,
         notify=notify,
-        first_epoch=restored + 1 if restored is not None else 1,
+        first_epoch=point.next_epoch,
+        restored=point.epoch,
+        finished=point.finished,
     )
 
 
-def _run_processes(plans: compiler.CompiledPlans, options: RunOptions) -> RunResult:
+def _run_processes(plans: compiler.CompiledPlans, options: RunOptions, storage: Storage) -> RunResult:
     """Run in task processes; when a task dies, recover globally from the latest durable epoch."""
     started = time.monotonic()
     plan = plans.partitioned
-    storage = checkpointing.open_storage(plans.deployment)
-    restore_from = options.restore_from
+    lineage = new_lineage(options)  # started by the first run; its recoveries find it started
     run = 1
+    first: RestorePoint | None = None
     while True:
-        restore = checkpointing.find_restore_point(storage, plan, epoch=restore_from)
+        point = restore.choose(storage, plan, new_lineage=lineage)
+        first = first or point
         try:
-            control = _attempt(plans, options, run, restore.epoch if restore else None)
+            control = _attempt(plans, options, run, point)
         except TaskDied as death:
             if run > options.max_restarts:
                 raise JobFailed(f"{death} (after {run - 1} recoveries)") from death
             if not options.quiet:
                 print(f"recovering: {death.short} (run {run} -> {run + 1})", file=sys.stderr)
             run += 1
-            restore_from = None
             os.environ.pop(faults.ENV, None)  # fault points fire in the first run only
             continue
         counts = {t: (r.records_in, r.records_out) for t, r in control.tasks.items()}
         channels = [r.channels for r in control.tasks.values()]
-        return _result(plan, started, control.processing_seconds(), counts, channels, runs=run)
+        result = _result(plan, started, control.processing_seconds(), counts, channels, runs=run)
+        return dataclasses.replace(result, finished_before=first.epoch if first.finished else None)
 
 
 def _attempt(
-    plans: compiler.CompiledPlans, options: RunOptions, run: int, restore_epoch: int | None
+    plans: compiler.CompiledPlans, options: RunOptions, run: int, point: RestorePoint
 ) -> ControlServer:
-    """One run: fork every task (restored from `restore_epoch`), coordinate epochs, supervise."""
+    """One run: fork every task (started from the restore point), coordinate epochs, supervise."""
     plan = plans.partitioned
     run_dir = options.workdir / "runs" / plan.identity.job_id / f"run-{run}"
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -236,7 +254,7 @@ def _attempt(
                 run,
                 f"r{run}-a{i}",
                 deployment_path=deployment_path,
-                restore_epoch=restore_epoch,
+                restore=point,
             ),
             run_dir / "logs" / f"{task_id.replace('/', '_')}.log",
             close_fds=(sock.fileno(),),
@@ -244,7 +262,7 @@ def _attempt(
         for i, task_id in enumerate(plan.task_ids())
     ]
     try:
-        return asyncio.run(_control_run(plans, options, run, sock, procs, restore_epoch))
+        return asyncio.run(_control_run(plans, options, run, sock, procs, point))
     finally:
         processes.stop_all(procs)
         sock.close()
@@ -256,7 +274,7 @@ async def _control_run(
     run: int,
     sock: socket.socket,
     procs: list[processes.TaskProcess],
-    restore_epoch: int | None,
+    point: RestorePoint,
 ) -> ControlServer:
     plan = plans.partitioned
     control = ControlServer(list(plan.task_ids()), run=run)
@@ -298,7 +316,7 @@ async def _control_run(
                 )
 
             coordinator = _coordinator(
-                plans, storage, EpochLog(backend, layout), leadership, trigger, notify, restore_epoch
+                plans, storage, EpochLog(backend, layout), leadership, trigger, notify, point
             )
             coordinator.on_fault = lambda: _kill_a_task(procs)
             control.coordinator = coordinator
@@ -318,7 +336,7 @@ async def _control_run(
 
 def _run_failure(group: BaseExceptionGroup) -> BaseException:
     """The one failure a run reports for what its task group raised."""
-    deaths = group.subgroup((TaskDied, JobFailed))
+    deaths = group.subgroup((RestoreRefused, TaskDied, JobFailed))
     if deaths is not None:
         return deaths.exceptions[0]
     broken = group.subgroup((aiohttp.ClientError, ConnectionError))
@@ -338,6 +356,8 @@ def _kill_a_task(procs: list[processes.TaskProcess]) -> None:
 async def _supervise(procs: list[processes.TaskProcess], control: ControlServer) -> None:
     while True:
         for task_id, report in control.tasks.items():
+            if report.error is not None and report.refused:  # the same on every attempt: not recovered
+                raise RestoreRefused(f"task {task_id}: {report.error}")
             if report.error is not None:
                 raise TaskDied(f"task {task_id} failed:\n{report.error.rstrip()}", f"task {task_id} failed")
         for proc in procs:

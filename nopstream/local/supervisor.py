@@ -13,20 +13,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
+from nopstream.checkpoint.errors import RestoreRefused
+from nopstream.checkpoint.restore import RestorePoint
 from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
+from nopstream.local import ownership
 from nopstream.local.processes import die_with_parent
-from nopstream.local.runner import JobFailed, RunOptions, RunResult
+from nopstream.local.runner import JobFailed, RunOptions, RunResult, new_lineage
+from nopstream.node import checkpointing
 from nopstream.node.settings import DEPLOYMENT_FILE, PARTITIONED_FILE
+from nopstream.node.task import EXIT_REFUSED
 from nopstream.plan import compiler
 from nopstream.plan.deployment import resource_name
 
@@ -65,12 +73,22 @@ class Supervisor:
         self.started_candidates = 0
 
     def run(self) -> RunResult:
-        """Run the job to its end; JobFailed after too many recoveries or coordinator failures."""
+        """Run the job to its end, holding its checkpoint namespace; JobFailed after too many failures."""
+        storage = checkpointing.open_storage(self.plans.deployment)
+        namespace = self.plans.partitioned.identity.checkpoint_namespace
+        with ownership.hold(storage, namespace, holder=f"nopstream run --etcd {self.etcd}"):
+            return self._run()
+
+    def _run(self) -> RunResult:
         started = time.monotonic()
         self.plan_dir.mkdir(parents=True, exist_ok=True)
         (self.plan_dir / PARTITIONED_FILE).write_text(compiler.dump_document(self.plans.partitioned))
         (self.plan_dir / DEPLOYMENT_FILE).write_text(compiler.dump_document(self.plans.deployment))
         run = _advance_run(self.etcd, self.layout, None)
+        lineage = new_lineage(self.options)
+        if lineage is not None:  # the coordinator starts it when it chooses the run's restore point
+            request = {"restartNonce": lineage.nonce, "base": lineage.base}
+            _etcd(self.etcd, lambda b: b.put(self.layout.restore(run), json.dumps(request).encode()))
         recoveries = 0
         try:
             self.coordinators = [self._candidate() for _ in range(CANDIDATES)]
@@ -82,6 +100,8 @@ class Supervisor:
                 if not dead:
                     continue
                 child, code = dead[0]
+                if code == EXIT_REFUSED:  # it cannot start at all: the same in every run
+                    raise RestoreRefused(child.tail(1).removeprefix("nopstream task: cannot start: "))
                 if recoveries >= self.options.max_restarts:
                     raise JobFailed(
                         f"task {child.name} exited with {code}"
@@ -97,10 +117,13 @@ class Supervisor:
                 run = _advance_run(self.etcd, self.layout, run)
                 self.tasks = self._start_tasks(run)
             _wait(self.coordinators, 15)
+            entry = _etcd(self.etcd, lambda b: b.get(self.layout.restore(run)))
         finally:
             _stop(self.tasks + self.coordinators)
         seconds = time.monotonic() - started
-        return RunResult(seconds, seconds, {}, {}, {}, runs=recoveries + 1)
+        point = RestorePoint.from_json(entry.value) if entry is not None else None
+        finished = point.epoch if point is not None and point.finished else None
+        return RunResult(seconds, seconds, {}, {}, {}, runs=recoveries + 1, finished_before=finished)
 
     def _finished(self) -> bool:
         return all(t.popen.poll() == 0 for t in self.tasks)
@@ -152,27 +175,39 @@ class Supervisor:
         return Child(name, popen, log)
 
 
-def _advance_run(etcd: str, layout: Layout, expected: int | None) -> int:
-    """Move the run one past `expected` (None: past whatever it is now) by compare-and-swap."""
+T = TypeVar("T")
 
-    async def advance() -> int:
+
+def _etcd(etcd: str, call: Callable[[EtcdBackend], Awaitable[T]]) -> T:
+    """Run one call against the etcd server at `etcd` (host:port) with a client of its own."""
+
+    async def once() -> T:
         host, _, port = etcd.rpartition(":")
         backend = EtcdBackend(host, int(port))
-        registry = Registry(backend, layout)
         try:
-            while True:
-                try:
-                    if expected is not None:
-                        return await registry.next_run(expected)
-                    seen = await registry.current_run()
-                    if await registry.advance_run(seen):  # a run of our own, past any before
-                        return seen + 1
-                except StoreUnavailable:
-                    await asyncio.sleep(0.5)  # etcd is down: recovery waits for it
+            return await call(backend)
         finally:
             await backend.close()
 
-    return asyncio.run(advance())
+    return asyncio.run(once())
+
+
+def _advance_run(etcd: str, layout: Layout, expected: int | None) -> int:
+    """Move the run one past `expected` (None: past whatever it is now) by compare-and-swap."""
+
+    async def advance(backend: EtcdBackend) -> int:
+        registry = Registry(backend, layout)
+        while True:
+            try:
+                if expected is not None:
+                    return await registry.next_run(expected)
+                seen = await registry.current_run()
+                if await registry.advance_run(seen):  # a run of our own, past any before
+                    return seen + 1
+            except StoreUnavailable:
+                await asyncio.sleep(0.5)  # etcd is down: recovery waits for it
+
+    return _etcd(etcd, advance)
 
 
 def _wait(children: list[Child], timeout: float) -> None:

@@ -18,6 +18,8 @@ from typing import Any
 
 import aiohttp
 
+from nopstream.checkpoint.errors import RestoreRefused
+from nopstream.checkpoint.restore import RestorePoint
 from nopstream.node import checkpointing
 from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task, load_deployment, load_plan
 from nopstream.runtime.task import Task
@@ -36,7 +38,7 @@ class WorkerSettings:
     run: int
     attempt: str
     deployment_path: Path | None = None
-    restore_epoch: int | None = None
+    restore: RestorePoint | None = None
     host: str = "127.0.0.1"
 
 
@@ -62,12 +64,11 @@ async def serve(settings: WorkerSettings) -> None:
             task, receiver, listener = build_task(
                 plan, deployment, who, session=session, resolve=resolve, send=post
             )
-            if listener is not None and settings.restore_epoch is not None:
-                restore = checkpointing.find_restore_point(
-                    listener.storage, plan, epoch=settings.restore_epoch
-                )
-                if restore is not None:
-                    checkpointing.restore_task(task, restore)
+            if listener is not None and settings.restore is not None:
+                checkpointing.start_task(task, listener.storage, settings.restore)
+        except RestoreRefused as refused:
+            await post("/failed", {"error": str(refused), "refused": True})
+            raise
         except Exception:
             await post("/failed", {"error": traceback.format_exc(limit=5)})
             raise

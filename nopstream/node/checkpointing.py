@@ -1,7 +1,8 @@
 """Checkpointing on the task side: storage from the plan, restore, and writing snapshots.
 
 Tasks write their own segments (`checkpoint.snapshots.split`) and ACK the coordinator
-with the references; restoring a task joins its segments back from a verified epoch.
+with the references; starting a task restores its segments from the run's restore
+point (`checkpoint.restore`) and recovers its sinks, whatever started the run.
 """
 
 from __future__ import annotations
@@ -10,15 +11,15 @@ import asyncio
 import os
 from typing import Any
 
-from nopstream.checkpoint import snapshots
-from nopstream.checkpoint.catalog import Checkpoint, latest_durable, load_checkpoint
+from nopstream.checkpoint import restore, snapshots
 from nopstream.checkpoint.coordinator import Ack
 from nopstream.checkpoint.formats import segment_ref
+from nopstream.checkpoint.restore import RestorePoint
 from nopstream.checkpoint.s3 import S3Storage
 from nopstream.checkpoint.storage import LocalStorage, Storage
 from nopstream.plan.canonical import fingerprint
 from nopstream.plan.deployment import DeploymentPlan
-from nopstream.plan.partitioned import PartitionedPlan
+from nopstream.runtime.connectors import SinkStart
 from nopstream.runtime.task import Task
 
 
@@ -38,21 +39,6 @@ def open_storage(deployment: DeploymentPlan) -> Storage:
     return LocalStorage(binding.path or ".nopstream/checkpoints")
 
 
-def find_restore_point(
-    storage: Storage, plan: PartitionedPlan, *, epoch: int | None = None, from_plan: str | None = None
-) -> Checkpoint | None:
-    """The checkpoint to restore: `epoch` when given, else the latest durable one (None: start fresh).
-
-    `from_plan` names the plan the epoch was taken with when it is not `plan` (an
-    upgrade or rescale the operator found compatible); otherwise the plans must match.
-    """
-    namespace = plan.identity.checkpoint_namespace
-    chosen = epoch if epoch is not None else latest_durable(storage, namespace)
-    if chosen is None:
-        return None
-    return load_checkpoint(storage, namespace, chosen, plan_fingerprint=from_plan or fingerprint(plan))
-
-
 def task_parts(task: Task) -> dict[str, Any]:
     """The ids `snapshots.split` and `join` need for a task."""
     return {
@@ -63,24 +49,27 @@ def task_parts(task: Task) -> dict[str, Any]:
     }
 
 
-def restore_task(task: Task, checkpoint: Checkpoint) -> None:
-    """Restore a task from a verified checkpoint, then recover its sinks up to that epoch.
+def start_task(task: Task, storage: Storage, point: RestorePoint) -> None:
+    """The one rule for every start: restore the task from the restore point, then recover its sinks.
 
-    A checkpoint of another plan (a rescale or upgrade) is redistributed by shard and
-    split ownership (`snapshots.join`).
+    Sinks commit what is durable and abort everything staged after it (everything
+    when nothing is durable) before any record flows. A checkpoint of another plan (a
+    rescale or upgrade) is redistributed by shard and split ownership (`snapshots.join`).
     """
-    parts = task_parts(task)
-    state = snapshots.join(
-        task.plan,
-        epoch=checkpoint.epoch,
-        segments=checkpoint.segments,
-        operator_ids=task.op_ids,
-        shards=task.subtask.shards,
-        rescaled=checkpoint.manifest.get("planFingerprint") != fingerprint(task.plan),
-        **parts,
-    )
-    task.restore(state)
-    task.recover(checkpoint.epoch)
+    checkpoint = restore.load(storage, task.plan, point)
+    if checkpoint is not None:
+        parts = task_parts(task)
+        state = snapshots.join(
+            task.plan,
+            epoch=checkpoint.epoch,
+            segments=checkpoint.segments,
+            operator_ids=task.op_ids,
+            shards=task.subtask.shards,
+            rescaled=checkpoint.manifest.get("planFingerprint") != fingerprint(task.plan),
+            **parts,
+        )
+        task.restore(state)
+    task.recover(SinkStart(point.epoch, point.lineage), final=point.finished)
 
 
 def write_snapshot(storage: Storage, task: Task, epoch: int, state: dict[str, Any]) -> Ack:

@@ -1,8 +1,9 @@
 """A coordinator pod's process (`nopstream coordinator`): campaigns, and while it leads drives the epochs.
 
 Two or more run per job; one leads (`cluster.election`), the others wait. The
-leader leads the current run: it fixes the run's restore point (the latest durable
-epoch in storage, once per run, a fenced write), waits until every task of the run
+leader leads the current run: it fixes the run's restore point (`checkpoint.restore`,
+from storage, once per run, a fenced write; a job whose final epoch is durable is
+finished, and its tasks only recover their sinks), waits until every task of the run
 has registered, asks each task what it may have told a predecessor (source
 finished, last ACK), settles what that predecessor left in the epoch log (a DURABLE
 epoch is committed again; an epoch in flight in this run is adopted and completed;
@@ -28,9 +29,11 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from nopstream.checkpoint import catalog
+from nopstream.checkpoint import catalog, restore
 from nopstream.checkpoint.coordinator import Ack, CoordinatorSettings, EpochCoordinator
+from nopstream.checkpoint.errors import RestoreRefused
 from nopstream.checkpoint.metrics import CoordinatorCollector
+from nopstream.checkpoint.restore import NewLineage, RestorePoint
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.election import Election, Leadership
@@ -43,7 +46,6 @@ from nopstream.cluster.registry import Registry
 from nopstream.node import checkpointing
 from nopstream.node.settings import NodeSettings
 from nopstream.node.taskserver import ack_of, load_deployment, load_plan
-from nopstream.plan.canonical import fingerprint
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.runtime.metrics import exposition
@@ -136,11 +138,21 @@ class CoordinatorProcess:
 
     async def _lead_run(self, leadership: Leadership, run: int, session: aiohttp.ClientSession) -> None:
         """Drive run `run`'s epochs until the final one is committed (or idle at a stop savepoint)."""
-        restored = await self._restore_point(leadership, run)
+        point = await self._restore_point(leadership, run)
+        if point is None:
+            return  # refused: the tasks learn it from the run's restore point and exit
+        if point.finished:
+            log.info("job already finished at epoch %d: its tasks recover their sinks and exit", point.epoch)
+            return
         entries = await self.epoch_log.entries()
         last = entries[-1] if entries else None
-        if last is not None and last.state is EpochState.COMMITTED and last.detail.get("kind") == "final":
-            return
+        if (
+            last is not None
+            and last.state is EpochState.COMMITTED
+            and last.detail.get("kind") == "final"
+            and last.detail.get("run") == run
+        ):
+            return  # a standby that won after the end
         tasks = await self._registered(run)
         fence = {"run": run, "token": leadership.token}
 
@@ -180,7 +192,8 @@ class CoordinatorProcess:
             settings=CoordinatorSettings(cp.interval_ms, cp.timeout_ms, cp.retain_latest),
             trigger=trigger,
             notify=notify,
-            first_epoch=max(restored or 0, last.epoch if last else 0) + 1,
+            first_epoch=max(point.next_epoch, (last.epoch if last else 0) + 1),
+            restored=point.epoch,
             run=run,
         )
         for task_id, status in statuses.items():
@@ -198,38 +211,52 @@ class CoordinatorProcess:
             log.info("run %d stands at a stop savepoint: no more epochs until the run changes", run)
             await asyncio.Event().wait()  # the run watcher ends this
 
-    async def _restore_point(self, leadership: Leadership, run: int) -> int | None:
-        """The run's restore point: chosen once per run from storage, then read back.
+    async def _restore_point(self, leadership: Leadership, run: int) -> RestorePoint | None:
+        """The run's restore point: chosen once per run from storage (`checkpoint.restore`), then read back.
 
-        The latest durable epoch, verified. When it was taken with another plan it must
-        be a stop savepoint: the operator stops a job with one before it redeploys a
-        plan the compatibility check accepted (an upgrade or a rescale).
+        The operator or `nopstream run --etcd` may have left a request there first: the
+        plan a stop savepoint was taken with (`fromPlan`: an upgrade or rescale), or a new
+        lineage (`restartNonce`, with a `base` epoch for `--restore-from`). A refusal
+        is recorded in its place (tasks exit with it) and None returned.
         """
         key = self.layout.restore(run)
         entry = await self.backend.get(key)
-        if entry is None:
-            chosen = await asyncio.to_thread(self._choose_restore_point)
-            await leadership.write({key: json.dumps(chosen).encode()})
-            log.info("run %d restores %s", run, chosen)
-            epoch: int | None = chosen["epoch"]
-            return epoch
-        recorded: int | None = json.loads(entry.value)["epoch"]
-        return recorded
+        request: dict[str, Any] = json.loads(entry.value) if entry is not None else {}
+        if "refused" in request:
+            return None
+        if "nextEpoch" in request:
+            return RestorePoint.from_json(entry.value if entry is not None else b"")
+        entries = await self.epoch_log.entries()
+        log_latest = await self.epoch_log.latest_durable()
+        if log_latest is not None and await asyncio.to_thread(self._storage_is_empty):
+            # Storage is the truth: the namespace was deleted, so the log describes a job
+            # that no longer exists. Fenced, so only this leader replaces it.
+            reason = f"checkpoint namespace {self.plan.identity.checkpoint_namespace} is empty in storage"
+            log.warning("the epoch log names durable epoch %d but %s: replacing it", log_latest, reason)
+            await self.epoch_log.disown_latest(leadership, reason)
+            log_latest = None
+        fresh = request.get("restartNonce")
+        base = request.get("base")
+        try:
+            point = await asyncio.to_thread(
+                restore.choose,
+                self.storage,
+                self.plan,
+                new_lineage=NewLineage(str(fresh), None if base is None else int(base)) if fresh else None,
+                from_plan=request.get("fromPlan"),
+                log_latest=log_latest,
+                log_highest=max((e.epoch for e in entries), default=0),
+            )
+        except RestoreRefused as refused:
+            log.error("run %d cannot start: %s", run, refused)
+            await leadership.write({key: json.dumps({"refused": str(refused)}).encode()})
+            return None
+        await leadership.write({key: point.to_json()})
+        log.info("run %d restores %s", run, point)
+        return point
 
-    def _choose_restore_point(self) -> dict[str, Any]:
-        namespace = self.plan.identity.checkpoint_namespace
-        epoch = catalog.latest_durable(self.storage, namespace)
-        if epoch is None:
-            return {"epoch": None}
-        manifest = catalog.read_manifest(self.storage, namespace, epoch)
-        taken_with = manifest.get("planFingerprint")
-        from_plan = (
-            taken_with if manifest.get("kind") == "stop" and taken_with != fingerprint(self.plan) else None
-        )
-        checkpointing.find_restore_point(
-            self.storage, self.plan, epoch=epoch, from_plan=from_plan
-        )  # verifies
-        return {"epoch": epoch, "fromPlan": from_plan} if from_plan else {"epoch": epoch}
+    def _storage_is_empty(self) -> bool:
+        return catalog.highest_epoch(self.storage, self.plan.identity.checkpoint_namespace) is None
 
     async def _registered(self, run: int) -> dict[str, str]:
         """Each task's endpoint, once every task of the run has registered."""

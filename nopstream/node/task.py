@@ -20,6 +20,8 @@ from typing import Any
 
 import aiohttp
 
+from nopstream.checkpoint.errors import RestoreRefused
+from nopstream.checkpoint.restore import RestorePoint
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.backend import Backend, StoreUnavailable
 from nopstream.cluster.election import Election
@@ -34,6 +36,8 @@ from nopstream.runtime.task import Task
 
 log = logging.getLogger(__name__)
 POLL = 0.05
+EXIT_REFUSED = 4
+"""The exit code of `nopstream task` when its run cannot start (its restore was refused): not retried."""
 
 
 class LeaseLost(RuntimeError):
@@ -143,15 +147,21 @@ async def serve(settings: NodeSettings) -> None:
         await backend.close()
 
 
+async def restore_point(backend: Backend, layout: Layout, run: int) -> RestorePoint:
+    """The run's restore point once its coordinator has chosen it; RestoreRefused when it refused."""
+    while True:
+        value = json.loads(await poll_key(backend, layout.restore(run)))
+        if "refused" in value:
+            raise RestoreRefused(value["refused"])
+        if "nextEpoch" in value:  # not the operator's request it is chosen from
+            return RestorePoint.from_json(json.dumps(value))
+        await asyncio.sleep(POLL)
+
+
 async def _work(task: Task, backend: Backend, layout: Layout, who: TaskIdentity, storage: Storage) -> None:
-    restore = json.loads(await poll_key(backend, layout.restore(who.run)))
-    if restore["epoch"] is not None:
-        point = checkpointing.find_restore_point(
-            storage, task.plan, epoch=int(restore["epoch"]), from_plan=restore.get("fromPlan")
-        )
-        assert point is not None
-        checkpointing.restore_task(task, point)
-        log.info("task %s restored epoch %d", who.task_id, point.epoch)
+    point = await restore_point(backend, layout, who.run)
+    checkpointing.start_task(task, storage, point)
+    log.info("task %s started from %s", who.task_id, point)
     await task.connect()
     await task.run()
     # Every task stays until the final epoch is committed, so a coordinator that takes

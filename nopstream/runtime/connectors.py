@@ -6,6 +6,7 @@ that builds the reader or writer of a node's connector type.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nopstream.plan.partitioned import SourceSplits
@@ -33,6 +34,18 @@ class SourceReader(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class SinkStart:
+    """What a sink learns at the start of every run, before any record flows.
+
+    `durable`: the epoch the run restored (None: nothing is durable yet); `lineage`:
+    the namespace's lineage (committed output is named by it).
+    """
+
+    durable: int | None
+    lineage: int = 1
+
+
 class SinkWriter(Protocol):
     """Writes the batches that reach one sink subtask."""
 
@@ -48,8 +61,13 @@ class SinkWriter(Protocol):
         """Epoch `upto` is durable: publish every pending transaction up to it (idempotent)."""
         ...
 
-    def recover(self, durable: int) -> None:
-        """After a restore: commit pending transactions <= durable, abort later ones."""
+    def recover(self, start: SinkStart) -> None:
+        """Start of a run: commit pending transactions <= durable, abort everything staged later.
+
+        Everything staged is aborted when nothing is durable. RestoreRefused when this
+        sink already committed output of an epoch after `durable` in the same lineage
+        (the manifest of that epoch is gone).
+        """
         ...
 
     def snapshot(self) -> dict[str, Any]:

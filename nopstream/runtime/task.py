@@ -25,7 +25,7 @@ import orjson
 from nopstream.plan.partitioned import Edge, PartitionedPlan
 from nopstream.plan.streamgraph import StreamNode
 from nopstream.runtime import faults
-from nopstream.runtime.connectors import ConnectorFactory, SourceReader
+from nopstream.runtime.connectors import ConnectorFactory, SinkStart, SourceReader
 from nopstream.runtime.frames import MAX_TIMESTAMP, Barrier, Batch, EndOfInput, EndOfStream, Frame, Watermark
 from nopstream.runtime.gate import InputChannel, InputGate
 from nopstream.runtime.keyed import ShardCache
@@ -135,6 +135,7 @@ class Task:
         self._stopped = False
         self._barrier_arrived = asyncio.Event()
         self.final_epoch: int | None = None
+        self.finished_before = False  # restored from the job's final epoch: nothing left to do
         self._final_committed = asyncio.Event()
         self._side: list[tuple[str, str, Batch]] = []
         self._ended_inputs = False
@@ -190,7 +191,9 @@ class Task:
     # --- set-up ------------------------------------------------------------------------
 
     async def connect(self) -> None:
-        """Open every output channel of this subtask."""
+        """Open every output channel of this subtask (none when the job finished before)."""
+        if self.finished_before:
+            return
         for edge in self.plan.edges:
             if edge.source_vertex != self.vertex.vertex_id:
                 continue
@@ -270,10 +273,18 @@ class Task:
         """Return once the final epoch has been committed."""
         await self._final_committed.wait()
 
-    def recover(self, durable: int) -> None:
-        """After `restore` from epoch `durable`: sinks re-commit up to it and abort the rest."""
+    def recover(self, start: SinkStart, *, final: bool = False) -> None:
+        """Start of a run, after any `restore`, before any record: every sink recovers to the restore point.
+
+        With `final` the restored epoch is the job's final one: the job finished in an
+        earlier run, and `run` does nothing (it would emit the final results again).
+        """
         for sink in self.sinks:
-            sink.recover(durable)
+            sink.recover(start)
+        if final:
+            self.finished_before = True
+            self.final_epoch = start.durable
+            self._final_committed.set()
 
     # --- the loops ---------------------------------------------------------------------
 
@@ -282,7 +293,12 @@ class Task:
 
         End of data comes before the final barrier on every channel, so what operators
         flush at end of input (final aggregates, open windows) is in the final epoch.
+        A task restored from the final epoch has nothing to do.
         """
+        if self.finished_before:
+            if self.source is not None:
+                self.source.close()
+            return
         if self.source is not None:
             await self._run_source()
         else:

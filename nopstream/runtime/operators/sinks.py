@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nopstream.runtime.connectors import SinkWriter
+from nopstream.runtime.connectors import SinkStart, SinkWriter
 from nopstream.runtime.frames import Batch
 from nopstream.runtime.operators.base import STATE_SCHEMA_VERSION, empty_like
 
@@ -43,9 +43,9 @@ class SinkOperator:
         """Publish pending transactions up to `upto`."""
         self.writer.commit(upto)
 
-    def recover(self, durable: int) -> None:
-        """Re-commit up to the durable epoch, abort the rest."""
-        self.writer.recover(durable)
+    def recover(self, start: SinkStart) -> None:
+        """Start of a run: re-commit up to the durable epoch, abort the rest."""
+        self.writer.recover(start)
 
     def snapshot(self) -> dict[str, Any]:
         """The writer's state."""

@@ -1,0 +1,130 @@
+"""Where a run starts: the restore point, chosen from storage by one function for every start.
+
+Every start of a run (a first run, a global recovery, `nopstream run` again, a new pod
+generation) begins here. Storage is the truth: the restore point is the latest durable
+epoch of the namespace's current lineage, verified; an explicit epoch (`--restore-from`)
+only when the user names it. A record elsewhere that shows a later durable epoch (the
+etcd epoch log) while its manifest is missing refuses the restore, naming the
+manifest, instead of silently going back to an older epoch. The first epoch number of
+the run is past every epoch in storage and in the log: numbers never repeat, so no
+transaction or committed output of an earlier attempt is ever named again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from nopstream.checkpoint import catalog, lineage
+from nopstream.checkpoint.errors import RestoreRefused
+from nopstream.checkpoint.formats import manifest_path
+from nopstream.checkpoint.storage import Storage
+from nopstream.plan.canonical import fingerprint
+from nopstream.plan.partitioned import PartitionedPlan
+
+
+@dataclass(frozen=True)
+class NewLineage:
+    """Start over in a new lineage (once per nonce), from durable epoch `base` or from nothing."""
+
+    nonce: str
+    base: int | None = None
+
+
+@dataclass(frozen=True)
+class RestorePoint:
+    """The epoch a run restores (None: nothing), its lineage, and the run's first epoch number.
+
+    `from_plan`: the fingerprint of the plan the epoch was taken with, when it is
+    another plan (a rescale or upgrade from a stop savepoint).
+    """
+
+    epoch: int | None
+    kind: str | None
+    lineage: int
+    next_epoch: int
+    from_plan: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the restored epoch is the job's final one: the job is over."""
+        return self.kind == "final"
+
+    def to_json(self) -> bytes:
+        """Canonical JSON (the run's restore point in etcd, a worker's settings)."""
+        body = {
+            "epoch": self.epoch,
+            "kind": self.kind,
+            "lineage": self.lineage,
+            "nextEpoch": self.next_epoch,
+            "fromPlan": self.from_plan,
+        }
+        return json.dumps(body, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> RestorePoint:
+        """Parse `to_json`'s output."""
+        raw: dict[str, Any] = json.loads(data)
+        epoch = None if raw["epoch"] is None else int(raw["epoch"])
+        return cls(epoch, raw["kind"], int(raw["lineage"]), int(raw["nextEpoch"]), raw.get("fromPlan"))
+
+
+def choose(
+    storage: Storage,
+    plan: PartitionedPlan,
+    *,
+    new_lineage: NewLineage | None = None,
+    from_plan: str | None = None,
+    log_latest: int | None = None,
+    log_highest: int = 0,
+) -> RestorePoint:
+    """The verified restore point of a run of `plan`; RestoreRefused when it cannot be restored.
+
+    The latest durable epoch of the namespace's lineage, or the lineage's base while
+    it has none. `new_lineage`: start over first (`--fresh`, `--restore-from`, a
+    restart nonce). `from_plan`: the plan the epoch was taken with (an upgrade the
+    operator accepted); without it, a latest epoch taken with another plan is restored
+    only when it is a stop savepoint. `log_latest`/`log_highest`: the latest durable
+    and the highest epoch an epoch log records (etcd); a durable epoch there whose
+    manifest storage lacks refuses the restore.
+    """
+    namespace = plan.identity.checkpoint_namespace
+    if new_lineage is not None:
+        line = lineage.start_over(storage, namespace, nonce=new_lineage.nonce, base=new_lineage.base)
+    else:
+        line = lineage.current(storage, namespace)
+    chosen = catalog.latest_durable(storage, namespace, since=line.first_epoch)
+    if log_latest is not None and log_latest >= line.first_epoch and log_latest > (chosen or 0):
+        raise RestoreRefused(
+            f"epoch {log_latest} is durable in the epoch log but its manifest"
+            f" {storage.describe()}/{manifest_path(namespace, log_latest)} is missing or damaged;"
+            f" the latest manifest found is of epoch {chosen if chosen is not None else 'none'}"
+            " (restore an older epoch explicitly with --restore-from)"
+        )
+    if chosen is None:
+        chosen = line.base
+    kind = None
+    if chosen is not None:
+        manifest = catalog.read_manifest(storage, namespace, chosen)
+        kind = str(manifest.get("kind", "checkpoint"))
+        taken_with = manifest.get("planFingerprint")
+        if from_plan is None and kind == "stop" and taken_with != fingerprint(plan):
+            from_plan = str(taken_with)
+        catalog.load_checkpoint(storage, namespace, chosen, plan_fingerprint=from_plan or fingerprint(plan))
+    highest = max(
+        catalog.highest_epoch(storage, namespace) or 0, log_highest, chosen or 0, line.first_epoch - 1
+    )
+    return RestorePoint(chosen, kind, line.number, highest + 1, from_plan=from_plan)
+
+
+def load(storage: Storage, plan: PartitionedPlan, point: RestorePoint) -> catalog.Checkpoint | None:
+    """The verified checkpoint of a restore point (None when it restores nothing)."""
+    if point.epoch is None:
+        return None
+    return catalog.load_checkpoint(
+        storage,
+        plan.identity.checkpoint_namespace,
+        point.epoch,
+        plan_fingerprint=point.from_plan or fingerprint(plan),
+    )
