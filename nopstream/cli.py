@@ -1,4 +1,4 @@
-"""The `nopstream` command: run, validate, plan, diff, crd, status; `task` and `coordinator` in pods.
+"""The `nopstream` command: run, chaos, validate, plan, diff, crd, status; `task` and `coordinator` in pods.
 
 Exit codes: 0 ok, 1 invalid input (or a refused change for `diff`), 2 usage error,
 3 the job failed while running.
@@ -47,6 +47,19 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="coordinate through this etcd server: coordinator and task processes as on Kubernetes",
     )
+    p = sub.add_parser(
+        "chaos", help="run a job clean, then under random SIGKILLs; compare the committed outputs exactly"
+    )
+    p.add_argument("file")
+    p.add_argument("--kills", type=int, default=10, help="SIGKILLs in the run under faults (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the kill moments and victims (default 0)")
+    p.add_argument("--etcd", metavar="HOST:PORT", help="run the job as `nopstream run --etcd` does")
+    p.add_argument(
+        "--workdir",
+        default=".nopstream/chaos",
+        help="checkpoints and outputs of both runs (default .nopstream/chaos)",
+    )
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds each run may take (default 600)")
     sub.add_parser(
         "task", help="run one task of a cluster job (identity and plan from NOPSTREAM_* variables)"
     )
@@ -232,6 +245,21 @@ def cmd_node(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_chaos(args: argparse.Namespace) -> int:
+    """Exit 0 when the output under kills equals the failure-free output, 1 when not, 3 when a run fails."""
+    from nopstream.local import chaos
+
+    load_file(args.file)  # refuse an invalid job before running anything
+    settings = chaos.ChaosSettings(
+        kills=args.kills, seed=args.seed, etcd=args.etcd, workdir=Path(args.workdir), timeout=args.timeout
+    )
+    try:
+        return chaos.run_chaos(Path(args.file), settings)
+    except chaos.ChaosFailed as failed:
+        print(f"chaos: {failed}", file=sys.stderr)
+        return EXIT_JOB_FAILED
+
+
 def cmd_savepoint(args: argparse.Namespace) -> int:
     """Ask a running job's coordinator for a savepoint; exit 1 when no coordinator answers."""
     import json
@@ -342,6 +370,7 @@ def dump_crd() -> str:
 
 _COMMANDS = {
     "run": cmd_run,
+    "chaos": cmd_chaos,
     "task": cmd_node,
     "coordinator": cmd_node,
     "validate": cmd_validate,

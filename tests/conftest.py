@@ -26,7 +26,9 @@ class Result:
     err: str
 
 
-def run_nopstream(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> Result:
+def run_nopstream(
+    *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT, timeout: float = 120
+) -> Result:
     """Run `python -m nopstream ARGS` as its own OS process, on this checkout."""
     path = os.pathsep.join([str(ROOT), str(ROOT / "operator"), *filter(None, [os.environ.get("PYTHONPATH")])])
     proc = subprocess.run(
@@ -35,7 +37,7 @@ def run_nopstream(*args: str, env: dict[str, str] | None = None, cwd: Path = ROO
         env={**os.environ, "PYTHONPATH": path, **(env or {})},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=False,
     )
     return Result(proc.returncode, proc.stdout, proc.stderr)

@@ -9,6 +9,10 @@ offset of the next line (an exclusive cut). `snapshot` returns every split's cur
 and the enumerator state (discovered and finished files); `restore` resumes each
 split at its cursor. With `discoveryIntervalMs` the source never ends and picks up
 new files as they appear; files are taken as complete once visible.
+WARNING: a file being read must not change. The snapshot keeps a hash of each split's
+head; a restore whose unfinished split is shorter than its cursor, missing, or starts
+with other bytes is refused naming the split (never skipped), and a file that shrinks
+under a running job fails the run.
 
 Sink (STAGED_ATOMIC_COMMIT): per sink subtask, one staged file per epoch, linked
 into place when the epoch is committed, never over another file (see `FileSink`).
@@ -17,6 +21,7 @@ into place when the epoch is committed, never over another file (see `FileSink`)
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -24,11 +29,13 @@ from typing import Any
 
 import orjson
 
+from nopstream.checkpoint.errors import RestoreRefused
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
 from nopstream.plan.keys import stable_hash
 from nopstream.runtime.frames import Batch
 
 _READ_HINT = 1 << 16
+_HEAD = 4096  # bytes of a split's head hashed to tell a different file under the same name
 
 
 class FileSource:
@@ -43,6 +50,7 @@ class FileSource:
         self.parallelism = parallelism
         self.cursors: dict[str, int] = {}
         self.finished: set[str] = set()
+        self.heads: dict[str, tuple[int, str]] = {}  # split -> (bytes hashed, sha256 of them)
         self._queue: list[str] = []
         self._ahead: list[bytes] = []
         self._current: Any = None
@@ -76,6 +84,13 @@ class FileSource:
                     break
                 self._ahead.extend(more)
             if not self._ahead:
+                assert self._current_path is not None
+                size = os.fstat(self._current.fileno()).st_size
+                if size < self.cursors[self._current_path]:
+                    raise RuntimeError(
+                        f"split '{self._current_path}' shrank to {size} bytes under a running job"
+                        f" (its cursor is at byte {self.cursors[self._current_path]})"
+                    )
                 self._close_current(finished=True)
                 continue
             lines, self._ahead = self._ahead[:max_records], self._ahead[max_records:]
@@ -103,14 +118,26 @@ class FileSource:
         self._ahead = []
 
     def snapshot(self) -> dict[str, Any]:
-        """Cursor of every split and the enumerator's discovered and finished files."""
-        return {"cursors": dict(self.cursors), "finished": sorted(self.finished)}
+        """Every split's cursor, the discovered and finished files, and the heads of splits begun."""
+        for path, cursor in self.cursors.items():
+            if cursor and path not in self.finished and path not in self.heads:
+                n = min(cursor, _HEAD)
+                self.heads[path] = (n, _head_hash(path, n))
+        begun = {p: list(h) for p, h in self.heads.items() if p not in self.finished}
+        return {"cursors": dict(self.cursors), "finished": sorted(self.finished), "heads": begun}
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Resume every split at its cursor; finished files are not read again."""
+        """Resume every split at its cursor; finished files are not read again; RestoreRefused
+        when an unfinished split changed under its cursor."""
         self._close_current(finished=False)
         self.cursors = {p: int(c) for p, c in state.get("cursors", {}).items() if self._mine(p)}
         self.finished = {p for p in state.get("finished", []) if self._mine(p)}
+        self.heads = {
+            p: (int(n), str(h)) for p, (n, h) in state.get("heads", {}).items() if p in self.cursors
+        }
+        for path, cursor in self.cursors.items():
+            if cursor and path not in self.finished:
+                _check_split(path, cursor, self.heads.get(path))
         self._queue = sorted(p for p in self.cursors if p not in self.finished)
         self._discover()
 
@@ -212,6 +239,29 @@ class FileSink(StagedSink):
     def finish(self) -> None:
         """End of input: write the staged file out (its records wait for the final epoch)."""
         self._release()
+
+
+def _head_hash(path: str, n: int) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read(n)).hexdigest()
+
+
+def _check_split(path: str, cursor: int, head: tuple[int, str] | None) -> None:
+    """RestoreRefused naming the split when the file is not the one its cursor was taken in."""
+    rule = "a file being read must not shrink or be replaced (docs/runtime.md)"
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise RestoreRefused(f"split '{path}' is gone, its cursor is at byte {cursor}: {rule}") from None
+    if size < cursor:
+        raise RestoreRefused(
+            f"split '{path}' changed under its cursor: the file has {size} bytes, the cursor is at"
+            f" byte {cursor}: {rule}"
+        )
+    if head is not None and _head_hash(path, head[0]) != head[1]:
+        raise RestoreRefused(
+            f"split '{path}' changed under its cursor: its first {head[0]} bytes differ: {rule}"
+        )
 
 
 def _fsync_dir(path: Path) -> None:

@@ -3,7 +3,9 @@
 Source (REPLAYABLE): the objects under `prefix`, one split per object, read as text
 lines or JSON lines. Split `key` belongs to subtask `stableHash(key) mod parallelism`.
 Cursor: the byte offset of the next line (an exclusive cut); `snapshot` returns every
-split's cursor and the finished objects; `restore` resumes each at its cursor.
+split's cursor, the finished objects and the ETag of each object begun; `restore`
+resumes each at its cursor, and refuses (naming the split) when an unfinished object
+begun is gone or has another ETag: an object being read must not change.
 
 Sink (STAGED_ATOMIC_COMMIT): transaction N of a subtask collects its records and, at
 barrier N, is PUT as the staged object `{prefix}.staging/{object}` (durable once the
@@ -22,10 +24,13 @@ from typing import Any
 
 import orjson
 
+from nopstream.checkpoint.errors import RestoreRefused
 from nopstream.checkpoint.s3 import S3Storage
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
 from nopstream.plan.keys import stable_hash
 from nopstream.runtime.frames import Batch
+
+_RULE = "an object being read must not change (docs/runtime.md)"
 
 
 def connect(config: dict[str, Any]) -> S3Storage:
@@ -52,6 +57,7 @@ class S3Source:
         self.parallelism = parallelism
         self.cursors: dict[str, int] = {}
         self.finished: set[str] = set()
+        self.etags: dict[str, str] = {}
         self._lines: list[bytes] = []
         self._current: str | None = None
         for key in self.store.list(self.prefix):
@@ -66,6 +72,7 @@ class S3Source:
                 if not todo:
                     return None
                 self._current = todo[0]
+                self.etags.setdefault(self._current, self.store.etag(self._current) or "")
                 self._lines = self.store.get_from(self._current, self.cursors[self._current]).splitlines(True)
             if not self._lines:
                 self.finished.add(self._current)
@@ -78,15 +85,27 @@ class S3Source:
             return Batch([line.decode("utf-8").rstrip("\r\n") for line in lines])
 
     def snapshot(self) -> dict[str, Any]:
-        """Cursor of every split and the finished objects."""
-        return {"cursors": dict(self.cursors), "finished": sorted(self.finished)}
+        """Cursor of every split, the finished objects, and the ETags of the unfinished ones begun."""
+        begun = {k: e for k, e in self.etags.items() if k not in self.finished and self.cursors.get(k)}
+        return {"cursors": dict(self.cursors), "finished": sorted(self.finished), "etags": begun}
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Resume every split at its cursor."""
+        """Resume every split at its cursor; RestoreRefused when an unfinished object begun changed."""
+        finished = set(state.get("finished", []))
         for key, cursor in state.get("cursors", {}).items():
+            if stable_hash(key) % self.parallelism != self.subtask:
+                continue
+            if key not in self.cursors and int(cursor) and key not in finished:
+                raise RestoreRefused(f"split '{key}' is gone, its cursor is at byte {cursor}: {_RULE}")
             if key in self.cursors:
                 self.cursors[key] = int(cursor)
-        self.finished = {k for k in state.get("finished", []) if k in self.cursors}
+        self.finished = {k for k in finished if k in self.cursors}
+        self.etags = {k: str(e) for k, e in state.get("etags", {}).items() if k in self.cursors}
+        for key, etag in self.etags.items():
+            if key not in self.finished and self.store.etag(key) != etag:
+                raise RestoreRefused(
+                    f"split '{key}' changed under its cursor (its ETag is not {etag}): {_RULE}"
+                )
         self._current, self._lines = None, []
 
     def close(self) -> None:

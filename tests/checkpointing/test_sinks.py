@@ -168,7 +168,7 @@ def test_committed_output_newer_than_the_restore_point_is_refused(where):
     s = where.sink()
     with pytest.raises(RestoreRefused) as refused:
         s.recover(SinkStart(5))
-    assert f"sink 'out' subtask 1 already committed epoch 7 (" in str(refused.value)
+    assert "sink 'out' subtask 1 already committed epoch 7 (" in str(refused.value)
     assert "after the restore point (epoch 5): the manifest of a later epoch is missing" in str(refused.value)
     where.sink().recover(SinkStart(5, lineage=2))  # another lineage's names: nothing to refuse
 
@@ -196,7 +196,9 @@ def test_a_commit_never_replaces_committed_output_that_is_not_its_own(where):
     s.write(Batch([{"a": 1}]))
     s.prepare(1)
     where.put(obj(1), '{"someone":"else"}\n')  # appeared between pre-commit and commit
-    with pytest.raises(OutputConflict, match="refusing to replace committed output .*job.main.l1.out.1.0000000001"):
+    with pytest.raises(
+        OutputConflict, match=r"refusing to replace committed output .*job\.main\.l1\.out\.1\.0000000001"
+    ):
         s.commit(1)
     assert where.read(obj(1)) == '{"someone":"else"}\n'
     assert where.staged() == [obj(1)]

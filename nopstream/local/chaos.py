@@ -1,0 +1,284 @@
+"""`nopstream chaos FILE`: prove exactly-once on any job by killing it at random.
+
+It runs the job twice as `nopstream run` processes (or `nopstream run --etcd`), each
+with checkpoints and sink output of its own (a copy of the job file points them into
+the chaos directory, or under a prefix of their own in the sinks' buckets): once
+failure-free, then again while killing its processes with SIGKILL at seeded random
+moments from the first second on: a task process, a coordinator candidate (with
+`--etcd`), or the whole runner with every process it started (then started again,
+as a user would). The committed output of both runs is compared as exact multisets:
+anything missing or doubled is printed with examples, and the verdict is exit 1.
+A user function that is not deterministic shows up here too.
+WARNING: the job's sources are read by both runs and must not change meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from nopstream.checkpoint.s3 import S3Storage
+from nopstream.connectors import s3 as s3_connector
+
+EXAMPLES = 5  # records shown of each kind of difference
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+
+
+@dataclass(frozen=True)
+class ChaosSettings:
+    """What to kill, how often, and within which bounds."""
+
+    kills: int = 10
+    seed: int = 0
+    etcd: str | None = None
+    workdir: Path = Path(".nopstream/chaos")
+    timeout: float = 600.0
+    first_kill: tuple[float, float] = (0.1, 1.0)
+    between_kills: tuple[float, float] = (0.2, 1.2)
+
+
+@dataclass
+class Outcome:
+    """What one run of the job did, and what its sinks committed."""
+
+    code: int
+    kills: Counter[str] = field(default_factory=Counter)
+    recoveries: int = 0
+    starts: int = 1
+    errors: str = ""
+    records: Counter[str] = field(default_factory=Counter)
+
+
+class ChaosFailed(RuntimeError):
+    """A run of the job could not complete (not a difference of outputs)."""
+
+
+def run_chaos(job_file: Path, settings: ChaosSettings, *, out: TextIO = sys.stdout) -> int:
+    """Run the job clean, then under kills; print the comparison; 0 when the outputs are equal."""
+    raw = yaml.safe_load(job_file.read_text())
+    token = uuid.uuid4().hex[:8]
+    base = settings.workdir / token
+    clean = _run(job_file, raw, base / "clean", f"chaos-{token}-clean", settings, kills=0)
+    if clean.code != 0:
+        raise ChaosFailed(f"the failure-free run failed (exit {clean.code}):\n{clean.errors.strip()}")
+    faulty = _run(job_file, raw, base / "faulty", f"chaos-{token}-faulty", settings, kills=settings.kills)
+    if faulty.code != 0:
+        raise ChaosFailed(f"the run under kills failed (exit {faulty.code}):\n{faulty.errors.strip()}")
+    missing, doubled = clean.records - faulty.records, faulty.records - clean.records
+    kills = ", ".join(f"{n} {what}" for what, n in sorted(faulty.kills.items())) or "none"
+    print(
+        f"chaos: {job_file} (seed {settings.seed}{', etcd ' + settings.etcd if settings.etcd else ''})",
+        file=out,
+    )
+    done = sum(faulty.kills.values())
+    ended = f"; the job ended after {done} of {settings.kills}" if done < settings.kills else ""
+    print(f"  SIGKILLs: {done} ({kills}){ended}", file=out)
+    print(f"  global recoveries: {faulty.recoveries}; runner starts: {faulty.starts}", file=out)
+    total, got = sum(clean.records.values()), sum(faulty.records.values())
+    print(f"  committed records: {total} failure-free, {got} under kills", file=out)
+    for name, diff in (("missing", missing), ("duplicated", doubled)):
+        print(f"  {name}: {sum(diff.values())}", file=out)
+        for record, n in sorted(diff.items())[:EXAMPLES]:
+            print(f"    {record}" + (f" (x{n})" if n > 1 else ""), file=out)
+    verdict = "exactly once" if not missing and not doubled else "NOT exactly once"
+    print(f"  verdict: {verdict}", file=out)
+    return 0 if not missing and not doubled else 1
+
+
+def _run(
+    job_file: Path, raw: dict[str, Any], home: Path, tag: str, settings: ChaosSettings, *, kills: int
+) -> Outcome:
+    """One run of the job with its own checkpoints and outputs, started again after each whole-runner kill."""
+    home.mkdir(parents=True, exist_ok=True)
+    job = _isolated(raw, home, tag)
+    path = home / "job.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    rng = random.Random(f"{settings.seed}:{kills}")
+    outcome = Outcome(code=-1)
+    deadline = time.monotonic() + settings.timeout
+    left = kills
+    while True:
+        proc = _start(job_file, path, home, settings)
+        left -= _kill_at_random(proc, rng, left, outcome, settings, first=outcome.starts == 1)
+        try:
+            code = proc.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise ChaosFailed(f"{tag}: the job did not finish within {settings.timeout:.0f}s") from None
+        if code == -signal.SIGKILL:  # the whole runner was killed: start it again, as a user would
+            _wait_group_gone(proc)
+            outcome.starts += 1
+            continue
+        outcome.code = code
+        break
+    outcome.errors = (home / "runner.err").read_text(errors="replace")
+    outcome.recoveries = outcome.errors.count("recovering: ")
+    outcome.records = committed(job, home)
+    return outcome
+
+
+def _start(job_file: Path, path: Path, home: Path, settings: ChaosSettings) -> subprocess.Popen[bytes]:
+    """`nopstream run` of the isolated job file, in a session of its own (so all of it can be killed)."""
+    extra = ["--etcd", settings.etcd] if settings.etcd else []
+    python_path = [str(job_file.resolve().parent), _PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in python_path if p)}
+    with (home / "runner.err").open("ab") as err:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "nopstream",
+                "run",
+                str(path),
+                "--max-restarts",
+                "1000",
+                "--workdir",
+                str(home / "work"),
+                *extra,
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+
+
+def _kill_at_random(
+    proc: subprocess.Popen[bytes],
+    rng: random.Random,
+    left: int,
+    outcome: Outcome,
+    settings: ChaosSettings,
+    *,
+    first: bool,
+) -> int:
+    """Kill processes of the run at random moments until `left` kills are done or it ends; how many."""
+    done = 0
+    delay = rng.uniform(*settings.first_kill) if first else rng.uniform(*settings.between_kills)
+    while done < left and proc.poll() is None:
+        time.sleep(delay)
+        delay = rng.uniform(*settings.between_kills)
+        victims = _victims(proc.pid, etcd=settings.etcd is not None)
+        roll = rng.random()
+        if roll < 0.2:
+            kind, pid = "whole runner", None
+        elif roll < 0.4 and victims["coordinator"]:
+            kind, pid = "coordinator", rng.choice(victims["coordinator"])
+        elif victims["task"]:
+            kind, pid = "task", rng.choice(victims["task"])
+        else:
+            continue
+        if proc.poll() is not None:
+            break
+        if pid is None:
+            _kill_group(proc)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        outcome.kills[kind] += 1
+        done += 1
+        if pid is None:
+            break
+    return done
+
+
+def _victims(pid: int, *, etcd: bool) -> dict[str, list[int]]:
+    """The runner's task processes and coordinator candidates (Linux /proc)."""
+    found: dict[str, list[int]] = {"task": [], "coordinator": []}
+    for child in _children(pid):
+        role = "task"
+        if etcd:
+            with contextlib.suppress(OSError):
+                argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+                role = "coordinator" if b"coordinator" in argv else "task"
+        found[role].append(child)
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the runner and every process of its session at once."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _wait_group_gone(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """Wait until no process of the killed runner's session is left (they hold its lock)."""
+    proc.wait()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise ChaosFailed(f"processes of the killed runner {proc.pid} are still alive after {timeout:.0f}s")
+
+
+def _isolated(raw: dict[str, Any], home: Path, tag: str) -> dict[str, Any]:
+    """A copy of the job whose checkpoints and sink outputs are its own (under `home` or a prefix)."""
+    job = copy.deepcopy(raw)
+    spec = job["spec"] if "kind" in job or "apiVersion" in job else job
+    checkpoint = spec.setdefault("checkpoint", {})
+    storage = checkpoint.get("storage") or {}
+    if "s3" in storage:
+        storage["s3"]["prefix"] = f"{storage['s3'].get('prefix', '')}{tag}/"
+    else:
+        storage = {"local": {"path": str((home / "checkpoints").resolve())}}
+    checkpoint["storage"] = storage
+    for sink in spec.get("model", {}).get("sinks", []):
+        config = sink.setdefault("config", {})
+        if sink.get("type") == "file":
+            config["path"] = str((home / "out" / sink["id"]).resolve())
+        elif sink.get("type") == "s3":
+            config["prefix"] = f"{config.get('prefix', '')}{tag}/"
+    return job
+
+
+def committed(job: dict[str, Any], home: Path) -> Counter[str]:
+    """Every record the job's file and s3 sinks committed, as a multiset (JSON records canonical)."""
+    spec = job["spec"] if "kind" in job or "apiVersion" in job else job
+    records: Counter[str] = Counter()
+    for sink in spec.get("model", {}).get("sinks", []):
+        config = sink.get("config", {})
+        jsonl = config.get("format", "jsonl") == "jsonl"
+        for data in _committed_objects(sink.get("type", ""), config):
+            for line in data.decode().splitlines():
+                records[json.dumps(json.loads(line), sort_keys=True) if jsonl else line] += 1
+    return records
+
+
+def _committed_objects(kind: str, config: dict[str, Any]) -> Iterator[bytes]:
+    if kind == "file":
+        directory = Path(config["path"])
+        for path in sorted(directory.iterdir()) if directory.is_dir() else []:
+            if path.is_file():
+                yield path.read_bytes()
+    elif kind == "s3":
+        store: S3Storage = s3_connector.connect(config)
+        prefix = config.get("prefix", "")
+        for key in store.list(prefix):
+            if not key[len(prefix) :].startswith(".staging/"):
+                yield store.get(key)

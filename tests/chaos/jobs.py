@@ -1,0 +1,256 @@
+"""The job shapes `nopstream chaos` is run on in CI, with their inputs and user functions.
+
+Each is small enough to run in seconds, paced (a little sleep per record) so that kills
+land while it runs, and deterministic, so that its failure-free output is one multiset.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FNS = """
+import time
+
+def split(line):
+    time.sleep(0.0008)
+    return line.split()
+
+def word(w):
+    return w
+
+def slow(r):
+    time.sleep(0.0015)
+    return r
+
+def tag_a(line):
+    time.sleep(0.001)
+    return {"src": "a", "line": line}
+
+def tag_b(line):
+    time.sleep(0.001)
+    return {"src": "b", "line": line}
+
+def is_small(c):
+    time.sleep(0.0012)
+    return c["amount"] < 10
+
+def is_large(c):
+    return c["amount"] > 500
+
+def alert(match):
+    small, large = match["small"][0], match["large"][0]
+    return {"card": small["card"], "small": small["ts"], "large": large["ts"]}
+
+def upper(line):
+    time.sleep(0.0008)
+    return line.upper()
+
+def long_enough(line):
+    return len(line) > 10
+"""
+
+
+def _words(rng: random.Random, files: int, lines: int, vocabulary: int = 200) -> dict[str, str]:
+    words = [f"w{i}" for i in range(vocabulary)]
+    return {
+        f"part-{f}.txt": "".join(" ".join(rng.choices(words, k=6)) + "\n" for _ in range(lines))
+        for f in range(files)
+    }
+
+
+def _job(job_id: str, model: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {"jobId": job_id, "checkpoint": {"intervalMs": 250}, **spec, "model": model}
+
+
+def rolling_count(home: Path) -> dict[str, Any]:
+    """A running count (rolling) at parallelism 3 into a file sink at parallelism 2."""
+    _write(home, _words(random.Random(1), 4, 1500))
+    return _job(
+        "rolling-count",
+        {
+            "sources": [{"id": "lines", "type": "file", "config": {"path": f"{home}/in/*.txt"}}],
+            "operators": [
+                {"id": "split", "type": "flat_map", "fn": "chaosfns:split"},
+                {"id": "by-word", "type": "key_by", "key": {"fn": "chaosfns:word"}},
+                {"id": "count", "type": "aggregate", "aggregate": "count", "emit": "rolling"},
+            ],
+            "sinks": [{"id": "out", "type": "file", "parallelism": 2, "config": {"path": "out"}}],
+        },
+        parallelism=3,
+    )
+
+
+def windows(home: Path) -> dict[str, Any]:
+    """Event-time tumbling windows with late data into a side output."""
+    rng = random.Random(3)
+    events = [
+        {"k": f"k{rng.randrange(12)}", "v": rng.randrange(100), "ts": i * 5 + rng.randrange(-300, 1)}
+        for i in range(6000)
+    ]
+    _write(home, {"events.jsonl": "".join(json.dumps(e) + "\n" for e in events)})
+    return _job(
+        "late-windows",
+        {
+            "sources": [
+                {
+                    "id": "src",
+                    "type": "file",
+                    "parallelism": 1,
+                    "config": {"path": f"{home}/in/events.jsonl", "format": "jsonl"},
+                    "watermark": {"timestampField": "ts", "maxOutOfOrdernessMs": 100},
+                }
+            ],
+            "operators": [
+                {"id": "slow", "type": "map", "fn": "chaosfns:slow"},
+                {
+                    "id": "win",
+                    "type": "window",
+                    "key": {"field": "k"},
+                    "aggregate": {"kind": "sum", "field": "v"},
+                    "window": {"kind": "tumbling", "time": "event", "sizeMs": 500, "lateOutput": "late"},
+                },
+            ],
+            "sinks": [
+                {"id": "out", "type": "file", "inputs": ["win"], "config": {"path": "out"}},
+                {"id": "late", "type": "file", "inputs": ["win:late"], "config": {"path": "late"}},
+            ],
+        },
+        parallelism=2,
+    )
+
+
+def cep(home: Path) -> dict[str, Any]:
+    """A keyed CEP pattern (a small charge, then a large one on the same card within 2 s)."""
+    rng = random.Random(5)
+    charges = [
+        {"card": f"c{rng.randrange(30)}", "amount": rng.choice([3, 7, 40, 90, 800, 1200]), "ts": i * 20}
+        for i in range(5000)
+    ]
+    _write(home, {"charges.jsonl": "".join(json.dumps(c) + "\n" for c in charges)})
+    return _job(
+        "cep-fraud",
+        {
+            "sources": [
+                {
+                    "id": "charges",
+                    "type": "file",
+                    "config": {"path": f"{home}/in/*.jsonl", "format": "jsonl"},
+                    "watermark": {"timestampField": "ts", "maxOutOfOrdernessMs": 50},
+                }
+            ],
+            "operators": [
+                {
+                    "id": "fraud",
+                    "type": "cep",
+                    "key": {"field": "card"},
+                    "pattern": {
+                        "steps": [
+                            {"name": "small", "where": "chaosfns:is_small"},
+                            {"name": "large", "where": "chaosfns:is_large", "contiguity": "relaxed"},
+                        ],
+                        "withinMs": 2000,
+                        "time": "event",
+                    },
+                },
+                {"id": "alert", "type": "map", "fn": "chaosfns:alert"},
+            ],
+            "sinks": [{"id": "alerts", "type": "file", "config": {"path": "out"}}],
+        },
+        parallelism=2,
+    )
+
+
+def union(home: Path) -> dict[str, Any]:
+    """Two sources of different parallelism joined by a union, counted per word (final)."""
+    rng = random.Random(7)
+    a, b = _words(rng, 3, 1200), _words(rng, 2, 1500)
+    _write(home, {f"a-{k}": v for k, v in a.items()} | {f"b-{k}": v for k, v in b.items()})
+    return _job(
+        "union-count",
+        {
+            "sources": [
+                {"id": "a", "type": "file", "parallelism": 2, "config": {"path": f"{home}/in/a-*.txt"}},
+                {"id": "b", "type": "file", "parallelism": 1, "config": {"path": f"{home}/in/b-*.txt"}},
+            ],
+            "operators": [
+                {"id": "ta", "type": "map", "inputs": ["a"], "fn": "chaosfns:tag_a"},
+                {"id": "tb", "type": "map", "inputs": ["b"], "fn": "chaosfns:tag_b"},
+                {"id": "both", "type": "union", "inputs": ["ta", "tb"]},
+                {"id": "by-src", "type": "key_by", "key": {"field": "src"}},
+                {"id": "count", "type": "aggregate", "aggregate": "count"},
+            ],
+            "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
+        },
+        parallelism=2,
+    )
+
+
+def file_to_file(home: Path) -> dict[str, Any]:
+    """A stateless filter and map from files to files."""
+    _write(home, _words(random.Random(9), 4, 2000))
+    return _job(
+        "file-to-file",
+        {
+            "sources": [{"id": "lines", "type": "file", "config": {"path": f"{home}/in/*.txt"}}],
+            "operators": [
+                {"id": "keep", "type": "filter", "fn": "chaosfns:long_enough"},
+                {"id": "up", "type": "map", "fn": "chaosfns:upper"},
+            ],
+            "sinks": [{"id": "out", "type": "file", "config": {"path": "out", "format": "text"}}],
+        },
+        parallelism=2,
+    )
+
+
+def minio_to_minio(home: Path, *, client: Any, bucket: str, endpoint: str) -> dict[str, Any]:
+    """A rolling word count at parallelism 3 from MinIO to MinIO, checkpoints in MinIO too."""
+    for name, text in _words(random.Random(11), 6, 800).items():
+        data = text.encode()
+        client.put_object(bucket, f"in/{name}", io.BytesIO(data), len(data))
+    s3 = {"endpoint": endpoint, "bucket": bucket}
+    return _job(
+        "minio-count",
+        {
+            "sources": [{"id": "lines", "type": "s3", "config": {**s3, "prefix": "in/"}}],
+            "operators": [
+                {"id": "split", "type": "flat_map", "fn": "chaosfns:split"},
+                {"id": "by-word", "type": "key_by", "key": {"fn": "chaosfns:word"}},
+                {"id": "count", "type": "aggregate", "aggregate": "count", "emit": "rolling"},
+            ],
+            "sinks": [{"id": "out", "type": "s3", "config": {**s3, "prefix": "out/"}}],
+        },
+        parallelism=3,
+        checkpoint={"intervalMs": 250, "storage": {"s3": {**s3, "prefix": "cp/"}}},
+    )
+
+
+SHAPES: dict[str, Callable[..., dict[str, Any]]] = {
+    "rolling-count": rolling_count,
+    "late-windows": windows,
+    "cep": cep,
+    "union": union,
+    "file-to-file": file_to_file,
+}
+
+
+def _write(home: Path, inputs: dict[str, str]) -> None:
+    (home / "in").mkdir(parents=True, exist_ok=True)
+    for name, text in inputs.items():
+        (home / "in" / name).write_text(text)
+
+
+def prepare(home: Path, model: dict[str, Any]) -> Path:
+    """Write the job file and its functions module into `home`; the job file's path."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "chaosfns.py").write_text(textwrap.dedent(FNS))
+    path = home / "job.yaml"
+    path.write_text(yaml.safe_dump(model, sort_keys=False))
+    return path

@@ -1,0 +1,87 @@
+"""`nopstream chaos` over a matrix of job shapes x modes, each cell exactly once under SIGKILLs.
+
+Every cell runs the real command: the job failure-free, then again while tasks,
+coordinator candidates (`--etcd`) and the whole runner are SIGKILLed at seeded random
+moments from the first second on, and the runner started again after each
+whole-runner kill. Six kills are asked of each of the twelve cells and at least five
+must land, so a CI run makes at least 60. The last test shows that the check can
+fail: a job whose function is not deterministic is reported, exit 1.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.chaos import jobs
+from tests.conftest import run_nopstream
+
+KILLS = 6
+MODES = ["run", "etcd"]
+
+
+def chaos(job, tmp_path, *, mode: str, etcd_server, seed: int, env: dict[str, str] | None = None):
+    args = [
+        "chaos",
+        str(job),
+        "--kills",
+        str(KILLS),
+        "--seed",
+        str(seed),
+        "--workdir",
+        str(tmp_path / "chaos"),
+    ]
+    if mode == "etcd":
+        host, port = etcd_server.endpoint
+        args += ["--etcd", f"{host}:{port}"]
+    return run_nopstream(*args, env=env, cwd=tmp_path, timeout=400)
+
+
+def check(result, capsys, cell: str) -> None:
+    with capsys.disabled():
+        print(f"\n[chaos] {cell}\n{result.out}{result.err}", end="")
+    assert result.code == 0, result.out + result.err
+    kills = int(re.search(r"SIGKILLs: (\d+)", result.out).group(1))
+    assert kills >= KILLS - 1, f"only {kills} SIGKILLs landed"
+    assert "missing: 0\n" in result.out and "duplicated: 0\n" in result.out
+    assert "verdict: exactly once" in result.out
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", sorted(jobs.SHAPES))
+def test_chaos_cell(shape, mode, tmp_path, etcd_server, capsys):
+    home = tmp_path / "job"
+    job = jobs.prepare(home, jobs.SHAPES[shape](home))
+    seed = sorted(jobs.SHAPES).index(shape) * 2 + MODES.index(mode)
+    check(chaos(job, tmp_path, mode=mode, etcd_server=etcd_server, seed=seed), capsys, f"{shape} / {mode}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_chaos_cell_minio_to_minio(mode, tmp_path, etcd_server, minio_server, minio_client, bucket, capsys):
+    home = tmp_path / "job"
+    model = jobs.minio_to_minio(home, client=minio_client, bucket=bucket, endpoint=minio_server.url)
+    job = jobs.prepare(home, model)
+    env = {
+        "NOPSTREAM_S3_ACCESS_KEY": minio_server.access_key,
+        "NOPSTREAM_S3_SECRET_KEY": minio_server.secret_key,
+    }
+    result = chaos(job, tmp_path, mode=mode, etcd_server=etcd_server, seed=20 + MODES.index(mode), env=env)
+    check(result, capsys, f"minio-to-minio / {mode}")
+    staged = [o.object_name for o in minio_client.list_objects(bucket, prefix="out/", recursive=True)]
+    assert staged and not [k for k in staged if "/.staging/" in k]
+
+
+def test_chaos_reports_a_function_that_is_not_deterministic(tmp_path, etcd_server):
+    home = tmp_path / "job"
+    model = jobs.file_to_file(home)
+    model["model"]["operators"][1]["fn"] = "chaosfns:stamp"
+    job = jobs.prepare(home, model)
+    (home / "chaosfns.py").write_text(
+        (home / "chaosfns.py").read_text() + "\n\ndef stamp(line):\n    return f'{line} {time.time_ns()}'\n"
+    )
+    result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=0)
+    assert result.code == 1, result.out + result.err
+    assert "committed records: 8000 failure-free, " in result.out
+    assert re.search(r"missing: [1-9]\d*\n    w\d+ ", result.out), result.out
+    assert "verdict: NOT exactly once" in result.out
