@@ -161,8 +161,13 @@ class EpochCoordinator:
             current.complete.set()
 
     async def run(self) -> None:
-        """Take epochs until the final one is committed."""
+        """Take epochs, the first one an interval after the start (as Flink does), until the final one.
+
+        An epoch adopted from a predecessor is taken at once.
+        """
         interval = self.settings.interval_ms / 1000
+        if self._adopted is None and not self.done.is_set():
+            await self._wait_interval(interval)
         while not self.done.is_set():
             final = self.finished_sources >= self.sources
             await self._take(final)

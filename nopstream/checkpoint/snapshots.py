@@ -68,7 +68,8 @@ def split(
             enumerator,
             "enumerator",
         )
-    marks = {k: state[k] for k in ("watermarks", "sourceWatermark") if k in state}
+    # the task's progress through time: its watermarks, and whether its data has ended
+    marks = {k: state[k] for k in ("watermarks", "sourceWatermark", "dataEnded") if k in state}
     put(_path(plan, "operator", epoch, vertex_id, subtask, stateName="watermarks"), marks, "watermarks")
     return out
 
@@ -124,7 +125,12 @@ def join(
             source: dict[str, Any] = {}
             for enumerator in enumerators:
                 for key, value in enumerator.items():
-                    source[key] = sorted({*source.get(key, []), *value}) if isinstance(value, list) else value
+                    if isinstance(value, list):
+                        source[key] = sorted({*source.get(key, []), *value})
+                    elif isinstance(value, dict):  # per split (file heads, object ETags): each split once
+                        source[key] = {**source.get(key, {}), **value}
+                    else:
+                        source[key] = value
             source["cursors"] = {
                 p["split"]: p["cursor"]
                 for (_, kind, _), p in _under(plan, "source", epoch, source_id, segments)

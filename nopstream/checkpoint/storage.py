@@ -125,5 +125,5 @@ class LocalStorage:
             parent = parent.parent
 
     def describe(self) -> str:
-        """The directory."""
-        return str(self.root)
+        """The directory, absolute."""
+        return str(self.root.resolve())

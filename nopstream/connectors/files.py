@@ -234,7 +234,7 @@ class FileSink(StagedSink):
         (self.staging / name).unlink(missing_ok=True)
 
     def _where(self, name: str) -> str:
-        return str(self.dir / name)
+        return str((self.dir / name).resolve())
 
     def finish(self) -> None:
         """End of input: write the staged file out (its records wait for the final epoch)."""

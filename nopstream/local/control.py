@@ -73,7 +73,9 @@ class ControlServer:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/savepoint", self._savepoint)
         app.router.add_post("/source-finished", self._source_finished)
-        self._runner = web.AppRunner(app, access_log=None)
+        # A run that ends or fails does not wait for requests still waiting on a task
+        # that will never register (GET /endpoint waits up to a minute).
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"

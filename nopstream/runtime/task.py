@@ -136,6 +136,7 @@ class Task:
         self._barrier_arrived = asyncio.Event()
         self.final_epoch: int | None = None
         self.finished_before = False  # restored from the job's final epoch: nothing left to do
+        self._data_ended = False  # operators flushed at end of data (kept in snapshots: never twice)
         self._final_committed = asyncio.Event()
         self._side: list[tuple[str, str, Batch]] = []
         self._ended_inputs = False
@@ -246,6 +247,7 @@ class Task:
         if self._generator is not None and "sourceWatermark" in state:
             self._generator.restore(state["sourceWatermark"])
         self.watermarks.restore(state.get("watermarks", {}))
+        self._data_ended = bool(state.get("dataEnded", False))
 
     def trigger_barrier(self, epoch: int, kind: str = "checkpoint") -> bool:
         """Ask a source task to inject barrier `epoch` at its next safe point; False if it already has.
@@ -354,15 +356,21 @@ class Task:
                 self._barrier_arrived.clear()
 
     async def _end_of_data(self, *, event_time: bool) -> None:
-        """No more records will come: event time ends, operators flush, outputs learn it."""
-        if event_time:
-            await self._advance_watermark(MAX_TIMESTAMP)
-        for i, op in enumerate(self.ops):
-            self._current_op = i
-            out = op.on_end()
-            await self._flush_side()
-            if out is not None and out.records:
-                await self._push(i + 1, out, 0)
+        """No more records will come: event time ends, operators flush, outputs learn it.
+
+        A task restored from an epoch taken after its data ended does not flush again:
+        what its operators emitted then is in that epoch already.
+        """
+        if not self._data_ended:
+            if event_time:
+                await self._advance_watermark(MAX_TIMESTAMP)
+            for i, op in enumerate(self.ops):
+                self._current_op = i
+                out = op.on_end()
+                await self._flush_side()
+                if out is not None and out.records:
+                    await self._push(i + 1, out, 0)
+            self._data_ended = True
         await self._send_all(EndOfInput())
 
     async def _source_watermark(self, gen: WatermarkGenerator | None) -> None:
@@ -501,6 +509,8 @@ class Task:
             state["source"] = self.source.snapshot()
         if self._generator is not None:
             state["sourceWatermark"] = self._generator.snapshot()
+        if self._data_ended:
+            state["dataEnded"] = True
         copied: dict[str, Any] = orjson.loads(orjson.dumps(state))
         return copied
 

@@ -1,0 +1,282 @@
+"""Exactly-once off the paths the fault suite walks: each way a user starts, reruns or
+disturbs a job, as a test that failed on main before the one rule for every start.
+
+1. a crash before the first durable epoch (the dead run had staged records);
+2. a finished job run again (processes and in-process), then started over with --fresh;
+3. a finished job run again on etcd, and again after its storage and output were deleted;
+4. two runs of one job at once;
+5. two jobs whose sinks share an output directory and a sink id;
+6. an input file truncated, or replaced, between runs;
+7. the latest manifest deleted (refused, locally and on etcd), then --restore-from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.chaos import jobs
+from tests.conftest import ROOT, run_nopstream
+
+
+def run(home: Path, *args: str, faults: str | None = None, timeout: float = 180):
+    env = {"NOPSTREAM_FAULTS": faults} if faults else None
+    return run_nopstream("run", "job.yaml", *args, cwd=home, env=env, timeout=timeout)
+
+
+def outputs(directory: Path) -> dict[str, str]:
+    """Every committed file of a sink directory, by name."""
+    return {p.name: p.read_text() for p in sorted(directory.glob("*.*")) if p.is_file()}
+
+
+def records(directory: Path, *, lineage: int | None = None) -> Counter[str]:
+    """The committed records of a sink directory (of one lineage), as a multiset."""
+    out: Counter[str] = Counter()
+    for name, text in outputs(directory).items():
+        if lineage is None or f".l{lineage}." in name:
+            out.update(json.dumps(json.loads(line), sort_keys=True) for line in text.splitlines())
+    return out
+
+
+def word_count(
+    home: Path, *, job_id: str = "wc", emit: str = "final", interval: int = 200, sink: str = "out"
+):
+    """A paced word count over 4 files into `sink`, checkpoints in cp/."""
+    model = jobs.rolling_count(home)
+    model.update(jobId=job_id, checkpoint={"intervalMs": interval, "storage": {"local": {"path": "cp"}}})
+    model["model"]["operators"][2]["emit"] = emit
+    model["model"]["sinks"][0]["config"]["path"] = sink
+    return jobs.prepare(home, model)
+
+
+def clean_records(tmp_path: Path, **kwargs) -> Counter[str]:
+    home = tmp_path / "clean"
+    word_count(home, **kwargs)
+    result = run(home)
+    assert result.code == 0, result.err
+    return records(home / kwargs.get("sink", "out"))
+
+
+def manifests(home: Path) -> list[Path]:
+    return sorted(home.glob("cp/checkpoint/*/*/*/_manifest.json"), key=lambda p: int(p.parent.name))
+
+
+def test_a_crash_before_the_first_durable_epoch_duplicates_nothing(tmp_path):
+    # The whole command dies just before the first manifest, after every sink staged
+    # epoch 1 (a long first epoch, so it holds records); the next start must not commit
+    # the dead run's staged records on top of its own.
+    expected = clean_records(tmp_path, emit="rolling", interval=1500)
+    home = tmp_path / "crashed"
+    word_count(home, emit="rolling", interval=1500)
+    first = run(home, faults="coordinator-before-manifest@1")
+    assert first.code == -signal.SIGKILL, first.err
+    assert manifests(home) == []
+    assert list((home / "out" / ".staging").iterdir()), "the dead run staged nothing"
+    again = run(home)
+    assert again.code == 0, again.err
+    got = records(home / "out")
+    assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
+    assert list((home / "out" / ".staging").iterdir()) == []
+
+
+@pytest.mark.parametrize("mode", [[], ["--in-process"]], ids=["processes", "in-process"])
+def test_a_finished_job_run_again_emits_nothing_and_fresh_starts_a_new_lineage(tmp_path, mode):
+    home = tmp_path / "job"
+    word_count(home)
+    assert run(home, *mode).code == 0
+    before = outputs(home / "out")
+    final = json.loads(manifests(home)[-1].read_text())
+    assert final["kind"] == "final"
+    again = run(home, *mode)
+    assert again.code == 0, again.err
+    assert f"job 'wc' already finished at epoch {final['epoch']}" in again.err
+    assert outputs(home / "out") == before
+    fresh = run(home, *mode, "--fresh")
+    assert fresh.code == 0, fresh.err
+    assert "already finished" not in fresh.err
+    assert records(home / "out", lineage=2) == records(home / "out", lineage=1) != Counter()
+    assert {k: v for k, v in outputs(home / "out").items() if ".l1." in k} == before
+    assert (
+        json.loads((home / "cp" / "checkpoint" / "wc" / "main" / "_lineage.json").read_text())["lineage"] == 2
+    )
+
+
+def test_a_finished_job_run_again_on_etcd_says_so_and_storage_wins(tmp_path, etcd_server):
+    host, port = etcd_server.endpoint
+    etcd = ["--etcd", f"{host}:{port}"]
+    expected = clean_records(tmp_path)
+    home = tmp_path / "job"
+    word_count(home, job_id="wc-etcd")
+    assert run(home, *etcd).code == 0
+    before = outputs(home / "out")
+    assert records(home / "out") == expected
+    again = run(home, *etcd, timeout=60)
+    assert again.code == 0, again.err
+    assert "job 'wc-etcd' already finished at epoch" in again.err
+    assert outputs(home / "out") == before
+    # Storage deleted, output kept: the committed output shows a later epoch existed.
+    subprocess.run(["rm", "-rf", str(home / "cp")], check=True)
+    kept = run(home, *etcd, timeout=60)
+    assert kept.code == 1, kept.err
+    assert "sink 'out' subtask 0 already committed epoch" in kept.err
+    assert outputs(home / "out") == before
+    # Storage and output deleted: etcd's record of a finished job is stale, storage wins.
+    subprocess.run(["rm", "-rf", str(home / "cp"), str(home / "out")], check=True)
+    over = run(home, *etcd, timeout=120)
+    assert over.code == 0, over.err
+    assert "already finished" not in over.err
+    assert records(home / "out") == expected
+
+
+def test_two_runs_of_one_job_at_once_the_second_is_refused(tmp_path):
+    expected = clean_records(tmp_path)
+    home = tmp_path / "job"
+    word_count(home)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(home)])}
+    first = subprocess.Popen(
+        [sys.executable, "-m", "nopstream", "run", "job.yaml"],
+        cwd=home,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not manifests(home) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = run(home)
+        assert second.code == 1, second.err
+        assert (
+            f"job 'wc' cannot run: checkpoint namespace 'wc/main' in {home / 'cp'} is held by"
+            f" nopstream run (pid {first.pid}, since "
+        ) in second.err
+        _, err = first.communicate(timeout=180)
+    finally:
+        first.kill()
+    assert first.returncode == 0, err
+    assert records(home / "out") == expected
+
+
+def test_two_jobs_sharing_an_output_directory_and_sink_id_keep_both_outputs(tmp_path):
+    expected = clean_records(tmp_path)
+    for job_id in ("a", "b"):
+        word_count(tmp_path / job_id, job_id=job_id, sink="../shared")
+        result = run(tmp_path / job_id)
+        assert result.code == 0, result.err
+    names = sorted(outputs(tmp_path / "shared"))
+    assert {n.split(".", 1)[0] for n in names} == {"a", "b"}
+    assert all(n.startswith(("a.main.l1.out.", "b.main.l1.out.")) for n in names), names
+    assert records(tmp_path / "shared") == expected + expected
+
+
+def kill_after_a_cursor(home: Path, split: str) -> dict:
+    """Run the job and SIGKILL all of it once a durable epoch has read part of `split`; that manifest."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(home)])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nopstream", "run", "job.yaml"], cwd=home, env=env, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for path in manifests(home):
+                manifest = json.loads(path.read_text())
+                for state in manifest["sources"].values():
+                    if state.get("cursors", {}).get(split) and split not in state.get("finished", []):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait(10)
+                        return manifest
+            time.sleep(0.02)
+        raise AssertionError("no durable epoch read part of the split")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("change", ["truncated", "replaced"])
+def test_an_input_changed_under_its_cursor_is_refused_naming_the_split(tmp_path, change):
+    home = tmp_path / "job"
+    word_count(home, emit="rolling")
+    split = str(home / "in" / "part-0.txt")
+    manifest = kill_after_a_cursor(home, split)
+    cursor = next(s["cursors"][split] for s in manifest["sources"].values() if split in s.get("cursors", {}))
+    data = Path(split).read_bytes()
+    if change == "truncated":
+        Path(split).write_bytes(data[: cursor // 2])
+    else:
+        Path(split).write_bytes(b"X" + data[1:])
+    before = outputs(home / "out")
+    result = run(home)
+    assert result.code == 1, result.err
+    if change == "truncated":
+        assert (
+            f"split '{split}' changed under its cursor: the file has {cursor // 2} bytes,"
+            f" the cursor is at byte {cursor}: a file being read must not shrink or be replaced"
+        ) in result.err
+    else:
+        assert (
+            f"split '{split}' changed under its cursor: its first {min(cursor, 4096)} bytes differ"
+            in result.err
+        )
+    assert "Traceback" not in result.err
+    assert outputs(home / "out") == before
+
+
+def test_a_deleted_latest_manifest_is_refused_then_restore_from_starts_a_lineage(tmp_path):
+    home = tmp_path / "job"
+    word_count(home, retain=20)
+    assert run(home).code == 0
+    before = outputs(home / "out")
+    # The manifest of the latest epoch that committed output is gone (and any later one,
+    # which committed nothing): restoring an older epoch would emit that output again.
+    committed = max(int(name.split(".")[-2]) for name in before)
+    for manifest in manifests(home):
+        if int(manifest.parent.name) >= committed:
+            manifest.unlink()
+    previous = int(manifests(home)[-1].parent.name)
+    subtask = next(name.split(".")[4] for name in before if int(name.split(".")[-2]) == committed)
+    refused = run(home)
+    assert refused.code == 1, refused.err
+    assert (
+        f"sink 'out' subtask {subtask} already committed epoch {committed}"
+        f" ({home / 'out'}/wc.main.l1.out.{subtask}.{committed:010d}.jsonl),"
+        f" after the restore point (epoch {previous}): the manifest of a later epoch is missing"
+    ) in refused.err
+    assert outputs(home / "out") == before
+    again = run(home, "--restore-from", str(previous))
+    assert again.code == 0, again.err
+    assert {k: v for k, v in outputs(home / "out").items() if ".l1." in k} == before
+    # what lineage 1 committed up to the restored epoch, and lineage 2 after it: the whole output once
+    # (when the restored epoch was taken after the data ended, lineage 2 emits nothing again)
+    upto = Counter(
+        json.dumps(json.loads(line), sort_keys=True)
+        for name, text in before.items()
+        if int(name.split(".")[-2]) <= previous
+        for line in text.splitlines()
+    )
+    assert upto + records(home / "out", lineage=2) == clean_records(tmp_path)
+
+
+def test_a_deleted_latest_manifest_is_refused_on_etcd_by_the_epoch_log(tmp_path, etcd_server):
+    host, port = etcd_server.endpoint
+    home = tmp_path / "job"
+    word_count(home, job_id="wc-log", sink="out")
+    assert run(home, "--etcd", f"{host}:{port}").code == 0
+    latest = manifests(home)[-1]
+    epoch = int(latest.parent.name)
+    latest.unlink()
+    (home / "out").rename(home / "out-kept")  # so that only the epoch log can tell
+    refused = run(home, "--etcd", f"{host}:{port}", timeout=60)
+    assert refused.code == 1, refused.err
+    assert (
+        f"epoch {epoch} is durable in the epoch log but its manifest {home / 'cp'}/checkpoint/wc-log/main/"
+        f"{epoch}/_manifest.json is missing or damaged"
+    ) in refused.err
+    assert not (home / "out").exists() or outputs(home / "out") == {}
