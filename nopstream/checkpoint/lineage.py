@@ -85,8 +85,11 @@ def start_over(storage: Storage, namespace: str, *, nonce: str, base: int | None
         return now
     if base is not None:
         catalog.read_manifest(storage, namespace, base)  # RestoreRefused when it is not durable
-    first = max(catalog.highest_epoch(storage, namespace) or 0, now.first_epoch - 1) + 1
+    highest = catalog.highest_epoch(storage, namespace)
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
-    fresh = Lineage(now.number + 1, first, base, nonce, started)
+    if highest is None and now == Lineage():  # nothing to start over from: the first lineage, with the nonce
+        fresh = Lineage(1, 1, None, nonce, started)
+    else:
+        fresh = Lineage(now.number + 1, max(highest or 0, now.first_epoch - 1) + 1, base, nonce, started)
     storage.put(lineage_path(namespace), fresh.to_json())
     return fresh

@@ -220,6 +220,7 @@ class StreamModel(Spec):
     # Operational settings and requests to the operator; they change no plan.
     suspend: bool = False
     savepoint_nonce: str | None = None
+    restart_nonce: str | None = None
     max_recoveries: int = Field(default=10, ge=0)
     graph: GraphSpec = Field(alias="model")
 

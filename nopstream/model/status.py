@@ -53,4 +53,5 @@ class StreamJobStatus(Spec):
     stopping: dict[str, Any] | None = None
     suspended_at: int | None = None
     savepoint_nonce: str | None = None
+    restart_nonce: str | None = None
     savepoint_request: dict[str, Any] | None = None

@@ -170,6 +170,11 @@ class EtcdView:
         value = json.dumps({"epoch": epoch, "fromPlan": from_plan}).encode()
         self.loop.run_until_complete(self.backend.put(layout.restore(run), value))
 
+    def request_restart(self, layout: Layout, run: int, nonce: str) -> None:
+        """Ask run `run`'s coordinator to start a new lineage (once per nonce) before the run starts."""
+        value = json.dumps({"restartNonce": nonce}).encode()
+        self.loop.run_until_complete(self.backend.put(layout.restore(run), value))
+
     def leader_endpoint(self, layout: Layout) -> str | None:
         """The leading coordinator's endpoint."""
         entry = self.loop.run_until_complete(self.backend.get(layout.coordinator))

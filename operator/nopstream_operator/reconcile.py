@@ -140,6 +140,8 @@ def reconcile_once(ctx: Context, namespace: str, name: str) -> None:
     if seen.status.get("phase") == "Suspended":
         _resume(ctx, seen, deployment)
         return
+    if _restart_nonce(ctx, seen, deployment):
+        return  # restarted: the next pass starts the new run's pods
     changed = desired.deployment.partitioned_fingerprint != deployment.partitioned_fingerprint
     if changed and _spec_change(ctx, seen, partitioned, deployment, desired):
         return  # redeployed: the next pass starts the new plan's pods
@@ -204,6 +206,9 @@ def _first_deploy(ctx: Context, seen: Observed, desired: compiler.CompiledPlans)
         ctx.kube.create(plan_configmap(seen.job, desired.partitioned, deployment))
     layout = _layout(deployment)
     run = ctx.etcd.advance_run(layout, ctx.etcd.run(layout))
+    nonce = (seen.job.get("spec") or {}).get("restartNonce")
+    if nonce:  # a new lineage unless storage's lineage was started by this nonce already
+        ctx.etcd.request_restart(layout, run, nonce)
     conditions = with_condition(
         _conditions(seen), "Valid", "True", "Compiled", deployment.partitioned_fingerprint
     )
@@ -216,6 +221,7 @@ def _first_deploy(ctx: Context, seen: Observed, desired: compiler.CompiledPlans)
             "recoveries": 0,
             "planFingerprint": deployment.partitioned_fingerprint,
             "semanticMode": desired.partitioned.identity.semantic_mode.value,
+            "restartNonce": nonce,
             "tasksTotal": len(deployment.tasks),
             "tasksReady": 0,
             "lastStableSpec": seen.job.get("spec"),
@@ -397,6 +403,41 @@ def _resume(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
     ctx.emit(
         seen.job, "Normal", "Resumed", f"run {new_run} restores savepoint {seen.status.get('suspendedAt')}"
     )
+
+
+def _restart_nonce(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> bool:
+    """A new spec.restartNonce starts the job over: a new run in a new lineage that restores nothing.
+
+    Recorded in status first; the new run's restore point in etcd asks its coordinator
+    for the new lineage (started once per nonce, so a repeated pass changes nothing);
+    then every pod goes, coordinators too (a finished job's have completed).
+    """
+    nonce = (seen.job.get("spec") or {}).get("restartNonce")
+    if not nonce or nonce == seen.status.get("restartNonce"):
+        return False
+    layout = _layout(deployment)
+    run = int(seen.status["run"])
+    ctx.etcd.request_restart(layout, run + 1, nonce)
+    new_run = ctx.etcd.advance_run(layout, run)
+    conditions = with_condition(_conditions(seen), "Ready", "False", "Restarting", f"restart nonce {nonce}")
+    _patch(
+        ctx,
+        seen,
+        {
+            "phase": "Pending",
+            "run": new_run,
+            "restartNonce": nonce,
+            "recoveries": 0,
+            "tasksReady": 0,
+            "stopping": None,
+            "conditions": conditions,
+        },
+    )
+    ctx.emit(seen.job, "Normal", "Restarted", f"run {new_run} starts a new lineage (restart nonce {nonce})")
+    for pod in seen.pods.values():
+        if not pod.deleting:
+            ctx.kube.delete_pod(deployment.namespace, pod.name, grace=0)
+    return True
 
 
 def _savepoint_nonce(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:

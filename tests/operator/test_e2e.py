@@ -482,3 +482,57 @@ def test_a_job_that_keeps_failing_is_failed_after_its_recoveries(world, s3_clien
     w.wait("no pods", lambda: w.pods("doomed") == [])
     events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=doomed", "-o", "json")
     assert [e["reason"] for e in json.loads(events)["items"]].count("Recovery") == 2
+
+
+def test_a_finished_job_applied_again_recreated_and_restarted_emits_each_lineage_once(
+    world, s3_client, bucket
+):
+    w = world
+    upload_lines(s3_client, bucket, random.Random(8), files=4, lines=300, words=5)
+    job = wordcount("again", bucket, w.s3_url, "again", parallelism=2)
+
+    def objects(lineage: int) -> dict[str, bytes]:
+        out = {}
+        for o in s3_client.list_objects(bucket, prefix="again/"):
+            if f".l{lineage}." in o.object_name:
+                body = s3_client.get_object(bucket, o.object_name)
+                out[o.object_name] = body.read()
+                body.close()
+                body.release_conn()
+        return out
+
+    def succeeded() -> bool:
+        return w.job("again").get("status", {}).get("phase") == "Succeeded"
+
+    w.kubectl("apply", "-f", "-", input=json.dumps(job))
+    w.wait("Succeeded", succeeded, timeout=180)
+    first = objects(1)
+    assert first and sum(len(v.splitlines()) for v in first.values()) > 0
+    run = w.job("again")["status"]["run"]
+
+    # applied again unchanged: still Succeeded, nothing started, nothing re-emitted
+    w.kubectl("apply", "-f", "-", input=json.dumps(job))
+    time.sleep(4)
+    assert succeeded() and w.job("again")["status"]["run"] == run
+    assert objects(1) == first
+
+    # deleted and applied again under the same name: a new run that finds the job finished
+    w.kubectl("delete", "streamjob", "again", "--wait=true", "--timeout=60s")
+    w.wait("the pods gone", lambda: w.pods("again") == [])
+    w.kubectl("apply", "-f", "-", input=json.dumps(job))
+    w.wait("Succeeded again", lambda: succeeded() and w.job("again")["status"]["run"] > run, timeout=180)
+    assert objects(1) == first and objects(2) == {}
+
+    # a restart nonce starts it over: lineage 2, the same records once more, lineage 1 untouched
+    run = w.job("again")["status"]["run"]
+    w.kubectl(
+        "patch", "streamjob", "again", "--type", "merge", "-p", json.dumps({"spec": {"restartNonce": "r1"}})
+    )
+    w.wait("restarted", lambda: w.job("again")["status"]["run"] > run)
+    w.wait("Succeeded after the restart", succeeded, timeout=180)
+    assert objects(1) == first
+    second = objects(2)
+    lines = sorted(line for v in second.values() for line in v.splitlines())
+    assert lines == sorted(line for v in first.values() for line in v.splitlines())
+    events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=again", "-o", "json")
+    assert "Restarted" in {e["reason"] for e in json.loads(events)["items"]}
