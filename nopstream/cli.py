@@ -320,7 +320,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print each job's durable epochs and its latest manifest; exit 1 when DIR has none."""
-    from nopstream.checkpoint import catalog
+    from nopstream.checkpoint import catalog, lineage
     from nopstream.checkpoint.errors import RestoreRefused
     from nopstream.checkpoint.storage import LocalStorage
 
@@ -333,6 +333,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     for ns in namespaces:
         epochs = catalog.durable_epochs(storage, ns)
         print(f"{ns}: durable epochs {', '.join(map(str, epochs)) or 'none'}")
+        try:
+            line = lineage.current(storage, ns)
+        except RestoreRefused as refused:
+            print(f"  lineage record refused: {refused}")
+        else:
+            base = f", from epoch {line.base}" if line.base is not None else ""
+            print(f"  lineage {line.number}: epochs from {line.first_epoch}{base}")
         if not epochs:
             continue
         try:

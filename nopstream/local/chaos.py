@@ -114,12 +114,15 @@ def _run(
     left = kills
     while True:
         proc = _start(job_file, path, home, settings)
-        left -= _kill_at_random(proc, rng, left, outcome, settings, first=outcome.starts == 1)
         try:
+            left -= _kill_at_random(proc, rng, left, outcome, settings, first=outcome.starts == 1)
             code = proc.wait(max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
             raise ChaosFailed(f"{tag}: the job did not finish within {settings.timeout:.0f}s") from None
+        finally:
+            if proc.poll() is None:  # timed out, or chaos itself was interrupted: leave nothing behind
+                _kill_group(proc)
+                proc.wait()
         if code == -signal.SIGKILL:  # the whole runner was killed: start it again, as a user would
             _wait_group_gone(proc)
             outcome.starts += 1

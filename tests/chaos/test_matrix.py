@@ -31,6 +31,8 @@ def chaos(job, tmp_path, *, mode: str, etcd_server, seed: int, env: dict[str, st
         str(seed),
         "--workdir",
         str(tmp_path / "chaos"),
+        "--timeout",  # each run: chaos kills what it started when one takes longer
+        "150",
     ]
     if mode == "etcd":
         host, port = etcd_server.endpoint

@@ -95,8 +95,9 @@ def test_status_lists_durable_epochs_and_the_latest_manifest(tmp_path):
     assert result.code == 0, result.err
     lines = result.out.splitlines()
     assert lines[0].startswith("wordcount/main: durable epochs ")
-    assert lines[1].startswith("  latest: epoch ") and "(final)" in lines[1]
+    assert lines[1] == "  lineage 1: epochs from 1"
+    assert lines[2].startswith("  latest: epoch ") and "(final)" in lines[2]
     # the final epoch pre-committed the sink's last transaction; it was committed after the manifest
-    assert lines[2].startswith("  5 tasks, ") and ", 1 pending sink transactions, " in lines[2]
+    assert lines[3].startswith("  5 tasks, ") and ", 1 pending sink transactions, " in lines[3]
     missing = run_nopstream("status", "nowhere", cwd=tmp_path)
     assert missing.code == 1 and missing.err == "nowhere: no checkpoints here (expected nowhere/checkpoint)\n"
