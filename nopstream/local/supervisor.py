@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from nopstream.checkpoint.errors import RestoreRefused
-from nopstream.checkpoint.restore import RestorePoint
+from nopstream.checkpoint.restore import NewLineage, RestorePoint
 from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
@@ -86,9 +86,7 @@ class Supervisor:
         (self.plan_dir / DEPLOYMENT_FILE).write_text(compiler.dump_document(self.plans.deployment))
         run = _advance_run(self.etcd, self.layout, None)
         lineage = new_lineage(self.options)
-        if lineage is not None:  # the coordinator starts it when it chooses the run's restore point
-            request = {"restartNonce": lineage.nonce, "base": lineage.base}
-            _etcd(self.etcd, lambda b: b.put(self.layout.restore(run), json.dumps(request).encode()))
+        self._request(run, lineage)
         recoveries = 0
         try:
             self.coordinators = [self._candidate() for _ in range(CANDIDATES)]
@@ -114,6 +112,7 @@ class Supervisor:
                         file=sys.stderr,
                     )
                 _stop(self.tasks)
+                self._request(run + 1, lineage)  # before the run moves: its coordinator reads it at once
                 run = _advance_run(self.etcd, self.layout, run)
                 self.tasks = self._start_tasks(run)
             _wait(self.coordinators, 15)
@@ -124,6 +123,16 @@ class Supervisor:
         point = RestorePoint.from_json(entry.value) if entry is not None else None
         finished = point.epoch if point is not None and point.finished else None
         return RunResult(seconds, seconds, {}, {}, {}, runs=recoveries + 1, finished_before=finished)
+
+    def _request(self, run: int, lineage: NewLineage | None) -> None:
+        """Ask run `run`'s coordinator to start the command's new lineage (once per nonce).
+
+        Every run of the command asks: a run that ended before its coordinator chose a
+        restore point must not leave its successor in the old lineage.
+        """
+        if lineage is not None:
+            request = json.dumps({"restartNonce": lineage.nonce, "base": lineage.base}).encode()
+            _etcd(self.etcd, lambda b: b.put(self.layout.restore(run), request))
 
     def _finished(self) -> bool:
         return all(t.popen.poll() == 0 for t in self.tasks)

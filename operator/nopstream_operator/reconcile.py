@@ -528,6 +528,9 @@ def _recover(
             if not pod.deleting:
                 ctx.kube.delete_pod(deployment.namespace, pod.name, grace=0)
         return
+    nonce = seen.status.get("restartNonce")
+    if nonce:  # a lineage the failed run may not have started yet (once per nonce: harmless after)
+        ctx.etcd.request_restart(_layout(deployment), run + 1, nonce)
     new_run = ctx.etcd.advance_run(_layout(deployment), run)
     message = f"{', '.join(sorted(lost))} failed: run {run} -> {new_run}, restoring the latest durable epoch"
     conditions = with_condition(_conditions(seen), "Ready", "False", "Recovering", message)

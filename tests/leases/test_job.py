@@ -103,7 +103,7 @@ def expected_then_start(tmp_path: Path, job_id: str, etcd: str) -> tuple[object,
     """The paced word count's failure-free output (embedded default), then the job started on etcd."""
     model = paced_wordcount(job_id)
     prepare(tmp_path / "clean", model, {})
-    code, _, err = run(tmp_path / "clean", kills=0, seed=0)
+    code, err = run(tmp_path / "clean")
     assert code == 0, err
     expected = committed(tmp_path / "clean", "out")
     assert expected

@@ -1,0 +1,94 @@
+"""The restore point every start of a run begins from, and lineages: on a local directory and on MinIO."""
+
+from __future__ import annotations
+
+import pytest
+
+from nopstream.checkpoint import lineage, restore
+from nopstream.checkpoint.errors import RestoreRefused
+from nopstream.checkpoint.formats import encode_manifest, manifest_path
+from nopstream.checkpoint.restore import NewLineage, RestorePoint
+from nopstream.model.load import load_data
+from nopstream.plan import compiler
+from nopstream.plan.canonical import fingerprint
+
+NS = "job/main"
+
+
+@pytest.fixture
+def plan():
+    model = {
+        "jobId": "job",
+        "model": {
+            "sources": [{"id": "lines", "type": "file", "config": {"path": "in/*.txt"}}],
+            "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
+        },
+    }
+    return compiler.compile_model(load_data(model)).partitioned
+
+
+def durable(storage, plan, epoch: int, kind: str = "checkpoint") -> None:
+    body = {"epoch": epoch, "kind": kind, "planFingerprint": fingerprint(plan), "tasks": {}}
+    storage.put(manifest_path(NS, epoch), encode_manifest(body))
+
+
+def test_nothing_durable_restores_nothing_and_numbers_from_one(storage, plan):
+    assert restore.choose(storage, plan) == RestorePoint(None, None, lineage=1, next_epoch=1)
+
+
+def test_the_latest_durable_epoch_and_numbers_past_every_epoch_in_storage(storage, plan):
+    for epoch in (1, 2, 3):
+        durable(storage, plan, epoch)
+    storage.put(f"checkpoint/{NS}/5/out/0/operator/state", b"in flight when a run died")
+    point = restore.choose(storage, plan, log_highest=4)
+    assert point == RestorePoint(3, "checkpoint", lineage=1, next_epoch=6)
+    assert RestorePoint.from_json(point.to_json()) == point
+    durable(storage, plan, 7, kind="final")
+    assert restore.choose(storage, plan).finished
+
+
+def test_a_durable_epoch_of_the_log_missing_in_storage_is_refused(storage, plan):
+    durable(storage, plan, 2)
+    with pytest.raises(RestoreRefused) as refused:
+        restore.choose(storage, plan, log_latest=4)
+    assert str(refused.value) == (
+        f"epoch 4 is durable in the epoch log but its manifest {storage.describe()}/{manifest_path(NS, 4)}"
+        " is missing or damaged; the latest manifest found is of epoch 2"
+        " (restore an older epoch explicitly with --restore-from)"
+    )
+    assert restore.choose(storage, plan, log_latest=2).epoch == 2
+
+
+def test_a_new_lineage_restores_nothing_once_per_nonce_and_its_epochs_come_after(storage, plan):
+    for epoch in (1, 2, 3):
+        durable(storage, plan, epoch, kind="final" if epoch == 3 else "checkpoint")
+    fresh = restore.choose(storage, plan, new_lineage=NewLineage("n1"))
+    assert fresh == RestorePoint(None, None, lineage=2, next_epoch=4)
+    assert restore.choose(storage, plan, new_lineage=NewLineage("n1")) == fresh  # a recovery of that run
+    durable(storage, plan, 4)
+    assert restore.choose(storage, plan, new_lineage=NewLineage("n1")).epoch == 4
+    assert restore.choose(storage, plan).epoch == 4
+    again = restore.choose(storage, plan, new_lineage=NewLineage("n2", base=2))
+    assert again == RestorePoint(2, "checkpoint", lineage=3, next_epoch=5)  # from the base until its own
+    durable(storage, plan, 5)
+    assert restore.choose(storage, plan) == RestorePoint(5, "checkpoint", lineage=3, next_epoch=6)
+    record = lineage.current(storage, NS)
+    assert (record.number, record.first_epoch, record.base, record.nonce) == (3, 5, 2, "n2")
+
+
+def test_starting_over_an_empty_namespace_is_its_first_lineage(storage, plan):
+    assert restore.choose(storage, plan, new_lineage=NewLineage("n1")).lineage == 1
+    assert lineage.current(storage, NS).nonce == "n1"
+
+
+def test_a_new_lineage_from_an_epoch_that_is_not_durable_is_refused(storage, plan):
+    durable(storage, plan, 1)
+    with pytest.raises(RestoreRefused, match="epoch 9 has no manifest"):
+        restore.choose(storage, plan, new_lineage=NewLineage("n1", base=9))
+    assert lineage.current(storage, NS) == lineage.Lineage()  # nothing was started
+
+
+def test_a_damaged_lineage_record_is_refused_naming_it(storage, plan):
+    storage.put(lineage.lineage_path(NS), b"{not json")
+    with pytest.raises(RestoreRefused, match=f"lineage record {lineage.lineage_path(NS)} is damaged"):
+        restore.choose(storage, plan)
