@@ -85,6 +85,7 @@ class CoordinatorProcess:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         endpoint = f"http://{self.settings.advertise}:{port}"
         try:
+            await _reachable(self.backend)
             async with (
                 LeaseKeeper(self.backend, self.settings.lease_ttl) as keeper,
                 aiohttp.ClientSession() as session,
@@ -341,6 +342,17 @@ class CoordinatorProcess:
         return web.json_response(
             {"ok": True, "candidate": self.settings.attempt, "leading": self.current is not None}
         )
+
+
+async def _reachable(backend: EtcdBackend) -> None:
+    """Return once etcd answers: a candidate started while it is down waits instead of dying."""
+    while True:
+        try:
+            await backend.revision()
+            return
+        except StoreUnavailable:
+            log.info("etcd is unreachable; waiting for it before campaigning")
+            await asyncio.sleep(RETRY * 2)
 
 
 def _stopped_at(last: EpochEntry | None, run: int) -> bool:
