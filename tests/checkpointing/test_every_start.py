@@ -47,11 +47,18 @@ def records(directory: Path, *, lineage: int | None = None) -> Counter[str]:
 
 
 def word_count(
-    home: Path, *, job_id: str = "wc", emit: str = "final", interval: int = 200, sink: str = "out"
+    home: Path,
+    *,
+    job_id: str = "wc",
+    emit: str = "final",
+    interval: int = 200,
+    sink: str = "out",
+    retain: int = 3,
 ):
-    """A paced word count over 4 files into `sink`, checkpoints in cp/."""
+    """A paced word count over 4 files into `sink`, checkpoints in cp/ (the latest `retain` kept)."""
     model = jobs.rolling_count(home)
-    model.update(jobId=job_id, checkpoint={"intervalMs": interval, "storage": {"local": {"path": "cp"}}})
+    checkpoint = {"intervalMs": interval, "retainLatest": retain, "storage": {"local": {"path": "cp"}}}
+    model.update(jobId=job_id, checkpoint=checkpoint)
     model["model"]["operators"][2]["emit"] = emit
     model["model"]["sinks"][0]["config"]["path"] = sink
     return jobs.prepare(home, model)
