@@ -1,12 +1,14 @@
 """The `nopstream` command: run, chaos, validate, plan, diff, crd, status; `task` and `coordinator` in pods.
 
-Exit codes: 0 ok, 1 invalid input (or a refused change for `diff`), 2 usage error,
-3 the job failed while running.
+Exit codes: 0 ok, 1 invalid input (or a refused change for `diff`, a refused start for
+`run`), 2 usage error, 3 the job cannot start or failed while running, 70 an internal
+error (its traceback is written to a file), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +24,8 @@ EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_USAGE = 2
 EXIT_JOB_FAILED = 3
+EXIT_INTERNAL = 70  # EX_SOFTWARE
+EXIT_INTERRUPTED = 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -113,9 +117,14 @@ def _compile(loaded: LoadedModel, args: argparse.Namespace) -> compiler.Compiled
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Print OK and the fingerprint, or every issue; exit 1 when invalid."""
+    """Print OK and the fingerprint, or every issue (user functions imported too); exit 1 when invalid."""
+    from nopstream.local import preflight
+
     loaded = load_file(args.file)
     plans = _compile(loaded, args)
+    issues = preflight.function_issues(loaded, [str(Path(args.file).resolve().parent)], absent_ok=True)
+    if issues:
+        raise ModelError(issues)
     print(f"{args.file}: valid StreamModel of job '{plans.partitioned.identity.job_id}'")
     print(f"  partitioned plan {plans.deployment.partitioned_fingerprint}")
     return EXIT_OK
@@ -149,8 +158,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a job to completion on this machine; exit 3 with the task's error when it fails."""
-    from nopstream.checkpoint.errors import RestoreRefused
-    from nopstream.local import runner
+    from nopstream.checkpoint.errors import RestoreRefused, StorageError
+    from nopstream.local import preflight, runner
     from nopstream.local.ownership import NamespaceHeld
 
     loaded = load_file(args.file)
@@ -172,6 +181,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("nopstream run: --fresh and --restore-from exclude each other", file=sys.stderr)
         return EXIT_USAGE
     job = plans.partitioned.identity.job_id
+    issues = preflight.function_issues(loaded, options.python_path) + preflight.machine_issues(loaded)
+    if issues:
+        print(f"job '{job}' cannot start:", file=sys.stderr)
+        for issue in issues:
+            print(f"  {issue}", file=sys.stderr)
+        return EXIT_JOB_FAILED
     try:
         if args.etcd:
             from nopstream.local.supervisor import Supervisor
@@ -185,6 +200,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     except NamespaceHeld as held:
         print(f"job '{job}' cannot run: {held}", file=sys.stderr)
         return EXIT_INVALID
+    except StorageError as err:
+        print(f"job '{job}' cannot start: {err}", file=sys.stderr)
+        return EXIT_JOB_FAILED
     except runner.JobFailed as failure:
         print(f"job '{job}' failed: {failure}", file=sys.stderr)
         return EXIT_JOB_FAILED
@@ -306,7 +324,8 @@ def _coordinator_url(plans: compiler.CompiledPlans, args: argparse.Namespace) ->
 
         return asyncio.run(leader())
     runs = Path(args.workdir) / "runs" / plans.partitioned.identity.job_id
-    found = sorted(runs.glob("run-*/control-url"), key=lambda p: int(p.parent.name.split("-")[1]))
+    # the newest: run numbers start again at 1 with each command, and a killed one leaves its file
+    found = sorted(runs.glob("run-*/control-url"), key=lambda p: p.stat().st_mtime)
     return found[-1].read_text().strip() if found else None
 
 
@@ -319,7 +338,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Print each job's durable epochs and its latest manifest; exit 1 when DIR has none."""
+    """Print each job's durable epochs and its latest manifest; exit 1 when DIR has none or one is refused."""
     from nopstream.checkpoint import catalog, lineage
     from nopstream.checkpoint.errors import RestoreRefused
     from nopstream.checkpoint.storage import LocalStorage
@@ -330,6 +349,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     storage = LocalStorage(root)
     namespaces = sorted({"/".join(Path(p).parts[1:3]) for p in storage.list("checkpoint/")})
+    code = EXIT_OK
     for ns in namespaces:
         epochs = catalog.durable_epochs(storage, ns)
         print(f"{ns}: durable epochs {', '.join(map(str, epochs)) or 'none'}")
@@ -346,6 +366,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             m = catalog.read_manifest(storage, ns, epochs[-1])
         except RestoreRefused as refused:
             print(f"  latest manifest refused: {refused}")
+            code = EXIT_INVALID
             continue
         segments = [s for t in m["tasks"].values() for s in t["segments"]]
         pending = sum(len(v) for v in m.get("sinks", {}).values())
@@ -356,7 +377,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             f" {pending} pending sink transactions, checksum {m['checksum'][:16]}"
         )
     print("(the epoch log of a local run lives in the runner's memory; storage holds the truth)")
-    return EXIT_OK
+    return code
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
@@ -391,7 +412,12 @@ _COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script; returns the exit code."""
+    """Entry point of the console script; returns the exit code.
+
+    No traceback reaches a user: an unexpected error is an internal one (exit 70), its
+    traceback written to a file the message names. The processes of a cluster job
+    (`task`, `coordinator`, `operator`) keep theirs in their logs.
+    """
     args = _parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
@@ -399,6 +425,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(err)
     except BrokenPipeError:
         return EXIT_OK
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if args.command in _LOGGED_COMMANDS:
+            raise
+        return _internal_error(args.command, exc)
+
+
+_LOGGED_COMMANDS = frozenset({"task", "coordinator", "operator"})
+
+
+def _internal_error(command: str, exc: Exception) -> int:
+    """Say that an unexpected error is ours, and where its traceback is."""
+    import tempfile
+    import time
+    import traceback
+
+    path = (
+        Path(tempfile.gettempdir())
+        / f"nopstream-internal-error-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
+    )
+    path.write_text("".join(traceback.format_exception(exc)))
+    print(
+        f"nopstream {command}: internal error: {type(exc).__name__}: {exc} (this is a bug of nopstream;"
+        f" the traceback is in {path})",
+        file=sys.stderr,
+    )
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -56,7 +56,10 @@ class LocalStorage:
     def __init__(self, root: str | Path) -> None:
         """Store under `root` (created when missing)."""
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot use {self.root} for checkpoints: {exc.strerror or exc}") from None
 
     def _file(self, path: str) -> Path:
         if path.startswith("/") or ".." in path.split("/"):
@@ -68,22 +71,19 @@ class LocalStorage:
         self.put_many({path: data})
 
     def put_many(self, objects: dict[str, bytes]) -> None:
-        """Each object through a temp file, fsync and rename; then each directory fsynced once."""
+        """Each object through a temp file, fsync and rename; then each directory fsynced once.
+
+        StorageError naming the object when it cannot be written (a file where a
+        directory should be, a directory where the object should be, no permission, a
+        full disk).
+        """
         directories = set()
         for path, data in objects.items():
             target = self._file(path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
             try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, target)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
+                _write_atomically(target, data)
+            except OSError as exc:
+                raise StorageError(f"cannot write {self.describe()}/{path}: {exc.strerror or exc}") from None
             directories.add(target.parent)
         for directory in directories:
             dir_fd = os.open(directory, os.O_RDONLY)
@@ -98,9 +98,11 @@ class LocalStorage:
             return self._file(path).read_bytes()
         except FileNotFoundError:
             raise StorageError(f"{self.describe()}/{path} is missing") from None
+        except OSError as exc:  # a directory where the object should be, no permission, ...
+            raise StorageError(f"cannot read {self.describe()}/{path}: {exc.strerror or exc}") from None
 
     def exists(self, path: str) -> bool:
-        """Whether an object exists."""
+        """Whether an object exists (something else at its path is not the object)."""
         return self._file(path).is_file()
 
     def list(self, prefix: str) -> list[str]:
@@ -127,3 +129,19 @@ class LocalStorage:
     def describe(self) -> str:
         """The directory, absolute."""
         return str(self.root.resolve())
+
+
+def _write_atomically(target: Path, data: bytes) -> None:
+    """A temp file beside `target`, written and fsynced, renamed over it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

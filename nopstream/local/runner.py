@@ -27,7 +27,7 @@ import aiohttp
 
 from nopstream.checkpoint import restore
 from nopstream.checkpoint.coordinator import CoordinatorSettings, EpochCoordinator, Notify, Trigger
-from nopstream.checkpoint.errors import RestoreRefused
+from nopstream.checkpoint.errors import RestoreRefused, StorageError
 from nopstream.checkpoint.restore import NewLineage, RestorePoint
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.election import Election, Leadership
@@ -266,6 +266,7 @@ def _attempt(
     finally:
         processes.stop_all(procs)
         sock.close()
+        (run_dir / "control-url").unlink(missing_ok=True)  # `nopstream savepoint` finds live runs only
 
 
 async def _control_run(
@@ -339,6 +340,9 @@ def _run_failure(group: BaseExceptionGroup) -> BaseException:
     deaths = group.subgroup((RestoreRefused, TaskDied, JobFailed))
     if deaths is not None:
         return deaths.exceptions[0]
+    storage = group.subgroup(StorageError)
+    if storage is not None:  # the coordinator cannot write checkpoints: no recovery would
+        return JobFailed(f"the coordinator cannot write checkpoints: {storage.exceptions[0]}")
     broken = group.subgroup((aiohttp.ClientError, ConnectionError))
     if broken is not None:
         first = broken.exceptions[0]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt
 from pydantic.alias_generators import to_camel
 
 from nopstream.model.capabilities import SinkCapability, SourceCapability
@@ -27,20 +27,20 @@ class FileSourceConfig(ConnectorConfig):
 
     path: str
     format: Literal["text", "jsonl"] = "text"
-    discovery_interval_ms: int | None = None
+    discovery_interval_ms: StrictInt | None = None
 
 
 class GeneratorSourceConfig(ConnectorConfig):
     """A deterministic generator: the same config always yields the same records."""
 
     kind: Literal["sequence", "words", "events"] = "sequence"
-    count: int | None = None
-    splits: int | None = None
-    seed: int = 0
-    rate_per_second: float | None = None
-    vocabulary: int = 10_000
-    words_per_line: int = 10
-    keys: int = 100
+    count: StrictInt | None = None
+    splits: StrictInt | None = None
+    seed: StrictInt = 0
+    rate_per_second: StrictFloat | None = None
+    vocabulary: StrictInt = 10_000
+    words_per_line: StrictInt = 10
+    keys: StrictInt = 100
 
 
 class S3SourceConfig(ConnectorConfig):

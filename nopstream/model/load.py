@@ -51,10 +51,53 @@ def load_file(path: str | Path) -> LoadedModel:
     return load_text(text, origin=str(p))
 
 
+MAX_DEPTH = 64
+"""How deeply a job file may nest (a real one nests about ten levels)."""
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """A document the loader refuses: a key given twice, or nesting past MAX_DEPTH."""
+
+    def __init__(self, problem: str, mark: Any, rule: str) -> None:
+        super().__init__(None, None, problem, mark)
+        self.rule = rule
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing duplicate keys (the last would win silently) and deep nesting."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise _Refused(f"nested deeper than {MAX_DEPTH} levels", mark, "nesting-depth")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise _Refused(f"key '{key}' is given twice", key_node.start_mark, "duplicate-key")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_text(text: str, *, origin: str = "<input>") -> LoadedModel:
     """Parse YAML or JSON text holding a StreamJob manifest or a bare StreamModel."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)  # a SafeLoader: no arbitrary objects
+    except _Refused as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
+        raise ModelError([Issue(origin, f"{where}{exc.problem}", exc.rule)]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
 from nopstream.model.capabilities import SemanticMode
@@ -82,10 +82,10 @@ class WindowSpec(Spec):
 
     kind: Literal["tumbling", "sliding", "session"]
     time: TimeCharacteristic | None = None
-    size_ms: int | None = None
-    slide_ms: int | None = None
-    gap_ms: int | None = None
-    allowed_lateness_ms: int = 0
+    size_ms: StrictInt | None = None
+    slide_ms: StrictInt | None = None
+    gap_ms: StrictInt | None = None
+    allowed_lateness_ms: StrictInt = 0
     late_output: str | None = None
 
 
@@ -102,7 +102,7 @@ class PatternSpec(Spec):
     """A CEP pattern sequence that must complete within a time bound."""
 
     steps: list[PatternStep]
-    within_ms: int | None = None
+    within_ms: StrictInt | None = None
     time: TimeCharacteristic | None = None
 
 
@@ -111,8 +111,8 @@ class WatermarkSpec(Spec):
 
     timestamp_field: str | None = None
     timestamp_fn: str | None = None
-    max_out_of_orderness_ms: int = 0
-    idle_timeout_ms: int | None = None
+    max_out_of_orderness_ms: StrictInt = 0
+    idle_timeout_ms: StrictInt | None = None
 
 
 class SourceSpec(Spec):
@@ -120,7 +120,7 @@ class SourceSpec(Spec):
 
     id: str | None = None
     type: str
-    parallelism: int | None = None
+    parallelism: StrictInt | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     watermark: WatermarkSpec | None = None
 
@@ -131,7 +131,7 @@ class OperatorSpec(Spec):
     id: str | None = None
     type: OperatorType
     inputs: list[str] | None = None
-    parallelism: int | None = None
+    parallelism: StrictInt | None = None
     fn: str | None = None
     key: KeySpec | None = None
     aggregate: Annotated[AggregateSpec | None, WithJsonSchema(_AGGREGATE_SCHEMA)] = None
@@ -139,7 +139,7 @@ class OperatorSpec(Spec):
     pattern: PatternSpec | None = None
     partitioning: Partitioning | None = None
     emit: Literal["rolling", "final"] | None = None
-    state_version: int = 1
+    state_version: StrictInt = 1
 
 
 class SinkSpec(Spec):
@@ -148,7 +148,7 @@ class SinkSpec(Spec):
     id: str | None = None
     type: str
     inputs: list[str] | None = None
-    parallelism: int | None = None
+    parallelism: StrictInt | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     partitioning: Partitioning | None = None
 
@@ -190,9 +190,9 @@ def _default_storage() -> StorageSpec:
 class CheckpointSpec(Spec):
     """How often epochs are taken, how long they may take, how many are kept."""
 
-    interval_ms: int = 1000
-    timeout_ms: int = 60_000
-    retain_latest: int = 3
+    interval_ms: StrictInt = 1000
+    timeout_ms: StrictInt = 60_000
+    retain_latest: StrictInt = 3
     storage: StorageSpec = Field(default_factory=_default_storage)
 
 
@@ -209,10 +209,10 @@ class StreamModel(Spec):
     job_id: str | None = None
     pipeline_id: str = DEFAULT_PIPELINE_ID
     checkpoint_namespace: str | None = None
-    plan_version: int = 1
+    plan_version: StrictInt = 1
     semantic_mode: SemanticMode = SemanticMode.STRICT_EXACTLY_ONCE
-    state_shard_count: int = DEFAULT_STATE_SHARD_COUNT
-    parallelism: int = 1
+    state_shard_count: StrictInt = DEFAULT_STATE_SHARD_COUNT
+    parallelism: StrictInt = 1
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     image: str = DEFAULT_IMAGE
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
@@ -221,7 +221,7 @@ class StreamModel(Spec):
     suspend: bool = False
     savepoint_nonce: str | None = None
     restart_nonce: str | None = None
-    max_recoveries: int = Field(default=10, ge=0)
+    max_recoveries: StrictInt = Field(default=10, ge=0)
     graph: GraphSpec = Field(alias="model")
 
 

@@ -17,8 +17,8 @@ from nopstream.plan.canonical import fingerprint, from_plain, plain_json, to_pla
 from nopstream.plan.deployment import DeploymentPlan, build_deployment_plan
 from nopstream.plan.jobgraph import JobGraph, build_job_graph
 from nopstream.plan.partitioned import PartitionedPlan, build_partitioned_plan
-from nopstream.plan.streamgraph import StreamGraph, build_stream_graph
-from nopstream.plan.validation import validate
+from nopstream.plan.streamgraph import EdgePolicy, StreamGraph, build_stream_graph
+from nopstream.plan.validation import namespace_issues, plan_size_issues, validate
 
 Plan = StreamGraph | JobGraph | PartitionedPlan | DeploymentPlan
 LAYERS: dict[str, type[Any]] = {
@@ -48,11 +48,16 @@ def compile_model(
     loaded: LoadedModel, *, backend: str = "kubernetes", namespace: str = "default"
 ) -> CompiledPlans:
     """Validate and compile a model; raise `ModelError` with every issue when invalid."""
-    issues = validate(loaded)
+    issues = validate(loaded) + namespace_issues(namespace)
     if issues:
         raise ModelError(issues)
     stream = build_stream_graph(loaded.model)
     job = build_job_graph(stream)
+    vertices = {v.vertex_id: v.parallelism for v in job.vertices}
+    edges = [(e.source_vertex, e.target_vertex, e.policy is EdgePolicy.FORWARD) for e in job.edges]
+    issues = plan_size_issues(loaded, vertices, edges)
+    if issues:
+        raise ModelError(issues)
     partitioned = build_partitioned_plan(job)
     deployment = build_deployment_plan(loaded.model, partitioned, backend=backend, namespace=namespace)
     return CompiledPlans(stream, job, partitioned, deployment)

@@ -22,6 +22,28 @@ from nopstream.model.spec import KEYED_OPERATORS, KeySpec, OperatorSpec, SinkSpe
 from nopstream.plan.nodes import MAIN_OUTPUT, ResolvedNode, input_keys, resolve_nodes
 
 ID_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+NAMESPACE_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$")
+
+K8S_NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+"""A Kubernetes namespace name (an RFC 1123 DNS label)."""
+QUANTITY_PATTERN = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+"""A Kubernetes resource quantity as tasks use them (`500m`, `2`, `512Mi`, `1.5Gi`)."""
+IMAGE_PATTERN = re.compile(
+    r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(@sha256:[a-f0-9]{64})?$"
+)
+"""An image reference: [registry[:port]/]path[:tag][@sha256:digest]."""
+RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
+
+# Bounds (docs/validation.md): the largest job they allow validates and compiles in
+# well under a second (`bench/compile.py`), and its plan and state fit in memory.
+MAX_PARALLELISM = 256
+MAX_STATE_SHARDS = 4096
+MAX_NODES = 200
+MAX_TASKS = 4096
+MAX_CHANNELS = 100_000
+MAX_RETAIN = 1000
+MAX_NAMESPACE = 200
 FN_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 _FIELDS_BY_TYPE: dict[str, frozenset[str]] = {
@@ -91,6 +113,22 @@ def _check_job(ctx: _Context) -> Iterator[Issue]:
     ):
         if value < 1:
             yield Issue(ctx.path(None, field), f"must be at least 1, got {value}", "positive")
+    for field, value, bound in (
+        ("stateShardCount", m.state_shard_count, MAX_STATE_SHARDS),
+        ("parallelism", m.parallelism, MAX_PARALLELISM),
+    ):
+        if value > bound:
+            yield Issue(ctx.path(None, field), f"must be at most {bound}, got {value}", "bounds")
+    if m.checkpoint_namespace is not None and not (
+        len(m.checkpoint_namespace) <= MAX_NAMESPACE and NAMESPACE_PATTERN.match(m.checkpoint_namespace)
+    ):
+        yield Issue(
+            ctx.path(None, "checkpointNamespace"),
+            f"'{m.checkpoint_namespace}' is not a relative path of lower-case letters, digits, '.', '_'"
+            f" and '-' segments joined by '/' (each starting and ending with a letter or digit,"
+            f" at most {MAX_NAMESPACE} characters)",
+            "namespace-format",
+        )
     cp = m.checkpoint
     for field, value in (
         ("intervalMs", cp.interval_ms),
@@ -99,12 +137,48 @@ def _check_job(ctx: _Context) -> Iterator[Issue]:
     ):
         if value < 1:
             yield Issue(ctx.path(None, "checkpoint", field), f"must be at least 1, got {value}", "positive")
+    if cp.retain_latest > MAX_RETAIN:
+        yield Issue(
+            ctx.path(None, "checkpoint", "retainLatest"),
+            f"must be at most {MAX_RETAIN}, got {cp.retain_latest}",
+            "bounds",
+        )
     if (cp.storage.local is None) == (cp.storage.s3 is None):
         yield Issue(
             ctx.path(None, "checkpoint", "storage"),
             "needs exactly one of 'local' or 's3'",
             "one-of",
         )
+
+
+def _check_deployment(ctx: _Context) -> Iterator[Issue]:
+    m = ctx.loaded.model
+    if len(m.image) > 255 or not IMAGE_PATTERN.match(m.image):
+        yield Issue(ctx.path(None, "image"), f"{m.image!r} is not an image reference", "image-format")
+    for part, amounts in (("requests", m.resources.requests), ("limits", m.resources.limits)):
+        for name, amount in amounts.items():
+            if name not in RESOURCES:
+                known = ", ".join(sorted(RESOURCES))
+                yield Issue(
+                    ctx.path(None, "resources", part, name), f"unknown resource (known: {known})", "resources"
+                )
+            elif not QUANTITY_PATTERN.match(amount):
+                yield Issue(
+                    ctx.path(None, "resources", part, name),
+                    f"{amount!r} is not a quantity (e.g. 500m, 2, 512Mi)",
+                    "resources",
+                )
+
+
+def namespace_issues(namespace: str) -> list[Issue]:
+    """The Kubernetes namespace a plan is compiled for must be a namespace name."""
+    if K8S_NAME_PATTERN.match(namespace):
+        return []
+    return [
+        Issue(
+            "namespace", f"{namespace!r} is not a Kubernetes namespace name (a DNS label)", "namespace-name"
+        )
+    ]
 
 
 def _check_ids(ctx: _Context) -> Iterator[Issue]:
@@ -132,6 +206,36 @@ def _check_ids(ctx: _Context) -> Iterator[Issue]:
             seen[n.node_id] = n
 
 
+def _check_size(ctx: _Context) -> Iterator[Issue]:
+    """Nodes, bounded before anything is built (tasks and channels: `plan_size_issues`)."""
+    if len(ctx.nodes) > MAX_NODES:
+        yield Issue(ctx.path(None, "model"), f"has {len(ctx.nodes)} nodes, at most {MAX_NODES}", "bounds")
+
+
+def plan_size_issues(
+    loaded: LoadedModel, vertices: Mapping[str, int], edges: list[tuple[str, str, bool]]
+) -> list[Issue]:
+    """Tasks and channels of a JobGraph (vertex -> parallelism; edges: source, target, forward), bounded.
+
+    Checked between the JobGraph and the PartitionedPlan, so a refused job builds no channel.
+    """
+    issues = []
+    tasks = sum(vertices.values())
+    if tasks > MAX_TASKS:
+        issues.append(Issue(loaded.path("model"), f"needs {tasks} tasks, at most {MAX_TASKS}", "bounds"))
+    channels = sum(vertices[s] if forward else vertices[s] * vertices[t] for s, t, forward in edges)
+    if channels > MAX_CHANNELS:
+        issues.append(
+            Issue(
+                loaded.path("model"),
+                f"needs {channels} channels (upstream x downstream parallelism on each edge that is not"
+                f" forward), at most {MAX_CHANNELS}: lower the parallelism",
+                "bounds",
+            )
+        )
+    return issues
+
+
 def _check_parallelism(ctx: _Context) -> Iterator[Issue]:
     shards = ctx.loaded.model.state_shard_count
     for n in ctx.nodes:
@@ -140,6 +244,12 @@ def _check_parallelism(ctx: _Context) -> Iterator[Issue]:
                 ctx.path(n, "parallelism"),
                 f"must be at least 1, got {n.spec.parallelism}",
                 "positive",
+            )
+        elif n.spec.parallelism is not None and n.spec.parallelism > MAX_PARALLELISM:
+            yield Issue(
+                ctx.path(n, "parallelism"),
+                f"must be at most {MAX_PARALLELISM}, got {n.spec.parallelism}",
+                "bounds",
             )
         elif n.type in KEYED_OPERATORS and n.kind == "operator" and n.parallelism > shards >= 1:
             yield Issue(
@@ -404,6 +514,47 @@ def _check_sinks(ctx: _Context) -> Iterator[Issue]:
             yield from _check_connector(ctx, n, SINK_TYPES)
 
 
+SYSTEM_DIRECTORIES = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib64",
+    "/proc",
+    "/run",
+    "/sbin",
+    "/sys",
+    "/usr",
+)
+"""Directories a job never writes into (as root it could): `/` itself and everything under these."""
+
+
+def write_path_problem(path: str) -> str | None:
+    """Why a job may not write under `path` (a file sink, local checkpoints), or None."""
+    if not path.strip():
+        return "must not be empty (it would be the working directory)"
+    parts = path.replace("\\", "/").split("/")
+    if ".." in parts:
+        return f"'{path}' must not go up with '..'"
+    if path.startswith("/"):
+        normal = "/" + "/".join(p for p in parts if p and p != ".")
+        if normal == "/" or any(normal == d or normal.startswith(d + "/") for d in SYSTEM_DIRECTORIES):
+            return f"'{path}' is a system directory"
+    return None
+
+
+def _check_paths(ctx: _Context) -> Iterator[Issue]:
+    local = ctx.loaded.model.checkpoint.storage.local
+    if local is not None and (problem := write_path_problem(local.path)) is not None:
+        yield Issue(ctx.path(None, "checkpoint", "storage", "local", "path"), problem, "write-path")
+    for n in ctx.nodes:
+        if isinstance(n.spec, SinkSpec) and n.type == "file" and isinstance(n.spec.config.get("path"), str):
+            problem = write_path_problem(n.spec.config["path"])
+            if problem is not None:
+                yield Issue(ctx.path(n, "config", "path"), problem, "write-path")
+
+
 def _check_config(ctx: _Context, n: ResolvedNode, schema: type[ConnectorConfig]) -> Iterator[Issue]:
     config = n.spec.config if isinstance(n.spec, (SourceSpec, SinkSpec)) else {}
     try:
@@ -497,14 +648,17 @@ def _fn_rule_text(value: str) -> str:
 
 _CHECKS: tuple[Check, ...] = (
     _check_job,
+    _check_deployment,
     _check_ids,
     _check_parallelism,
+    _check_size,
     _check_inputs,
     _check_cycles,
     _check_consumed,
     _check_operators,
     _check_sources,
     _check_sinks,
+    _check_paths,
     _check_semantics,
     _check_partitioning,
 )

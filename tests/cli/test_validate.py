@@ -47,7 +47,7 @@ FAMILIES = {
         "spec.model.operators[0].type: must be 'map', 'filter', 'flat_map', 'key_by', 'reduce',"
         " 'aggregate', 'union', 'window', 'process' or 'cep' (rule: schema)",
         "spec.model.sources[0].paralelism: unknown field (rule: known-fields)",
-        "spec.stateShardCount: must be a valid integer, unable to parse string as an integer (rule: schema)",
+        "spec.stateShardCount: must be a valid integer (rule: schema)",
     ],
 }
 
