@@ -22,6 +22,7 @@ from nopstream.model.spec import KEYED_OPERATORS, KeySpec, OperatorSpec, SinkSpe
 from nopstream.plan.nodes import MAIN_OUTPUT, ResolvedNode, input_keys, resolve_nodes
 
 ID_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+FN_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 NAMESPACE_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$")
 
 K8S_NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -39,12 +40,11 @@ RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
 # well under a second (`bench/compile.py`), and its plan and state fit in memory.
 MAX_PARALLELISM = 256
 MAX_STATE_SHARDS = 4096
-MAX_NODES = 200
+MAX_NODES = 256
 MAX_TASKS = 4096
 MAX_CHANNELS = 100_000
 MAX_RETAIN = 1000
 MAX_NAMESPACE = 200
-FN_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 _FIELDS_BY_TYPE: dict[str, frozenset[str]] = {
     "map": frozenset({"fn"}),
