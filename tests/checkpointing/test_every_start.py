@@ -175,7 +175,7 @@ def test_two_runs_of_one_job_at_once_the_second_is_refused(tmp_path):
 def test_two_jobs_sharing_an_output_directory_and_sink_id_keep_both_outputs(tmp_path):
     expected = clean_records(tmp_path)
     for job_id in ("a", "b"):
-        word_count(tmp_path / job_id, job_id=job_id, sink="../shared")
+        word_count(tmp_path / job_id, job_id=job_id, sink=str(tmp_path / "shared"))
         result = run(tmp_path / job_id)
         assert result.code == 0, result.err
     names = sorted(outputs(tmp_path / "shared"))
