@@ -267,7 +267,9 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     """Exit 0 when the output under kills equals the failure-free output, 1 when not, 3 when a run fails."""
     from nopstream.local import chaos
 
-    load_file(args.file)  # refuse an invalid job before running anything
+    compiler.compile_model(
+        load_file(args.file), backend="local", namespace="local"
+    )  # refuse an invalid job first
     settings = chaos.ChaosSettings(
         kills=args.kills, seed=args.seed, etcd=args.etcd, workdir=Path(args.workdir), timeout=args.timeout
     )
