@@ -3,9 +3,10 @@
 Every start of a run (a first run, a global recovery, `nopstream run` again, a new pod
 generation) begins here. Storage is the truth: the restore point is the latest durable
 epoch of the namespace's current lineage, verified, or the lineage's base epoch while it
-has none (`--restore-from` starts a lineage from an older epoch). A record elsewhere that shows a later durable epoch (the
-etcd epoch log) while its manifest is missing refuses the restore, naming the
-manifest, instead of silently going back to an older epoch. The first epoch number of
+has none (`--restore-from` starts a lineage from an older epoch). A record elsewhere
+that shows a later durable epoch (the etcd epoch log) while its manifest is missing
+refuses the restore, naming the manifest, instead of silently going back to an older
+epoch. The first epoch number of
 the run is past every epoch in storage and in the log: numbers never repeat, so no
 transaction or committed output of an earlier attempt is ever named again.
 """
