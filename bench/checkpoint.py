@@ -104,7 +104,7 @@ def recovery(workdir: Path, path: Path) -> float | None:
         durable = max(int(m.parent.name) for m in (workdir / "cp-recovery").rglob("_manifest.json"))
 
         def epoch_of(f: Path) -> int:
-            return int(f.stem.rsplit("-", 1)[1])
+            return int(f.stem.rsplit(".", 1)[1])  # {job}.{pipeline}.l{lineage}.{sink}.{subtask}.{epoch}
 
         # the restore re-commits what was durable; wait for output of an epoch the new run made
         while not any(epoch_of(f) > durable for f in out.glob("*.jsonl")):
