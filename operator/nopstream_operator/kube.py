@@ -32,6 +32,10 @@ def load_config() -> None:
         config.load_kube_config()
 
 
+class NameTaken(RuntimeError):
+    """An object this StreamJob needs has a name another owner's object has already."""
+
+
 class Kube:
     """Reads and writes of one namespace's objects."""
 
@@ -78,17 +82,32 @@ class Kube:
             raise
 
     def create(self, manifest: dict[str, Any]) -> None:
-        """Create a Pod or ConfigMap; one that exists already is left as it is."""
+        """Create a Pod or ConfigMap; one that exists already is adopted only when the same StreamJob owns it.
+
+        NameTaken when the name belongs to another owner (another StreamJob, or none).
+        """
         self.writes += 1
-        ns = manifest["metadata"]["namespace"]
+        meta = manifest["metadata"]
+        ns, name, pod = meta["namespace"], meta["name"], manifest["kind"] == "Pod"
         try:
-            if manifest["kind"] == "Pod":
+            if pod:
                 self.core.create_namespaced_pod(ns, manifest)
             else:
                 self.core.create_namespaced_config_map(ns, manifest)
+            return
         except ApiException as exc:
             if exc.status != 409:
                 raise
+        existing = (
+            self.core.read_namespaced_pod(name, ns) if pod else self.core.read_namespaced_config_map(name, ns)
+        )
+        if existing.metadata.deletion_timestamp is not None:
+            return  # going away (a StreamJob deleted and applied again): a later pass creates it
+        owners = {o.uid: o.name for o in existing.metadata.owner_references or []}
+        ours = {o["uid"] for o in meta.get("ownerReferences", [])}
+        if not ours & set(owners):
+            holder = ", ".join(f"StreamJob {n}" for n in owners.values()) or "no StreamJob"
+            raise NameTaken(f"{manifest['kind']} {ns}/{name} exists and belongs to {holder}")
 
     def delete_pod(self, namespace: str, name: str, *, grace: int = 5) -> None:
         """Delete a pod; one already gone is fine."""

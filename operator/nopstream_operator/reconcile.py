@@ -29,7 +29,7 @@ from nopstream.model.load import load_data
 from nopstream.plan import compat, compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.partitioned import PartitionedPlan
-from nopstream_operator.kube import EtcdView, Kube
+from nopstream_operator.kube import EtcdView, Kube, NameTaken
 from nopstream_operator.resources import (
     ANNOTATION_FINGERPRINT,
     LABEL_ROLE,
@@ -146,7 +146,15 @@ def reconcile_once(ctx: Context, namespace: str, name: str) -> None:
     if changed and _spec_change(ctx, seen, partitioned, deployment, desired):
         return  # redeployed: the next pass starts the new plan's pods
     _savepoint_nonce(ctx, seen, deployment)
-    _reconcile_pods(ctx, seen, deployment)
+    try:
+        _reconcile_pods(ctx, seen, deployment)
+    except NameTaken as taken:  # nothing of the other owner's is touched; this job waits for the name
+        message = f"{taken}: rename this job or its nodes (pod names are {{jobId}}-{{vertexId}}-{{subtask}})"
+        ready = next((c for c in _conditions(seen) if c.get("type") == "Ready"), {})
+        if ready.get("reason") != "NameConflict":
+            ctx.emit(seen.job, "Warning", "NameConflict", message)
+        conditions = with_condition(_conditions(seen), "Ready", "False", "NameConflict", message)
+        _patch(ctx, seen, {"phase": "Pending", "conditions": conditions})
 
 
 def _now() -> str:

@@ -536,3 +536,39 @@ def test_a_finished_job_applied_again_recreated_and_restarted_emits_each_lineage
     assert lines == sorted(line for v in first.values() for line in v.splitlines())
     events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=again", "-o", "json")
     assert "Restarted" in {e["reason"] for e in json.loads(events)["items"]}
+
+
+def test_two_jobs_whose_pod_names_collide_the_second_waits_and_touches_nothing(world, s3_client, bucket):
+    w = world
+    upload_lines(s3_client, bucket, random.Random(9), files=2, lines=50, words=3)
+    first = wordcount("nc-x", bucket, w.s3_url, "nc1", parallelism=1)
+    w.kubectl("apply", "-f", "-", input=json.dumps(first))
+    w.wait("Succeeded", lambda: w.job("nc-x").get("status", {}).get("phase") == "Succeeded", timeout=180)
+    pods_before = settled_state(w, "nc-x")
+    output = s3_records(s3_client, bucket, "nc1/")
+    # job 'nc' with source 'x-lines' maps to the same task pod name as job 'nc-x' with source 'lines'
+    second = wordcount("nc", bucket, w.s3_url, "nc2", parallelism=1)
+    second["spec"]["model"]["sources"][0]["id"] = "x-lines"
+    w.kubectl("apply", "-f", "-", input=json.dumps(second))
+    ready = w.wait(
+        "the name conflict",
+        lambda: next(
+            (
+                c
+                for c in w.job("nc").get("status", {}).get("conditions", [])
+                if c.get("reason") == "NameConflict"
+            ),
+            None,
+        ),
+    )
+    assert ready["type"] == "Ready" and ready["status"] == "False"
+    assert ready["message"].startswith("Pod default/nc-x-lines-0-r1 exists and belongs to StreamJob nc-x: ")
+    assert w.job("nc")["status"]["phase"] == "Pending"
+    events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=nc", "-o", "json")
+    assert "NameConflict" in {e["reason"] for e in json.loads(events)["items"]}
+    assert settled_state(w, "nc-x") == pods_before  # the other job's objects are untouched
+    assert (
+        s3_records(s3_client, bucket, "nc1/") == output and s3_records(s3_client, bucket, "nc2/") == Counter()
+    )
+    for name in ("nc", "nc-x"):
+        w.kubectl("delete", "streamjob", name, "--wait=true", "--timeout=60s")
