@@ -9,7 +9,8 @@ No other epoch of an older lineage is ever restored again, and epoch numbers nev
 repeat.
 Committed sink output carries the lineage in its names, so a new lineage never
 overwrites what an older one published.
-WARNING: write a new lineage only while holding the namespace (`checkpoint.ownership`).
+WARNING: write a new lineage only while holding the namespace (`local.ownership`), or as
+the leading coordinator of the job on etcd (`node.coordinator`).
 """
 
 from __future__ import annotations
