@@ -86,12 +86,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p = sub.add_parser("validate", help="check a StreamJob or StreamModel file; list every issue")
     p.add_argument("file")
+    _backend_arguments(p)
     p = sub.add_parser("plan", help="compile a model and print one plan layer")
     p.add_argument("file")
     p.add_argument("--layer", choices=sorted(compiler.LAYERS), default="partitioned")
     p.add_argument("--format", choices=["text", "json"], default="text")
-    p.add_argument("--backend", choices=["kubernetes", "local"], default="kubernetes")
-    p.add_argument("--namespace", default="default", help="Kubernetes namespace (deployment layer)")
+    _backend_arguments(p)
     p = sub.add_parser("diff", help="plan diff and compatibility verdict of OLD -> NEW")
     p.add_argument("old")
     p.add_argument("new")
@@ -103,6 +103,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _backend_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend",
+        choices=["local", "kubernetes"],
+        default="local",
+        help="where the job runs: `nopstream run` (local) or the operator (kubernetes)",
+    )
+    p.add_argument(
+        "--namespace", help="the Kubernetes namespace, with --backend kubernetes (default: default)"
+    )
+
+
 def _fail(err: ModelError) -> int:
     print(f"invalid: {len(err.issues)} issue(s)", file=sys.stderr)
     for issue in err.issues:
@@ -111,9 +123,8 @@ def _fail(err: ModelError) -> int:
 
 
 def _compile(loaded: LoadedModel, args: argparse.Namespace) -> compiler.CompiledPlans:
-    backend = getattr(args, "backend", "kubernetes")
-    namespace = "local" if backend == "local" else getattr(args, "namespace", "default")
-    return compiler.compile_model(loaded, backend=backend, namespace=namespace)
+    namespace = "local" if args.backend == "local" else args.namespace or "default"
+    return compiler.compile_model(loaded, backend=args.backend, namespace=namespace)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -163,7 +174,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from nopstream.local.ownership import NamespaceHeld
 
     loaded = load_file(args.file)
-    plans = compiler.compile_model(loaded, backend="local", namespace="local")
+    plans = compiler.compile_model(loaded)
     job_dir = str(Path(args.file).resolve().parent)
     options = runner.RunOptions(
         in_process=args.in_process,
@@ -267,9 +278,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     """Exit 0 when the output under kills equals the failure-free output, 1 when not, 3 when a run fails."""
     from nopstream.local import chaos
 
-    compiler.compile_model(
-        load_file(args.file), backend="local", namespace="local"
-    )  # refuse an invalid job first
+    compiler.compile_model(load_file(args.file))  # refuse an invalid job first
     settings = chaos.ChaosSettings(
         kills=args.kills, seed=args.seed, etcd=args.etcd, workdir=Path(args.workdir), timeout=args.timeout
     )
@@ -286,7 +295,7 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
     import urllib.error
     import urllib.request
 
-    plans = compiler.compile_model(load_file(args.file), backend="local", namespace="local")
+    plans = compiler.compile_model(load_file(args.file))
     job = plans.partitioned.identity.job_id
     url = _coordinator_url(plans, args)
     if url is None:
@@ -420,7 +429,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     traceback written to a file the message names. The processes of a cluster job
     (`task`, `coordinator`, `operator`) keep theirs in their logs.
     """
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "namespace", None) is not None and getattr(args, "backend", None) == "local":
+        parser.error("--namespace is a Kubernetes namespace: it needs --backend kubernetes")
     try:
         return _COMMANDS[args.command](args)
     except ModelError as err:

@@ -18,7 +18,7 @@ from nopstream.plan.deployment import DeploymentPlan, build_deployment_plan
 from nopstream.plan.jobgraph import JobGraph, build_job_graph
 from nopstream.plan.partitioned import PartitionedPlan, build_partitioned_plan
 from nopstream.plan.streamgraph import EdgePolicy, StreamGraph, build_stream_graph
-from nopstream.plan.validation import namespace_issues, plan_size_issues, validate
+from nopstream.plan.validation import backend_issues, plan_size_issues, validate
 
 Plan = StreamGraph | JobGraph | PartitionedPlan | DeploymentPlan
 LAYERS: dict[str, type[Any]] = {
@@ -44,14 +44,12 @@ class CompiledPlans:
         return plan
 
 
-def compile_model(
-    loaded: LoadedModel, *, backend: str = "kubernetes", namespace: str = "default"
-) -> CompiledPlans:
-    """Validate and compile a model; raise `ModelError` with every issue when invalid."""
-    issues = validate(loaded) + namespace_issues(namespace)
+def compile_model(loaded: LoadedModel, *, backend: str = "local", namespace: str = "local") -> CompiledPlans:
+    """Validate and compile a model for a backend; raise `ModelError` with every issue when invalid."""
+    issues = validate(loaded) + backend_issues(loaded, backend, namespace)
     if issues:
         raise ModelError(issues)
-    stream = build_stream_graph(loaded.model)
+    stream = build_stream_graph(loaded.model, scope=namespace if backend == "kubernetes" else None)
     job = build_job_graph(stream)
     vertices = {v.vertex_id: v.parallelism for v in job.vertices}
     edges = [(e.source_vertex, e.target_vertex, e.policy is EdgePolicy.FORWARD) for e in job.edges]

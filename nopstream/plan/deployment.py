@@ -9,6 +9,8 @@ backend). Distributed semantics never depend on which one runs.
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from dataclasses import dataclass
 
 from nopstream.model.spec import StreamModel
@@ -20,6 +22,8 @@ TASK_PORT = 7700
 METRICS_PORT = 9400
 COORDINATOR_REPLICAS = 2
 _MAX_NAME = 63
+_HASH_CHARS = 10
+_PLAIN_PART = re.compile(r"^[a-z0-9]+$")
 
 
 @dataclass(frozen=True)
@@ -83,20 +87,27 @@ class DeploymentPlan:
 
 
 def resource_name(*parts: str) -> str:
-    """A DNS-1123 name from parts; names over 63 characters keep a hash of the whole."""
-    name = "-".join(parts).lower().replace("_", "-").replace("/", "-")
-    if len(name) <= _MAX_NAME:
+    """A DNS-1123 label naming exactly one tuple of parts: `a-b-c`, or `a-b-c--{hash}`.
+
+    Parts of lower-case letters and digits only are joined by '-' (splitting on '-' gives
+    them back). Any other tuple (a part holding '-' itself, or a name past 63 characters)
+    gets '--' and a hash of the exact parts, which no plain name contains: so job `a-b`
+    with vertex `c` and job `a` with vertex `b-c` never share a pod name.
+    """
+    name = "-".join(parts)
+    if len(name) <= _MAX_NAME and all(_PLAIN_PART.match(p) for p in parts):
         return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-    return f"{name[: _MAX_NAME - 11].rstrip('-')}-{digest}"
+    digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:_HASH_CHARS]
+    prefix = re.sub(r"[^a-z0-9-]", "-", name.lower())[: _MAX_NAME - _HASH_CHARS - 2].strip("-")
+    return f"{prefix}--{digest}"
 
 
 def build_deployment_plan(
     model: StreamModel,
     plan: PartitionedPlan,
     *,
-    backend: str = "kubernetes",
-    namespace: str = "default",
+    backend: str,
+    namespace: str,
     transport: str = "http",
 ) -> DeploymentPlan:
     """Bind a PartitionedPlan to a backend: names, endpoints, storage, etcd prefix, image."""

@@ -95,13 +95,19 @@ class StreamGraph:
     edges: tuple[StreamEdge, ...]
 
 
-def identity_of(model: StreamModel) -> JobIdentity:
-    """The job identity of a validated model, with the namespace default applied."""
+def identity_of(model: StreamModel, scope: str | None = None) -> JobIdentity:
+    """The job identity of a validated model, with the namespace default applied.
+
+    The default checkpoint namespace is `{jobId}/{pipelineId}`, under `scope` (the
+    Kubernetes namespace) when given: two StreamJobs of one name in two Kubernetes
+    namespaces never share state.
+    """
     job_id = model.job_id or ""
+    default = "/".join(p for p in (scope, job_id, model.pipeline_id) if p is not None)
     return JobIdentity(
         job_id=job_id,
         pipeline_id=model.pipeline_id,
-        checkpoint_namespace=model.checkpoint_namespace or f"{job_id}/{model.pipeline_id}",
+        checkpoint_namespace=model.checkpoint_namespace or default,
         plan_version=model.plan_version,
         semantic_mode=model.semantic_mode,
         state_shard_count=model.state_shard_count,
@@ -109,8 +115,8 @@ def identity_of(model: StreamModel) -> JobIdentity:
     )
 
 
-def build_stream_graph(model: StreamModel) -> StreamGraph:
-    """The StreamGraph of a model that `validate` accepted."""
+def build_stream_graph(model: StreamModel, *, scope: str | None = None) -> StreamGraph:
+    """The StreamGraph of a model that `validate` accepted (`scope`: see `identity_of`)."""
     nodes = resolve_nodes(model)
     by_id = {n.node_id: n for n in nodes}
     stream_nodes = tuple(_stream_node(n, by_id) for n in nodes)
@@ -123,7 +129,7 @@ def build_stream_graph(model: StreamModel) -> StreamGraph:
             if ref.output != MAIN_OUTPUT:
                 edge_id = f"{ref.node_id}:{ref.output}->{n.node_id}"
             edges.append(StreamEdge(edge_id, ref.node_id, ref.output, n.node_id, ref.position, policy, key))
-    return StreamGraph(FORMAT_VERSION, identity_of(model), stream_nodes, tuple(edges))
+    return StreamGraph(FORMAT_VERSION, identity_of(model, scope), stream_nodes, tuple(edges))
 
 
 def _selector(key: KeySpec | None) -> KeySelector | None:

@@ -22,6 +22,8 @@ from nopstream.model.spec import KEYED_OPERATORS, KeySpec, OperatorSpec, SinkSpe
 from nopstream.plan.nodes import MAIN_OUTPUT, ResolvedNode, input_keys, resolve_nodes
 
 ID_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+RESERVED_ID = "coordinator"
+"""No node may take it: a task of vertex `coordinator` would share the coordinators' pod names."""
 FN_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 NAMESPACE_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$")
 
@@ -170,15 +172,28 @@ def _check_deployment(ctx: _Context) -> Iterator[Issue]:
                 )
 
 
-def namespace_issues(namespace: str) -> list[Issue]:
-    """The Kubernetes namespace a plan is compiled for must be a namespace name."""
-    if K8S_NAME_PATTERN.match(namespace):
+def backend_issues(loaded: LoadedModel, backend: str, namespace: str) -> list[Issue]:
+    """What the backend adds: on Kubernetes, a namespace name and checkpoint storage every pod shares."""
+    if backend != "kubernetes":
         return []
-    return [
-        Issue(
-            "namespace", f"{namespace!r} is not a Kubernetes namespace name (a DNS label)", "namespace-name"
+    issues = []
+    if not K8S_NAME_PATTERN.match(namespace):
+        issues.append(
+            Issue(
+                "namespace",
+                f"{namespace!r} is not a Kubernetes namespace name (a DNS label)",
+                "namespace-name",
+            )
         )
-    ]
+    if loaded.model.checkpoint.storage.local is not None:
+        issues.append(
+            Issue(
+                loaded.path("checkpoint", "storage", "local"),
+                "each pod has a file system of its own, so tasks would not share checkpoints: use s3",
+                "shared-storage",
+            )
+        )
+    return issues
 
 
 def _check_ids(ctx: _Context) -> Iterator[Issue]:
@@ -195,6 +210,8 @@ def _check_ids(ctx: _Context) -> Iterator[Issue]:
             continue
         if not ID_PATTERN.match(n.node_id):
             yield Issue(ctx.path(n, "id"), _id_rule_text(n.node_id), "id-format")
+        elif n.node_id == RESERVED_ID:
+            yield Issue(ctx.path(n, "id"), f"'{RESERVED_ID}' names the job's coordinator pods", "reserved-id")
         first = seen.get(n.node_id)
         if first is not None:
             yield Issue(

@@ -103,11 +103,11 @@ class Kube:
         )
         if existing.metadata.deletion_timestamp is not None:
             return  # going away (a StreamJob deleted and applied again): a later pass creates it
-        owners = {o.uid: o.name for o in existing.metadata.owner_references or []}
+        owners = {o.uid: f"{o.kind} {o.name}" for o in existing.metadata.owner_references or []}
         ours = {o["uid"] for o in meta.get("ownerReferences", [])}
         if not ours & set(owners):
-            holder = ", ".join(f"StreamJob {n}" for n in owners.values()) or "no StreamJob"
-            raise NameTaken(f"{manifest['kind']} {ns}/{name} exists and belongs to {holder}")
+            held = f" (owned by {', '.join(owners.values())})" if owners else ""
+            raise NameTaken(f"{manifest['kind']} {ns}/{name} exists and is not this job's{held}")
 
     def delete_pod(self, namespace: str, name: str, *, grace: int = 5) -> None:
         """Delete a pod; one already gone is fine."""

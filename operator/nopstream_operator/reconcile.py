@@ -149,7 +149,7 @@ def reconcile_once(ctx: Context, namespace: str, name: str) -> None:
     try:
         _reconcile_pods(ctx, seen, deployment)
     except NameTaken as taken:  # nothing of the other owner's is touched; this job waits for the name
-        message = f"{taken}: rename this job or its nodes (pod names are {{jobId}}-{{vertexId}}-{{subtask}})"
+        message = f"{taken}: remove it or rename this job"
         ready = next((c for c in _conditions(seen) if c.get("type") == "Ready"), {})
         if ready.get("reason") != "NameConflict":
             ctx.emit(seen.job, "Warning", "NameConflict", message)

@@ -143,14 +143,82 @@ def test_a_job_writes_nowhere_it_should_not(tmp_path, path, problem):
     one_issue(validate(tmp_path, model), f"checkpoint.storage.local.path: {problem} (rule: write-path)")
 
 
+S3 = {"storage": {"s3": {"endpoint": "http://s3:9000", "bucket": "cp"}}}
+
+
 def test_plan_for_a_namespace_that_is_not_one_is_refused(tmp_path):
-    write(tmp_path, job())
+    write(tmp_path, job(checkpoint=S3))
     result = run_nopstream(
-        "plan", "job.yaml", "--layer", "deployment", "--namespace", "../../x", cwd=tmp_path
+        "plan", "job.yaml", "--backend", "kubernetes", "--namespace", "../../x", cwd=tmp_path
     )
     one_issue(
         result, "namespace: '../../x' is not a Kubernetes namespace name (a DNS label) (rule: namespace-name)"
     )
+    result = run_nopstream("plan", "job.yaml", "--namespace", "prod", cwd=tmp_path)
+    assert result.code == 2 and result.out == ""
+    assert result.err.endswith(
+        "error: --namespace is a Kubernetes namespace: it needs --backend kubernetes\n"
+    )
+
+
+def test_local_checkpoint_storage_is_refused_on_kubernetes_and_accepted_locally(tmp_path):
+    write(tmp_path, job())
+    for command in ("validate", "plan"):
+        result = run_nopstream(command, "job.yaml", "--backend", "kubernetes", cwd=tmp_path)
+        one_issue(
+            result,
+            "checkpoint.storage.local: each pod has a file system of its own, so tasks would not share"
+            " checkpoints: use s3 (rule: shared-storage)",
+        )
+        assert run_nopstream(command, "job.yaml", cwd=tmp_path).code == 0
+
+
+def test_jobs_whose_joined_names_would_collide_get_distinct_pod_names(tmp_path):
+    def tasks(job_id: str, source: str) -> list[str]:
+        model = job(jobId=job_id, checkpoint=S3)
+        model["model"]["sources"][0]["id"] = source
+        model["model"]["operators"][0]["inputs"] = [source]
+        write(tmp_path, model)
+        result = run_nopstream(
+            "plan",
+            "job.yaml",
+            "--layer",
+            "deployment",
+            "--backend",
+            "kubernetes",
+            "--format",
+            "json",
+            cwd=tmp_path,
+        )
+        assert result.code == 0, result
+        return [t["name"] for t in json.loads(result.out)["plan"]["tasks"]]
+
+    first, second = tasks("a-b", "c"), tasks("a", "b-c")
+    assert first[0].startswith("a-b-c-0--") and second[0].startswith("a-b-c-0--")
+    assert not set(first) & set(second)
+    assert tasks("ab", "c") == ["ab-c-0"]  # ids of letters and digits read as given
+
+
+def test_a_node_named_coordinator_is_refused(tmp_path):
+    model = job()
+    model["model"]["sinks"][0]["id"] = "coordinator"
+    one_issue(
+        validate(tmp_path, model),
+        "model.sinks[0].id: 'coordinator' names the job's coordinator pods (rule: reserved-id)",
+    )
+
+
+def test_the_default_checkpoint_namespace_on_kubernetes_holds_the_kubernetes_namespace(tmp_path):
+    write(tmp_path, job(checkpoint=S3))
+    namespaces = {}
+    for ns in ("prod", "staging"):
+        result = run_nopstream(
+            "plan", "job.yaml", "--backend", "kubernetes", "--namespace", ns, "--format", "json", cwd=tmp_path
+        )
+        namespaces[ns] = json.loads(result.out)["plan"]["identity"]["checkpointNamespace"]
+    local = json.loads(run_nopstream("plan", "job.yaml", "--format", "json", cwd=tmp_path).out)
+    assert namespaces == {"prod": "prod/bad/main", "staging": "staging/bad/main"}
+    assert local["plan"]["identity"]["checkpointNamespace"] == "bad/main"
 
 
 def test_a_function_that_is_here_but_wrong_is_found_by_validate(tmp_path):

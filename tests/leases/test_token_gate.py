@@ -14,6 +14,7 @@ MODEL = {
     "sources": [{"id": "src", "type": "generator", "config": {"kind": "sequence", "count": 10}}],
     "sinks": [{"id": "out", "type": "file", "inputs": ["src"], "config": {"path": "out"}}],
 }
+S3 = {"storage": {"s3": {"endpoint": "http://s3:9000", "bucket": "cp"}}}
 
 
 def test_a_task_refuses_commands_of_a_deposed_coordinator_or_another_run(tmp_path, monkeypatch):
@@ -75,7 +76,9 @@ def test_task_and_coordinator_name_the_missing_or_bad_variable(nopstream, tmp_pa
         2,
         f"nopstream task: NOPSTREAM_PLAN_DIR={tmp_path}: partitioned.json is missing\n",
     )
-    plans = compiler.compile_model(load_data({"jobId": "env", "model": MODEL}), backend="kubernetes")
+    plans = compiler.compile_model(
+        load_data({"jobId": "env", "checkpoint": S3, "model": MODEL}), backend="kubernetes"
+    )
     (tmp_path / "partitioned.json").write_text(compiler.dump_document(plans.partitioned))
     (tmp_path / "deployment.json").write_text(compiler.dump_document(plans.deployment))
     good = {"NOPSTREAM_PLAN_DIR": str(tmp_path), "NOPSTREAM_ETCD": "etcd:2379", "NOPSTREAM_ATTEMPT": "pod-1"}

@@ -538,37 +538,60 @@ def test_a_finished_job_applied_again_recreated_and_restarted_emits_each_lineage
     assert "Restarted" in {e["reason"] for e in json.loads(events)["items"]}
 
 
-def test_two_jobs_whose_pod_names_collide_the_second_waits_and_touches_nothing(world, s3_client, bucket):
+def test_jobs_whose_joined_names_match_run_side_by_side_and_a_foreign_pod_is_never_adopted(
+    world, s3_client, bucket
+):
     w = world
     upload_lines(s3_client, bucket, random.Random(9), files=2, lines=50, words=3)
+
+    def succeeded(name: str) -> bool:
+        return w.job(name).get("status", {}).get("phase") == "Succeeded"
+
+    # job 'nc-x' with source 'lines' and job 'nc' with source 'x-lines' would both join to nc-x-lines-0
     first = wordcount("nc-x", bucket, w.s3_url, "nc1", parallelism=1)
-    w.kubectl("apply", "-f", "-", input=json.dumps(first))
-    w.wait("Succeeded", lambda: w.job("nc-x").get("status", {}).get("phase") == "Succeeded", timeout=180)
-    pods_before = settled_state(w, "nc-x")
-    output = s3_records(s3_client, bucket, "nc1/")
-    # job 'nc' with source 'x-lines' maps to the same task pod name as job 'nc-x' with source 'lines'
     second = wordcount("nc", bucket, w.s3_url, "nc2", parallelism=1)
     second["spec"]["model"]["sources"][0]["id"] = "x-lines"
-    w.kubectl("apply", "-f", "-", input=json.dumps(second))
+    for job in (first, second):
+        w.kubectl("apply", "-f", "-", input=json.dumps(job))
+    w.wait("both Succeeded", lambda: succeeded("nc-x") and succeeded("nc"), timeout=180)
+    output = s3_records(s3_client, bucket, "nc1/")
+    assert output and s3_records(s3_client, bucket, "nc2/") == output
+
+    # a pod of somebody else's that holds the name of a task pod: the job waits and touches it not
+    foreign = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "ncf-lines-0-r1", "namespace": "default"},
+        "spec": {"nodeName": "nowhere", "containers": [{"name": "c", "image": "busybox"}]},
+    }
+    w.kubectl("apply", "-f", "-", input=json.dumps(foreign))
+    before = json.loads(w.kubectl("get", "pod", "ncf-lines-0-r1", "-o", "json"))["metadata"]
+    w.kubectl("apply", "-f", "-", input=json.dumps(wordcount("ncf", bucket, w.s3_url, "nc3", parallelism=1)))
     ready = w.wait(
         "the name conflict",
         lambda: next(
             (
                 c
-                for c in w.job("nc").get("status", {}).get("conditions", [])
+                for c in w.job("ncf").get("status", {}).get("conditions", [])
                 if c.get("reason") == "NameConflict"
             ),
             None,
         ),
     )
     assert ready["type"] == "Ready" and ready["status"] == "False"
-    assert ready["message"].startswith("Pod default/nc-x-lines-0-r1 exists and belongs to StreamJob nc-x: ")
-    assert w.job("nc")["status"]["phase"] == "Pending"
-    events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=nc", "-o", "json")
-    assert "NameConflict" in {e["reason"] for e in json.loads(events)["items"]}
-    assert settled_state(w, "nc-x") == pods_before  # the other job's objects are untouched
-    assert (
-        s3_records(s3_client, bucket, "nc1/") == output and s3_records(s3_client, bucket, "nc2/") == Counter()
+    assert ready["message"] == (
+        "Pod default/ncf-lines-0-r1 exists and is not this job's: remove it or rename this job"
     )
-    for name in ("nc", "nc-x"):
+    assert w.job("ncf")["status"]["phase"] == "Pending"
+    events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=ncf", "-o", "json")
+    assert "NameConflict" in {e["reason"] for e in json.loads(events)["items"]}
+    after = json.loads(w.kubectl("get", "pod", "ncf-lines-0-r1", "-o", "json"))["metadata"]
+    assert (after["uid"], after["resourceVersion"]) == (before["uid"], before["resourceVersion"])
+    assert "ownerReferences" not in after and s3_records(s3_client, bucket, "nc3/") == Counter()
+
+    # once the foreign pod is gone the job runs, to the same output
+    w.kubectl("delete", "pod", "ncf-lines-0-r1", "--grace-period=0", "--force", "--wait=true")
+    w.wait("ncf Succeeded", lambda: succeeded("ncf"), timeout=180)
+    assert s3_records(s3_client, bucket, "nc3/") == output
+    for name in ("nc", "nc-x", "ncf"):
         w.kubectl("delete", "streamjob", name, "--wait=true", "--timeout=60s")

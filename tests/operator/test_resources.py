@@ -14,6 +14,7 @@ from tests.conftest import EXAMPLES
 
 JOB = {**yaml.safe_load((EXAMPLES / "wordcount.yaml").read_text())}
 JOB["metadata"] = {**JOB["metadata"], "namespace": "prod", "uid": "u-1"}
+JOB["spec"]["checkpoint"]["storage"] = {"s3": {"endpoint": "http://s3:9000", "bucket": "cp"}}
 SETTINGS = PodSettings(etcd="etcd:2379", command=("nopstream",), extra_env={"A": "1"}, lease_ttl=7)
 
 

@@ -43,14 +43,20 @@ def test_plan_command_prints_vertices_edges_channels_and_shards(nopstream):
     assert doc["layer"] == "partitioned"
 
 
-def test_plan_layers_as_text(nopstream):
+def test_plan_layers_as_text(nopstream, tmp_path):
     stream = nopstream("plan", "examples/wordcount.yaml", "--layer", "stream").out.splitlines()
     assert "  by-word->count                           HASH by fn 'wordcount:word'" in stream
     assert "  lines->split                             FORWARD" in stream
     job = nopstream("plan", "examples/wordcount.yaml", "--layer", "job").out.splitlines()
     assert "  lines                    parallelism 2    chain [lines -> split -> by-word]" in job
+    on_s3 = tmp_path / "wordcount.yaml"
+    on_s3.write_text(
+        (EXAMPLES / "wordcount.yaml")
+        .read_text()
+        .replace("{local: {path: .nopstream/checkpoints}}", "{s3: {endpoint: 'http://s3:9000', bucket: cp}}")
+    )
     dep = nopstream(
-        "plan", "examples/wordcount.yaml", "--layer", "deployment", "--namespace", "streams"
+        "plan", str(on_s3), "--layer", "deployment", "--backend", "kubernetes", "--namespace", "streams"
     ).out.splitlines()
     assert "  etcd prefix /nopstream/streams/wordcount/main/" in dep
     assert "  wordcount-count-1                        wordcount/main/count/1 at http://{podIP}:7700" in dep

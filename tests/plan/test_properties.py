@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 from nopstream.model.load import load_data
 from nopstream.model.spec import canonical_model
 from nopstream.plan import compiler
+from nopstream.plan.deployment import resource_name
 from nopstream.plan.keys import shard_of
+from nopstream.plan.validation import ID_PATTERN, K8S_NAME_PATTERN
 
 STATELESS = ["map", "filter", "flat_map"]
 
@@ -97,3 +99,25 @@ def test_compiled_plans_hold_their_invariants(data, keys):
     # the ACK set is every task
     assert set(plan.ack_set) == set(plan.task_ids())
     assert len(plan.ack_set) == sum(v.parallelism for v in plan.vertices)
+
+
+IDS = st.from_regex(ID_PATTERN, fullmatch=True)
+NAME_TUPLES = st.tuples(IDS, IDS, st.integers(0, 255).map(str)) | st.tuples(
+    IDS, st.just("coordinator"), st.integers(0, 2).map(str)
+)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.lists(NAME_TUPLES, min_size=2, max_size=40, unique=True))
+def test_resource_names_are_labels_and_never_shared(tuples: list[tuple[str, ...]]) -> None:
+    names = [resource_name(*t) for t in tuples]
+    assert all(K8S_NAME_PATTERN.match(n) for n in names)
+    assert len(set(names)) == len(names)
+
+
+def test_resource_names_of_ids_with_dashes_differ_and_plain_ids_read_as_given() -> None:
+    assert resource_name("wordcount", "split", "0") == "wordcount-split-0"
+    assert resource_name("a-b", "c", "0") != resource_name("a", "b-c", "0")
+    assert resource_name("a-b", "c", "0").startswith("a-b-c-0--")
+    long = resource_name("j" * 40, "v" * 40, "7")
+    assert len(long) == 63 and long.startswith("j" * 40 + "-" + "v" * 10)
