@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 
 from nopstream.checkpoint.errors import RestoreRefused
-from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
+from nopstream.connectors.staged import ObjectSink, OutputConflict, SinkName
 from nopstream.plan.keys import stable_hash
 from nopstream.runtime.frames import Batch
 
@@ -146,14 +146,14 @@ class FileSource:
         self._close_current(finished=False)
 
 
-class FileSink(StagedSink):
+class FileSink(ObjectSink):
     """Writes a sink subtask's records in transactions, one per epoch (STAGED_ATOMIC_COMMIT).
 
     Transaction N goes to the staged file `{path}/.staging/{object}`, created fresh at
     its first record, flushed and fsynced at barrier N; committing links it to
     `{path}/{object}` and removes the staged name (atomic; a link never replaces an
     existing file, so a committed file that is not this transaction's is never
-    overwritten). Object names and bookkeeping: `staged.StagedSink`.
+    overwritten). Object names and bookkeeping: `staged.ObjectSink`.
     """
 
     def __init__(self, config: dict[str, Any], *, name: SinkName) -> None:
@@ -233,7 +233,7 @@ class FileSink(StagedSink):
     def _drop_staged(self, name: str) -> None:
         (self.staging / name).unlink(missing_ok=True)
 
-    def _where(self, name: str) -> str:
+    def _location(self, name: str) -> str:
         return str((self.dir / name).resolve())
 
     def finish(self) -> None:

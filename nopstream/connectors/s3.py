@@ -26,7 +26,7 @@ import orjson
 
 from nopstream.checkpoint.errors import RestoreRefused
 from nopstream.checkpoint.s3 import S3Storage
-from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
+from nopstream.connectors.staged import ObjectSink, OutputConflict, SinkName
 from nopstream.plan.keys import stable_hash
 from nopstream.runtime.frames import Batch
 
@@ -112,8 +112,8 @@ class S3Source:
         """Nothing to release."""
 
 
-class S3Sink(StagedSink):
-    """Writes a sink subtask's records as one object per committed epoch (bookkeeping: `StagedSink`)."""
+class S3Sink(ObjectSink):
+    """Writes a sink subtask's records as one object per committed epoch (bookkeeping: `ObjectSink`)."""
 
     def __init__(self, config: dict[str, Any], *, name: SinkName) -> None:
         """Write under the config's bucket and prefix."""
@@ -152,7 +152,7 @@ class S3Sink(StagedSink):
             raise OutputConflict(f"transaction {self.txn_prefix}:{epoch} has no staged object {staged}")
         if final_tag is not None and final_tag != staged_tag:
             raise OutputConflict(
-                f"refusing to replace committed output {self._where(final[len(self.prefix) :])}: it is not"
+                f"refusing to replace committed output {self._location(final[len(self.prefix) :])}: it is not"
                 f" transaction {self.txn_prefix}:{epoch}"
             )
         self.store.copy(staged, final)
@@ -169,7 +169,7 @@ class S3Sink(StagedSink):
     def _drop_staged(self, name: str) -> None:
         self.store.delete(f"{self.prefix}.staging/{name}")
 
-    def _where(self, name: str) -> str:
+    def _location(self, name: str) -> str:
         return f"s3://{self.store.bucket}/{self.prefix}{name}"
 
     def finish(self) -> None:

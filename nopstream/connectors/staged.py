@@ -59,25 +59,14 @@ class SinkName:
 class StagedSink:
     """Pending transactions, their snapshot, restore and recovery at a start; subclasses stage and publish."""
 
-    ext = "jsonl"
-
     def __init__(self, name: SinkName) -> None:
         """A sink subtask named `name`; the first open transaction is epoch 1 of lineage 1."""
         self.name = name
         self.txn_prefix = name.txn_prefix
-        self._pattern = name.pattern(self.ext)
         self.lineage = 1
         self.epoch = 1
         self.pending: list[dict[str, Any]] = []
         self.records = 0
-
-    def _object(self, epoch: int, lineage: int | None = None) -> str:
-        return self.name.object(self.lineage if lineage is None else lineage, epoch, self.ext)
-
-    def _parse(self, name: str) -> tuple[int, int] | None:
-        """(lineage, epoch) of one of this subtask's object names; None for anything else."""
-        m = self._pattern.match(name)
-        return (int(m.group(1)), int(m.group(2))) if m else None
 
     def _stage(self, epoch: int) -> None:
         """Make the open transaction's records durable under epoch `epoch` (only called with records)."""
@@ -88,20 +77,20 @@ class StagedSink:
         OutputConflict rather than replacing a committed object that is not this transaction's."""
         raise NotImplementedError
 
-    def _staged_names(self) -> list[str]:
-        """Names of the staged objects in the staging area (any sink's)."""
+    def _staged_txns(self) -> list[tuple[int, int]]:
+        """(lineage, epoch) of every transaction this subtask staged and did not publish."""
         raise NotImplementedError
 
-    def _committed_names(self) -> list[str]:
-        """Names of the committed objects of this subtask's current lineage."""
+    def _committed_epochs(self) -> list[int]:
+        """The epochs this subtask published in its current lineage."""
         raise NotImplementedError
 
-    def _drop_staged(self, name: str) -> None:
-        """Delete a staged object."""
+    def _drop(self, lineage: int, epoch: int) -> None:
+        """Abort a staged transaction."""
         raise NotImplementedError
 
-    def _where(self, name: str) -> str:
-        """A committed object's location, for messages."""
+    def _where(self, epoch: int) -> str:
+        """Where the current lineage's committed transaction `epoch` is, for messages."""
         raise NotImplementedError
 
     def prepare(self, epoch: int) -> None:
@@ -109,6 +98,7 @@ class StagedSink:
         self._release()
         if self.records:
             self._stage(epoch)
+            faults.reached("after-stage")
             txn = {"id": f"{self.txn_prefix}:{epoch}", "epoch": epoch, "records": self.records}
             self.pending.append({**txn, "lineage": self.lineage})
         self.records = 0
@@ -122,6 +112,7 @@ class StagedSink:
         for txn in [t for t in self.pending if t["epoch"] <= upto]:
             # a lineage started from an older one's epoch restores its pending transactions:
             # they were published under the older lineage's names
+            faults.reached("before-publish")
             self._publish(txn["epoch"], int(txn.get("lineage", 1)))
             faults.reached("mid-commit")
             self.pending.remove(txn)
@@ -130,21 +121,19 @@ class StagedSink:
         """Start of a run: refuse output ahead of the restore point, commit up to it, abort the rest."""
         self.lineage = start.lineage
         durable = start.durable or 0
-        committed = [p for p in map(self._parse, self._committed_names()) if p and p[0] == self.lineage]
-        newest = max((epoch for _, epoch in committed), default=0)
+        newest = max(self._committed_epochs(), default=0)
         if newest > durable:
             raise RestoreRefused(
                 f"sink '{self.name.operator_id}' subtask {self.name.subtask} already committed epoch"
-                f" {newest} ({self._where(self._object(newest))}), after the restore point"
+                f" {newest} ({self._where(newest)}), after the restore point"
                 f" (epoch {start.durable if start.durable is not None else 'none'}): the manifest of a"
                 " later epoch is missing (restore an older epoch explicitly with --restore-from,"
                 " or start a new lineage with --fresh)"
             )
         self.commit(durable)
-        for staged in self._staged_names():
-            parsed = self._parse(staged)
-            if parsed is not None and (parsed[0] != self.lineage or parsed[1] > durable):
-                self._drop_staged(staged)
+        for lineage, epoch in self._staged_txns():
+            if lineage != self.lineage or epoch > durable:
+                self._drop(lineage, epoch)
         self.pending = []
         self.epoch = durable + 1
 
@@ -156,3 +145,54 @@ class StagedSink:
         """Resume with the snapshot's pending transactions."""
         self.pending = [dict(t) for t in state.get("pending", [])]
         self.epoch = int(state.get("epoch", 1))
+
+
+class ObjectSink(StagedSink):
+    """A StagedSink whose transactions are named objects (files, S3 objects): `SinkName.object`."""
+
+    ext = "jsonl"
+
+    def __init__(self, name: SinkName) -> None:
+        """Objects of this subtask are recognised by their names."""
+        super().__init__(name)
+        self._pattern = name.pattern(self.ext)
+
+    def _object(self, epoch: int, lineage: int | None = None) -> str:
+        return self.name.object(self.lineage if lineage is None else lineage, epoch, self.ext)
+
+    def _parse(self, name: str) -> tuple[int, int] | None:
+        """(lineage, epoch) of one of this subtask's object names; None for anything else."""
+        m = self._pattern.match(name)
+        return (int(m.group(1)), int(m.group(2))) if m else None
+
+    def _staged_names(self) -> list[str]:
+        """Names of the staged objects in the staging area (any sink's)."""
+        raise NotImplementedError
+
+    def _committed_names(self) -> list[str]:
+        """Names of the committed objects (this subtask's current lineage among them)."""
+        raise NotImplementedError
+
+    def _drop_staged(self, name: str) -> None:
+        """Delete a staged object."""
+        raise NotImplementedError
+
+    def _location(self, name: str) -> str:
+        """A committed object's location, for messages."""
+        raise NotImplementedError
+
+    def _staged_txns(self) -> list[tuple[int, int]]:
+        return [p for p in map(self._parse, self._staged_names()) if p is not None]
+
+    def _committed_epochs(self) -> list[int]:
+        return [
+            e
+            for lineage, e in filter(None, map(self._parse, self._committed_names()))
+            if lineage == self.lineage
+        ]
+
+    def _drop(self, lineage: int, epoch: int) -> None:
+        self._drop_staged(self._object(epoch, lineage))
+
+    def _where(self, epoch: int) -> str:
+        return self._location(self._object(epoch))

@@ -5,8 +5,11 @@ the fault fires: by default the process kills itself with SIGKILL (a crash, not 
 exception); a caller may pass another action (the runner kills a task process).
 Points: `before-manifest` and `after-durable` (the coordinator kills a task there),
 `coordinator-before-manifest` (the coordinator's own process dies there),
-`during-alignment` (a task holding back a channel), `mid-commit` (a sink between
-publishing transactions). Unset (the default), a point costs one environment lookup.
+`during-alignment` (a task holding back a channel), `after-stage` (a sink that
+staged or prepared a transaction, before its barrier is acknowledged: no manifest
+covers it), `before-publish` (a sink whose epoch is durable, before it publishes or
+commits the prepared transaction), `mid-commit` (a sink between publishing
+transactions). Unset (the default), a point costs one environment lookup.
 """
 
 from __future__ import annotations
