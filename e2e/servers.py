@@ -3,7 +3,8 @@
 Every server is a child process in its own session, stopped by PID (SIGTERM, then
 SIGKILL after a grace period) when its context ends, and on interpreter exit as a
 last resort, so no test leaves a process behind. Binaries come from
-`scripts/install-servers.sh`: Debian's etcd, and MinIO built into the cache.
+`scripts/install-servers.sh`: Debian's etcd and PostgreSQL, and MinIO built into the
+cache.
 """
 
 from __future__ import annotations
@@ -101,9 +102,15 @@ def stop_popen(popen: subprocess.Popen[bytes], grace: float = 10.0) -> None:
 
 
 def spawn(
-    name: str, argv: list[str], *, log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+    name: str,
+    argv: list[str],
+    *,
+    log: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    user: str | None = None,
 ) -> Process:
-    """Start `argv` in its own session with stdout and stderr going to `log`."""
+    """Start `argv` in its own session (as `user`, when given) with stdout and stderr going to `log`."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         popen = subprocess.Popen(
@@ -114,6 +121,8 @@ def spawn(
             env={**os.environ, **(env or {})},
             cwd=cwd,
             start_new_session=True,
+            user=user,
+            group=user,
         )
     _RUNNING[popen.pid] = popen
     return Process(name, popen, log)
@@ -245,6 +254,121 @@ def start_minio(workdir: Path) -> Minio:
     proc = spawn("minio", argv, log=workdir / "minio.log", env=env)
     wait_until("minio", lambda: http_ok(f"http://127.0.0.1:{port}/minio/health/ready"), process=proc)
     return Minio(proc, f"127.0.0.1:{port}", access, secret, data)
+
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+@dataclass
+class Postgres:
+    """A PostgreSQL 15 server on loopback with prepared transactions enabled and a password."""
+
+    process: Process
+    port: int
+    user: str
+    password: str
+    data_dir: Path = field(repr=False)
+    workdir: Path = field(repr=False)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a postgres sink reads its password from."""
+        return {"NOPSTREAM_POSTGRES_PASSWORD": self.password}
+
+    @property
+    def conninfo(self) -> str:
+        """A libpq connection string for the `postgres` database."""
+        return f"host=127.0.0.1 port={self.port} dbname=postgres user={self.user} password={self.password}"
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop the server by PID (SIGTERM: a smart shutdown; prepared transactions survive)."""
+        self.process.stop(grace)
+
+    def restart(self) -> None:
+        """Stop the server and start it again on the same port and data."""
+        self.stop()
+        self.process = _postgres_process(self.workdir, self.data_dir, self.port)
+        _wait_postgres(self)
+
+    def close(self) -> None:
+        """Stop the server and remove its data directory."""
+        self.stop()
+        shutil.rmtree(self.data_dir.parent, ignore_errors=True)
+
+
+def _postgres_user() -> str | None:
+    """PostgreSQL refuses to run as root: the Debian package's `postgres` user then."""
+    return "postgres" if os.geteuid() == 0 else None
+
+
+def _postgres_process(workdir: Path, data: Path, port: int, *, prepared: int = 64) -> Process:
+    argv = [
+        str(PG_BIN / "postgres"),
+        "-D",
+        str(data),
+        "-c",
+        "listen_addresses=127.0.0.1",
+        "-c",
+        f"port={port}",
+        "-c",
+        f"unix_socket_directories={data}",
+        "-c",
+        f"max_prepared_transactions={prepared}",
+        "-c",
+        "fsync=on",
+    ]
+    return spawn("postgres", argv, log=workdir / "postgres.log", user=_postgres_user())
+
+
+def _wait_postgres(pg: Postgres) -> None:
+    import psycopg
+
+    def ready() -> bool:
+        try:
+            with psycopg.connect(pg.conninfo, connect_timeout=2):
+                return True
+        except psycopg.OperationalError:
+            return False
+
+    wait_until("postgres", ready, process=pg.process)
+
+
+def start_postgres(workdir: Path, *, prepared: int = 64) -> Postgres:
+    """initdb a fresh cluster (superuser `nopstream`, a random password) and start it.
+
+    The data directory lives in a directory of its own under the system temporary
+    directory, owned by the server's user: pytest's directories are private to root.
+    """
+    import tempfile
+
+    if not (PG_BIN / "initdb").exists():
+        raise ServerError("PostgreSQL 15 is not installed: run scripts/install-servers.sh")
+    user = _postgres_user()
+    home = Path(tempfile.mkdtemp(prefix="nopstream-pg-"))
+    data = home / "data"
+    password = secrets.token_hex(12)
+    (home / "pw").write_text(password + "\n")
+    if user is not None:
+        shutil.chown(home, user, user)
+        shutil.chown(home / "pw", user, user)
+    subprocess.run(
+        [
+            str(PG_BIN / "initdb"),
+            *("-D", str(data), "-U", "nopstream", "--auth=scram-sha-256"),
+            *("--pwfile", str(home / "pw"), "--no-sync"),
+        ],
+        check=True,
+        capture_output=True,
+        user=user,
+        group=user,
+    )
+    (home / "pw").unlink()
+    port = free_port()
+    pg = Postgres(
+        _postgres_process(workdir, data, port, prepared=prepared), port, "nopstream", password, data, workdir
+    )
+    _wait_postgres(pg)
+    return pg
 
 
 @contextlib.contextmanager

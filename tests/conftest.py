@@ -82,6 +82,31 @@ def minio_server(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory):
+    """A real PostgreSQL 15 server shared by the session (prepared transactions enabled)."""
+    from e2e import servers
+
+    server = servers.start_postgres(tmp_path_factory.mktemp("postgres"))
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def database(postgres_server, request, monkeypatch):
+    """A fresh database for this test on the session's server; its sink password in the environment."""
+    import re
+    import secrets
+
+    import psycopg
+
+    name = re.sub(r"[^a-z0-9]", "_", request.node.name.lower())[:40] + "_" + secrets.token_hex(3)
+    with psycopg.connect(postgres_server.conninfo, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    monkeypatch.setenv("NOPSTREAM_POSTGRES_PASSWORD", postgres_server.password)
+    return name
+
+
 @pytest.fixture
 def minio_client(minio_server):
     """A `minio.Minio` client for the session's server."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from nopstream.connectors.files import FileSink, FileSource
 from nopstream.connectors.generator import GeneratorSource
+from nopstream.connectors.postgres import PostgresSink
 from nopstream.connectors.s3 import S3Sink, S3Source
 from nopstream.connectors.staged import SinkName
 from nopstream.connectors.stdout import StdoutSink
@@ -51,6 +52,8 @@ class Connectors:
             return S3Sink(config, name=self._name(node, subtask))
         if node.type == "stdout":
             return StdoutSink(config)
+        if node.type == "postgres":
+            return PostgresSink(config, name=self._name(node, subtask))
         raise NotImplementedError(
             f"sink type '{node.type}' ({SINK_TYPES[node.type].capability}) is not implemented by this build"
         )

@@ -7,10 +7,11 @@ test keeps the two in agreement.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 from pydantic.alias_generators import to_camel
 
 from nopstream.model.capabilities import SinkCapability, SourceCapability
@@ -70,6 +71,46 @@ class S3SinkConfig(ConnectorConfig):
     format: Literal["jsonl", "text"] = "jsonl"
 
 
+SQL_NAME = r"^[a-z_][a-z0-9_]{0,62}$"
+"""A PostgreSQL identifier as nopstream writes it: lower case, unquoted, at most 63 bytes."""
+
+
+class PostgresSinkConfig(ConnectorConfig):
+    """A table that receives each epoch's rows in one prepared transaction (TWO_PHASE_COMMIT).
+
+    Each record is a mapping whose fields fill `columns` by name (a missing field is
+    NULL); `upsert` replaces the row of the same `keys` (ON CONFLICT ... DO UPDATE).
+    The password comes from NOPSTREAM_POSTGRES_PASSWORD (a Secret's key `password` on a
+    cluster, named by `secretRef`).
+    """
+
+    host: str = "127.0.0.1"
+    port: StrictInt = Field(5432, ge=1, le=65535)
+    database: str = Field(pattern=r"^[^\s]{1,63}$")
+    user: str = Field(pattern=r"^[^\s]{1,63}$")
+    table: str = Field(pattern=r"^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$")
+    columns: list[str] = Field(min_length=1, max_length=1600)
+    mode: Literal["insert", "upsert"] = "insert"
+    keys: list[str] | None = None
+    secret_ref: str | None = None
+
+    @model_validator(mode="after")
+    def _keys_name_columns(self) -> PostgresSinkConfig:
+        bad = [c for c in self.columns + (self.keys or []) if not re.match(SQL_NAME, c)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a column name (lower-case letters, digits, '_')")
+        if len(set(self.columns)) != len(self.columns):
+            raise ValueError("a column is named twice")
+        if self.mode == "upsert" and not self.keys:
+            raise ValueError("mode upsert needs keys: the columns of the table's unique key")
+        missing = [k for k in self.keys or [] if k not in self.columns]
+        if missing:
+            raise ValueError(f"key {missing[0]!r} is not one of the columns")
+        if self.keys and self.mode != "upsert":
+            raise ValueError("keys apply to mode upsert only")
+        return self
+
+
 class StdoutSinkConfig(ConnectorConfig):
     """Standard output of the task process."""
 
@@ -108,6 +149,7 @@ SINK_TYPES: dict[str, SinkType] = {
     for s in (
         SinkType("file", SinkCapability.STAGED_ATOMIC_COMMIT, FileSinkConfig),
         SinkType("s3", SinkCapability.STAGED_ATOMIC_COMMIT, S3SinkConfig),
+        SinkType("postgres", SinkCapability.TWO_PHASE_COMMIT, PostgresSinkConfig),
         SinkType("stdout", SinkCapability.AT_LEAST_ONCE, StdoutSinkConfig),
     )
 }

@@ -1,0 +1,284 @@
+"""The `postgres` sink (TWO_PHASE_COMMIT): one prepared transaction per sink subtask and epoch.
+
+Transaction N holds the rows between barriers N-1 and N. At barrier N they are
+written (insert: into the table; upsert: into the staging table, see below) together
+with a marker row in `nopstream_commits`, and the transaction is prepared as
+`PREPARE TRANSACTION '{jobId}:{pipelineId}:{operatorId}:{subtask}:l{lineage}:{N}'`:
+durable in the server, invisible to readers. Once epoch N is durable, `COMMIT
+PREPARED` makes it visible. A gid that is no longer prepared is committed when its
+marker row is visible and lost otherwise, which is refused: the marker tells a
+commit that happened from a transaction that was rolled back.
+
+Upsert writes stage their rows in `nopstream_staged_rows` (inserts only: a prepared
+transaction holds no lock on the user's rows, so the next epoch's writes of the same
+keys never wait for it) and the commit applies them with `INSERT ... ON CONFLICT
+DO UPDATE` in one local transaction that also deletes them. The lineage is in the
+gid because a new lineage of an emptied namespace numbers its epochs from 1 again.
+
+`recover` at every start (`staged.StagedSink`): commits prepared transactions up to
+the restore point, applies their staged rows, and rolls back every other prepared
+transaction of this subtask. It first checks, with the server's own words, that the
+table and its columns exist and that the server allows prepared transactions
+(`ConnectorRefused` otherwise: no restart can fix those).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from nopstream.checkpoint.errors import RestoreRefused
+from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
+from nopstream.model.connectors import PostgresSinkConfig
+from nopstream.runtime.connectors import SinkStart
+from nopstream.runtime.frames import Batch
+
+PASSWORD_ENV = "NOPSTREAM_POSTGRES_PASSWORD"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS nopstream_commits (
+    sink text NOT NULL, lineage integer NOT NULL, epoch bigint NOT NULL, rows bigint NOT NULL,
+    committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (sink, lineage, epoch));
+CREATE TABLE IF NOT EXISTS nopstream_staged_rows (
+    sink text NOT NULL, lineage integer NOT NULL, epoch bigint NOT NULL, seq bigserial, row jsonb NOT NULL,
+    PRIMARY KEY (sink, lineage, epoch, seq));
+"""
+
+
+class ConnectorRefused(RestoreRefused):
+    """A connector cannot start against this system as configured: no restart can fix it."""
+
+
+class PostgresSink(StagedSink):
+    """Writes a sink subtask's rows in prepared transactions, committed when their epoch is durable."""
+
+    def __init__(self, config: dict[str, Any], *, name: SinkName) -> None:
+        """A sink subtask of a validated `PostgresSinkConfig`; connections open at `recover`."""
+        super().__init__(name)
+        self.config = PostgresSinkConfig.model_validate(config)
+        self.table = sql.Identifier(*self.config.table.split("."))
+        self._rows: list[tuple[Any, ...]] = []
+        self._writer: psycopg.Connection[Any] | None = None
+        self._control: psycopg.Connection[Any] | None = None
+        self._gid = re.compile(rf"^{re.escape(self.txn_prefix)}:l(\d+):(\d+)$")
+
+    # connections
+
+    def _connect(self, *, autocommit: bool) -> psycopg.Connection[Any]:
+        c = self.config
+        return psycopg.connect(
+            host=c.host,
+            port=c.port,
+            dbname=c.database,
+            user=c.user,
+            password=os.environ.get(PASSWORD_ENV, ""),
+            autocommit=autocommit,
+            connect_timeout=10,
+            # an insert that meets a row of a prepared transaction fails rather than wait forever
+            options="-c lock_timeout=10s",
+            application_name=f"nopstream {self.txn_prefix}"[:63],
+        )
+
+    @property
+    def control(self) -> psycopg.Connection[Any]:
+        """The autocommit connection: COMMIT/ROLLBACK PREPARED, markers, recovery."""
+        if self._control is None or self._control.closed:
+            self._control = self._connect(autocommit=True)
+        return self._control
+
+    @property
+    def writer(self) -> psycopg.Connection[Any]:
+        """The connection that holds the epoch's transaction until it is prepared."""
+        if self._writer is None or self._writer.closed:
+            self._writer = self._connect(autocommit=False)
+        return self._writer
+
+    def _where_server(self) -> str:
+        return f"postgresql://{self.config.host}:{self.config.port}/{self.config.database}"
+
+    def _check_server(self) -> None:
+        """ConnectorRefused, in the server's words, when the table or prepared transactions are missing."""
+        self.control.execute(_SCHEMA)
+        columns = sql.SQL(", ").join(map(sql.Identifier, self.config.columns))
+        try:
+            self.control.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(columns, self.table))
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as err:
+            raise ConnectorRefused(
+                f"postgres sink '{self.name.operator_id}': {err.diag.message_primary} in"
+                f" {self._where_server()} (create the table first)"
+            ) from None
+        probe = f"{self.txn_prefix}:probe"
+        if self.control.execute("SELECT 1 FROM pg_prepared_xacts WHERE gid = %s", (probe,)).fetchone():
+            self.control.execute(
+                sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(probe))
+            )  # a crash left it
+        with self._connect(autocommit=False) as conn:
+            try:
+                conn.execute("SELECT 1")
+                conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(probe)))
+            except psycopg.errors.ObjectNotInPrerequisiteState as err:
+                raise ConnectorRefused(
+                    f"postgres sink '{self.name.operator_id}': {self._where_server()} refuses prepared"
+                    f" transactions: {err.diag.message_primary} ({err.diag.message_hint})"
+                ) from None
+        self.control.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(probe)))
+
+    # writing
+
+    def write(self, batch: Batch) -> None:
+        """Add the batch's rows to the open transaction (held until the barrier)."""
+        columns = self.config.columns
+        for r in batch.records:
+            if isinstance(r, dict):
+                self._rows.append(tuple(_value(r.get(c)) for c in columns))
+            elif len(columns) == 1:
+                self._rows.append((_value(r),))
+            else:
+                raise TypeError(
+                    f"postgres sink '{self.name.operator_id}' needs mappings for {len(columns)} columns"
+                )
+        self.records += len(batch.records)
+
+    def _stage(self, epoch: int) -> None:
+        gid = self._gid_of(self.lineage, epoch)
+        conn = self.writer
+        with conn.cursor() as cur:
+            if self.config.mode == "insert":
+                names = sql.SQL(", ").join(map(sql.Identifier, self.config.columns))
+                with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(self.table, names)) as copy:
+                    for row in self._rows:
+                        copy.write_row(row)
+            else:
+                cur.executemany(
+                    "INSERT INTO nopstream_staged_rows (sink, lineage, epoch, row) VALUES (%s, %s, %s, %s)",
+                    [
+                        (self.txn_prefix, self.lineage, epoch, _row_json(self.config.columns, r))
+                        for r in self._rows
+                    ],
+                )
+            cur.execute(
+                "INSERT INTO nopstream_commits (sink, lineage, epoch, rows) VALUES (%s, %s, %s, %s)",
+                (self.txn_prefix, self.lineage, epoch, len(self._rows)),
+            )
+            cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+
+    def prepare(self, epoch: int) -> None:
+        """Barrier `epoch`: prepare the open transaction (pre-commit) and open the next."""
+        super().prepare(epoch)
+        self._rows = []
+
+    def _gid_of(self, lineage: int, epoch: int) -> str:
+        return f"{self.txn_prefix}:l{lineage}:{epoch}"
+
+    # committing
+
+    def _publish(self, epoch: int, lineage: int) -> None:
+        gid = self._gid_of(lineage, epoch)
+        try:
+            self.control.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid)))
+        except psycopg.errors.UndefinedObject:
+            if not self._marked(lineage, epoch):
+                raise OutputConflict(
+                    f"transaction {gid} is neither prepared nor committed in {self._where_server()}:"
+                    " it was rolled back by someone else"
+                ) from None
+        if self.config.mode == "upsert":
+            self._apply(lineage, epoch)
+
+    def _marked(self, lineage: int, epoch: int) -> bool:
+        found = self.control.execute(
+            "SELECT 1 FROM nopstream_commits WHERE sink = %s AND lineage = %s AND epoch = %s",
+            (self.txn_prefix, lineage, epoch),
+        ).fetchone()
+        return found is not None
+
+    def _apply(self, lineage: int, epoch: int) -> None:
+        """Upsert the committed staged rows of one epoch into the table and delete them, atomically."""
+        c = self.config
+        names = sql.SQL(", ").join(map(sql.Identifier, c.columns))
+        fields = sql.SQL(", ").join(sql.Identifier("p", col) for col in c.columns)
+        keys = sql.SQL(", ").join(map(sql.Identifier, c.keys or []))
+        key_fields = sql.SQL(", ").join(sql.Identifier("p", col) for col in c.keys or [])
+        rest = [col for col in c.columns if col not in (c.keys or [])]
+        update = (
+            sql.SQL("DO UPDATE SET ")
+            + sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(col)) for col in rest)
+            if rest
+            else sql.SQL("DO NOTHING")
+        )
+        # the last row of a key in the epoch wins, as it would have row by row
+        statement = sql.SQL(
+            "WITH moved AS (DELETE FROM nopstream_staged_rows WHERE sink = %s AND lineage = %s AND epoch = %s"
+            " RETURNING seq, row), latest AS (SELECT DISTINCT ON ({key_fields}) {fields} FROM moved m,"
+            " jsonb_populate_record(NULL::{table}, m.row) p ORDER BY {key_fields}, m.seq DESC)"
+            " INSERT INTO {table} ({names}) SELECT {names} FROM latest ON CONFLICT ({keys}) {update}"
+        ).format(
+            key_fields=key_fields, fields=fields, keys=keys, names=names, table=self.table, update=update
+        )
+        with self.control.transaction():
+            self.control.execute(statement, (self.txn_prefix, lineage, epoch))
+
+    # recovery
+
+    def recover(self, start: SinkStart) -> None:
+        """Check the server, then the rule of every start (`StagedSink.recover`); staged rows applied."""
+        self._rows = []
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._check_server()
+        super().recover(start)
+        if self.config.mode == "upsert":
+            for lineage, epoch in self._unapplied(start.durable or 0):
+                self._apply(lineage, epoch)
+
+    def _unapplied(self, durable: int) -> list[tuple[int, int]]:
+        """Committed epochs up to `durable` whose staged rows were not applied yet (a crash in between)."""
+        rows = self.control.execute(
+            "SELECT DISTINCT s.lineage, s.epoch FROM nopstream_staged_rows s JOIN nopstream_commits c"
+            " USING (sink, lineage, epoch) WHERE s.sink = %s AND s.epoch <= %s ORDER BY 2",
+            (self.txn_prefix, durable),
+        ).fetchall()
+        return [(int(lineage), int(epoch)) for lineage, epoch in rows]
+
+    def _staged_txns(self) -> list[tuple[int, int]]:
+        gids = self.control.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")
+        out = []
+        for (gid,) in gids.fetchall():
+            m = self._gid.match(gid)
+            if m:
+                out.append((int(m.group(1)), int(m.group(2))))
+        return out
+
+    def _committed_epochs(self) -> list[int]:
+        rows = self.control.execute(
+            "SELECT epoch FROM nopstream_commits WHERE sink = %s AND lineage = %s",
+            (self.txn_prefix, self.lineage),
+        ).fetchall()
+        return [int(e) for (e,) in rows]
+
+    def _drop(self, lineage: int, epoch: int) -> None:
+        self.control.execute(
+            sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(self._gid_of(lineage, epoch)))
+        )
+
+    def _where(self, epoch: int) -> str:
+        return (
+            f"{self._where_server()} nopstream_commits {self.txn_prefix} lineage {self.lineage} epoch {epoch}"
+        )
+
+    def finish(self) -> None:
+        """End of input: the open transaction waits for the final epoch; connections stay for its commit."""
+
+
+def _value(v: Any) -> Any:
+    """A field as PostgreSQL takes it: nested values as JSON text."""
+    return orjson.dumps(v).decode() if isinstance(v, dict | list) else v
+
+
+def _row_json(columns: list[str], row: tuple[Any, ...]) -> str:
+    return orjson.dumps(dict(zip(columns, row, strict=True))).decode()
