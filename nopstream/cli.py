@@ -169,7 +169,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a job to completion on this machine; exit 3 with the task's error when it fails."""
-    from nopstream.checkpoint.errors import RestoreRefused, StorageError
+    from nopstream.checkpoint.errors import RestoreRefused, StartRefused, StorageError
     from nopstream.local import preflight, runner
     from nopstream.local.ownership import NamespaceHeld
 
@@ -205,6 +205,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             result = Supervisor(plans, options, args.etcd).run()
         else:
             result = runner.run_job(plans, options)
+    except StartRefused as refused:
+        print(f"job '{job}' cannot start: {refused}", file=sys.stderr)
+        return EXIT_JOB_FAILED
     except RestoreRefused as refused:
         print(f"job '{job}' cannot restore: {refused}", file=sys.stderr)
         return EXIT_INVALID
@@ -261,7 +264,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.command == "coordinator":
         return EXIT_OK if asyncio.run(coordinator.serve(config)) == 0 else EXIT_JOB_FAILED
-    from nopstream.checkpoint.errors import RestoreRefused
+    from nopstream.checkpoint.errors import RestoreRefused, StartRefused
 
     try:
         asyncio.run(task.serve(config))
@@ -270,7 +273,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         return EXIT_JOB_FAILED
     except RestoreRefused as refused:  # the same for every attempt: not a failure to recover from
         print(f"nopstream task: cannot start: {refused}", file=sys.stderr)
-        return task.EXIT_REFUSED
+        return task.EXIT_START_REFUSED if isinstance(refused, StartRefused) else task.EXIT_REFUSED
     return EXIT_OK
 
 

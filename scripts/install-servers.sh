@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Install or build, once, the real servers the tests use: etcd (Debian), MinIO
-# (its Go module), the Kubernetes control plane and kubectl (k8s.io/kubernetes at
-# one release) and helm (its Go module). Everything lands in a cache outside the
+# Install or build, once, the real servers the tests use: etcd and PostgreSQL 15
+# (Debian), MinIO (its Go module), the Kubernetes control plane and kubectl
+# (k8s.io/kubernetes at one release) and helm (its Go module). Everything lands in a cache outside the
 # repository; a second run finds it there and only prints what it reused.
 #
-# Usage: scripts/install-servers.sh [etcd] [minio] [kube] [helm]   (default: all)
+# Usage: scripts/install-servers.sh [etcd] [postgres] [minio] [kube] [helm]   (default: all)
 set -euo pipefail
 
 CACHE="${NOPSTREAM_CACHE:-$HOME/.cache/nopstream}"
@@ -40,6 +40,21 @@ install_etcd() {
   apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
   # Debian starts the packaged service where systemd runs; tests start their own.
   log "etcd: installed from Debian in $((SECONDS - start))s"
+}
+
+install_postgres() {
+  if [[ -x /usr/lib/postgresql/15/bin/postgres ]]; then
+    log "postgres: present ($(/usr/lib/postgresql/15/bin/postgres --version))"
+    return 0
+  fi
+  local start=$SECONDS
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # the server binaries and the `postgres` user; tests run their own clusters (initdb)
+  apt-get install -y -qq --no-install-recommends postgresql-15 >/dev/null
+  # the package may start its own cluster where it can: tests never use it
+  pg_ctlcluster 15 main stop >/dev/null 2>&1 || true
+  log "postgres: installed from Debian in $((SECONDS - start))s"
 }
 
 build_minio() {
@@ -100,13 +115,14 @@ GO
 }
 
 what=("$@")
-[[ ${#what[@]} -gt 0 ]] || what=(etcd minio kube helm)
+[[ ${#what[@]} -gt 0 ]] || what=(etcd postgres minio kube helm)
 for w in "${what[@]}"; do
   case "$w" in
     etcd) install_etcd ;;
+    postgres) install_postgres ;;
     minio) timed "minio $MINIO_VERSION" "$BIN/.minio-$MINIO_VERSION" build_minio ;;
     helm) timed "helm $HELM_VERSION" "$BIN/.helm-$HELM_VERSION-stamped" build_helm ;;
     kube) timed "kubernetes $KUBE_VERSION" "$BIN/.kube-$KUBE_VERSION-stamped" build_kube ;;
-    *) log "unknown server '$w' (known: etcd minio kube helm)"; exit 2 ;;
+    *) log "unknown server '$w' (known: etcd postgres minio kube helm)"; exit 2 ;;
   esac
 done

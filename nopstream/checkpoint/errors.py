@@ -9,3 +9,7 @@ class StorageError(OSError):
 
 class RestoreRefused(RuntimeError):
     """A checkpoint cannot be restored: damaged, missing, or made for another plan."""
+
+
+class StartRefused(RestoreRefused):
+    """A run cannot start as configured (a sink's table is missing, say): no restart can fix it."""

@@ -13,13 +13,15 @@ Upsert writes stage their rows in `nopstream_staged_rows` (inserts only: a prepa
 transaction holds no lock on the user's rows, so the next epoch's writes of the same
 keys never wait for it) and the commit applies them with `INSERT ... ON CONFLICT
 DO UPDATE` in one local transaction that also deletes them. The lineage is in the
-gid because a new lineage of an emptied namespace numbers its epochs from 1 again.
+gid because a new lineage of an emptied namespace numbers its epochs from 1 again; the
+table is in it (and in the marker's key) so that one job's copies writing to two
+tables (as `nopstream chaos` runs it) never take each other's commits for their own.
 
 `recover` at every start (`staged.StagedSink`): commits prepared transactions up to
 the restore point, applies their staged rows, and rolls back every other prepared
 transaction of this subtask. It first checks, with the server's own words, that the
 table and its columns exist and that the server allows prepared transactions
-(`ConnectorRefused` otherwise: no restart can fix those).
+(`StartRefused` otherwise: no restart can fix those).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from nopstream.checkpoint.errors import RestoreRefused
+from nopstream.checkpoint.errors import StartRefused
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
 from nopstream.model.connectors import PostgresSinkConfig
 from nopstream.runtime.connectors import SinkStart
@@ -49,10 +51,6 @@ CREATE TABLE IF NOT EXISTS nopstream_staged_rows (
 """
 
 
-class ConnectorRefused(RestoreRefused):
-    """A connector cannot start against this system as configured: no restart can fix it."""
-
-
 class PostgresSink(StagedSink):
     """Writes a sink subtask's rows in prepared transactions, committed when their epoch is durable."""
 
@@ -64,23 +62,18 @@ class PostgresSink(StagedSink):
         self._rows: list[tuple[Any, ...]] = []
         self._writer: psycopg.Connection[Any] | None = None
         self._control: psycopg.Connection[Any] | None = None
-        self._gid = re.compile(rf"^{re.escape(self.txn_prefix)}:l(\d+):(\d+)$")
+        self.sink_id = f"{self.txn_prefix}:{self.config.table}"
+        self._gid = re.compile(rf"^{re.escape(self.sink_id)}:l(\d+):(\d+)$")
 
     # connections
 
     def _connect(self, *, autocommit: bool) -> psycopg.Connection[Any]:
-        c = self.config
-        return psycopg.connect(
-            host=c.host,
-            port=c.port,
-            dbname=c.database,
-            user=c.user,
-            password=os.environ.get(PASSWORD_ENV, ""),
+        # an insert that meets a row of a prepared transaction fails rather than wait forever
+        return connect(
+            self.config,
             autocommit=autocommit,
-            connect_timeout=10,
-            # an insert that meets a row of a prepared transaction fails rather than wait forever
             options="-c lock_timeout=10s",
-            application_name=f"nopstream {self.txn_prefix}"[:63],
+            application_name=f"nopstream {self.sink_id}"[:63],
         )
 
     @property
@@ -101,17 +94,17 @@ class PostgresSink(StagedSink):
         return f"postgresql://{self.config.host}:{self.config.port}/{self.config.database}"
 
     def _check_server(self) -> None:
-        """ConnectorRefused, in the server's words, when the table or prepared transactions are missing."""
+        """StartRefused, in the server's words, when the table or prepared transactions are missing."""
         self.control.execute(_SCHEMA)
         columns = sql.SQL(", ").join(map(sql.Identifier, self.config.columns))
         try:
             self.control.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(columns, self.table))
         except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as err:
-            raise ConnectorRefused(
+            raise StartRefused(
                 f"postgres sink '{self.name.operator_id}': {err.diag.message_primary} in"
                 f" {self._where_server()} (create the table first)"
             ) from None
-        probe = f"{self.txn_prefix}:probe"
+        probe = f"{self.sink_id}:probe"
         if self.control.execute("SELECT 1 FROM pg_prepared_xacts WHERE gid = %s", (probe,)).fetchone():
             self.control.execute(
                 sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(probe))
@@ -121,7 +114,7 @@ class PostgresSink(StagedSink):
                 conn.execute("SELECT 1")
                 conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(probe)))
             except psycopg.errors.ObjectNotInPrerequisiteState as err:
-                raise ConnectorRefused(
+                raise StartRefused(
                     f"postgres sink '{self.name.operator_id}': {self._where_server()} refuses prepared"
                     f" transactions: {err.diag.message_primary} ({err.diag.message_hint})"
                 ) from None
@@ -156,13 +149,13 @@ class PostgresSink(StagedSink):
                 cur.executemany(
                     "INSERT INTO nopstream_staged_rows (sink, lineage, epoch, row) VALUES (%s, %s, %s, %s)",
                     [
-                        (self.txn_prefix, self.lineage, epoch, _row_json(self.config.columns, r))
+                        (self.sink_id, self.lineage, epoch, _row_json(self.config.columns, r))
                         for r in self._rows
                     ],
                 )
             cur.execute(
                 "INSERT INTO nopstream_commits (sink, lineage, epoch, rows) VALUES (%s, %s, %s, %s)",
-                (self.txn_prefix, self.lineage, epoch, len(self._rows)),
+                (self.sink_id, self.lineage, epoch, len(self._rows)),
             )
             cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
 
@@ -172,7 +165,7 @@ class PostgresSink(StagedSink):
         self._rows = []
 
     def _gid_of(self, lineage: int, epoch: int) -> str:
-        return f"{self.txn_prefix}:l{lineage}:{epoch}"
+        return f"{self.sink_id}:l{lineage}:{epoch}"
 
     # committing
 
@@ -192,7 +185,7 @@ class PostgresSink(StagedSink):
     def _marked(self, lineage: int, epoch: int) -> bool:
         found = self.control.execute(
             "SELECT 1 FROM nopstream_commits WHERE sink = %s AND lineage = %s AND epoch = %s",
-            (self.txn_prefix, lineage, epoch),
+            (self.sink_id, lineage, epoch),
         ).fetchone()
         return found is not None
 
@@ -220,7 +213,7 @@ class PostgresSink(StagedSink):
             key_fields=key_fields, fields=fields, keys=keys, names=names, table=self.table, update=update
         )
         with self.control.transaction():
-            self.control.execute(statement, (self.txn_prefix, lineage, epoch))
+            self.control.execute(statement, (self.sink_id, lineage, epoch))
 
     # recovery
 
@@ -241,7 +234,7 @@ class PostgresSink(StagedSink):
         rows = self.control.execute(
             "SELECT DISTINCT s.lineage, s.epoch FROM nopstream_staged_rows s JOIN nopstream_commits c"
             " USING (sink, lineage, epoch) WHERE s.sink = %s AND s.epoch <= %s ORDER BY 2",
-            (self.txn_prefix, durable),
+            (self.sink_id, durable),
         ).fetchall()
         return [(int(lineage), int(epoch)) for lineage, epoch in rows]
 
@@ -257,7 +250,7 @@ class PostgresSink(StagedSink):
     def _committed_epochs(self) -> list[int]:
         rows = self.control.execute(
             "SELECT epoch FROM nopstream_commits WHERE sink = %s AND lineage = %s",
-            (self.txn_prefix, self.lineage),
+            (self.sink_id, self.lineage),
         ).fetchall()
         return [int(e) for (e,) in rows]
 
@@ -267,9 +260,7 @@ class PostgresSink(StagedSink):
         )
 
     def _where(self, epoch: int) -> str:
-        return (
-            f"{self._where_server()} nopstream_commits {self.txn_prefix} lineage {self.lineage} epoch {epoch}"
-        )
+        return f"{self._where_server()} nopstream_commits {self.sink_id} lineage {self.lineage} epoch {epoch}"
 
     def finish(self) -> None:
         """End of input: the open transaction waits for the final epoch; connections stay for its commit."""
@@ -282,3 +273,44 @@ def _value(v: Any) -> Any:
 
 def _row_json(columns: list[str], row: tuple[Any, ...]) -> str:
     return orjson.dumps(dict(zip(columns, row, strict=True))).decode()
+
+
+def connect(
+    config: PostgresSinkConfig | dict[str, Any], *, autocommit: bool = True, **extra: Any
+) -> psycopg.Connection[Any]:
+    """A connection to the sink's database, the password from NOPSTREAM_POSTGRES_PASSWORD."""
+    c = config if isinstance(config, PostgresSinkConfig) else PostgresSinkConfig.model_validate(config)
+    return psycopg.connect(
+        host=c.host,
+        port=c.port,
+        dbname=c.database,
+        user=c.user,
+        password=os.environ.get(PASSWORD_ENV, ""),
+        autocommit=autocommit,
+        connect_timeout=10,
+        **extra,
+    )
+
+
+def create_like(config: dict[str, Any], table: str) -> None:
+    """Create `table` empty, with the columns, defaults and keys of the sink's table (`nopstream chaos`)."""
+    source = sql.Identifier(*PostgresSinkConfig.model_validate(config).table.split("."))
+    with connect(config) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(sql.Identifier(table), source))
+
+
+def table_records(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every row of the sink's table, as a record of its configured columns."""
+    c = PostgresSinkConfig.model_validate(config)
+    names = sql.SQL(", ").join(map(sql.Identifier, c.columns))
+    with connect(config) as conn:
+        found = conn.execute(sql.SQL("SELECT {} FROM {}").format(names, sql.Identifier(*c.table.split("."))))
+        return [dict(zip(c.columns, row, strict=True)) for row in found.fetchall()]
+
+
+def drop_table(config: dict[str, Any]) -> None:
+    """Drop the sink's table and forget its commits (`nopstream chaos`, after a run compared equal)."""
+    c = PostgresSinkConfig.model_validate(config)
+    with connect(config) as conn:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(*c.table.split("."))))
+        conn.execute("DELETE FROM nopstream_commits WHERE sink LIKE %s", (f"%:{c.table}",))

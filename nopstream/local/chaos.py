@@ -33,6 +33,7 @@ from typing import Any, TextIO
 import yaml
 
 from nopstream.checkpoint.s3 import S3Storage
+from nopstream.connectors import postgres
 from nopstream.connectors import s3 as s3_connector
 
 EXAMPLES = 5  # records shown of each kind of difference
@@ -62,6 +63,7 @@ class Outcome:
     starts: int = 1
     errors: str = ""
     records: Counter[str] = field(default_factory=Counter)
+    job: dict[str, Any] = field(default_factory=dict)
 
 
 class ChaosFailed(RuntimeError):
@@ -95,9 +97,12 @@ def run_chaos(job_file: Path, settings: ChaosSettings, *, out: TextIO = sys.stdo
         print(f"  {name}: {sum(diff.values())}", file=out)
         for record, n in sorted(diff.items())[:EXAMPLES]:
             print(f"    {record}" + (f" (x{n})" if n > 1 else ""), file=out)
-    verdict = "exactly once" if not missing and not doubled else "NOT exactly once"
-    print(f"  verdict: {verdict}", file=out)
-    return 0 if not missing and not doubled else 1
+    exact = not missing and not doubled
+    print(f"  verdict: {'exactly once' if exact else 'NOT exactly once'}", file=out)
+    if exact:  # the outputs in files stay in the work directory; tables would pile up in the database
+        drop_tables(clean.job)
+        drop_tables(faulty.job)
+    return 0 if exact else 1
 
 
 def _run(
@@ -106,6 +111,7 @@ def _run(
     """One run of the job with its own checkpoints and outputs, started again after each whole-runner kill."""
     home.mkdir(parents=True, exist_ok=True)
     job = _isolated(raw, home, tag)
+    _create_tables(raw, job)
     path = home / "job.yaml"
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     rng = random.Random(f"{settings.seed}:{kills}")
@@ -132,6 +138,7 @@ def _run(
     outcome.errors = (home / "runner.err").read_text(errors="replace")
     outcome.recoveries = outcome.errors.count("recovering: ")
     outcome.records = committed(job, home)
+    outcome.job = job
     return outcome
 
 
@@ -257,15 +264,44 @@ def _isolated(raw: dict[str, Any], home: Path, tag: str) -> dict[str, Any]:
             config["path"] = str((home / "out" / sink["id"]).resolve())
         elif sink.get("type") == "s3":
             config["prefix"] = f"{config.get('prefix', '')}{tag}/"
+        elif sink.get("type") == "postgres":
+            config["table"] = _table_of(config["table"], tag)
     return job
 
 
-def committed(job: dict[str, Any], home: Path) -> Counter[str]:
-    """Every record the job's file and s3 sinks committed, as a multiset (JSON records canonical)."""
+def _table_of(table: str, tag: str) -> str:
+    """The run's own table beside the sink's (schema dropped: it is created in the search path)."""
+    return f"{table.rsplit('.', 1)[-1][: 62 - len(tag)]}_{tag.replace('-', '_')}"
+
+
+def _create_tables(raw: dict[str, Any], job: dict[str, Any]) -> None:
+    """Each postgres sink's table of this run, empty, made like the sink's own."""
+    for original, isolated in zip(_sinks(raw), _sinks(job), strict=True):
+        if original.get("type") == "postgres":
+            postgres.create_like(original["config"], isolated["config"]["table"])
+
+
+def drop_tables(job: dict[str, Any]) -> None:
+    """Drop the run's postgres tables (once its output compared equal)."""
+    for sink in _sinks(job):
+        if sink.get("type") == "postgres":
+            postgres.drop_table(sink["config"])
+
+
+def _sinks(job: dict[str, Any]) -> list[dict[str, Any]]:
     spec = job["spec"] if "kind" in job or "apiVersion" in job else job
+    sinks: list[dict[str, Any]] = spec.get("model", {}).get("sinks", [])
+    return sinks
+
+
+def committed(job: dict[str, Any], home: Path) -> Counter[str]:
+    """Every record the job's file, s3 and postgres sinks committed, as a multiset (canonical JSON)."""
     records: Counter[str] = Counter()
-    for sink in spec.get("model", {}).get("sinks", []):
+    for sink in _sinks(job):
         config = sink.get("config", {})
+        if sink.get("type") == "postgres":
+            records.update(json.dumps(r, sort_keys=True, default=str) for r in postgres.table_records(config))
+            continue
         jsonl = config.get("format", "jsonl") == "jsonl"
         for data in _committed_objects(sink.get("type", ""), config):
             for line in data.decode().splitlines():

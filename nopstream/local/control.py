@@ -4,7 +4,8 @@ JSON over HTTP on loopback:
   POST /register {taskId, attempt, run, endpoint}    a task's server is up
   GET  /endpoint?task=ID                              that task's endpoint (waits until known)
   POST /stats {taskId, recordsIn, recordsOut, watermark}
-  POST /done {taskId}  |  POST /failed {taskId, error, refused}   (refused: it cannot start at all)
+  POST /done {taskId}  |  POST /failed {taskId, error, refused}   (refused: it cannot start at all,
+  "restore" when its restore point is refused, "start" when a connector cannot start)
   GET  /run                                           the current run
   POST /ack {taskId, epoch, segments, sources, sinks} a task's checkpoint ACK
   POST /source-finished {taskId}                      a source read all its input
@@ -41,7 +42,7 @@ class TaskReport:
     channels: dict[str, dict[str, int]] = field(default_factory=dict)
     done: bool = False
     error: str | None = None
-    refused: bool = False
+    refused: str | None = None
     registered_at: float | None = None
     done_at: float | None = None
     registered: asyncio.Event = field(default_factory=asyncio.Event)
@@ -128,7 +129,8 @@ class ControlServer:
     async def _failed(self, request: web.Request) -> web.Response:
         body = await request.json()
         report = self._report(body)
-        report.error, report.refused = str(body.get("error", "unknown error")), bool(body.get("refused"))
+        report.error = str(body.get("error", "unknown error"))
+        report.refused = str(body["refused"]) if body.get("refused") else None
         self.changed.set()
         return web.json_response({"ok": True})
 

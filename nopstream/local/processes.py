@@ -54,16 +54,18 @@ class TaskProcess:
 
 
 def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[int, ...] = ()) -> TaskProcess:
-    """Fork a process that runs one task; its stderr goes to `log`."""
+    """Fork a process that runs one task; its stderr goes to `log` (created before the fork)."""
+    # the parent creates the log: a child killed before its first instruction still has one
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     pid = os.fork()
     if pid:
+        os.close(out)
         return TaskProcess(settings.task_id, pid, log)
     code = 1
     try:
         die_with_parent()
         for fd in close_fds:
             os.close(fd)
-        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(out, 2)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

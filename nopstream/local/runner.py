@@ -27,7 +27,7 @@ import aiohttp
 
 from nopstream.checkpoint import restore
 from nopstream.checkpoint.coordinator import CoordinatorSettings, EpochCoordinator, Notify, Trigger
-from nopstream.checkpoint.errors import RestoreRefused, StorageError
+from nopstream.checkpoint.errors import RestoreRefused, StartRefused, StorageError
 from nopstream.checkpoint.restore import NewLineage, RestorePoint
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.election import Election, Leadership
@@ -361,7 +361,8 @@ async def _supervise(procs: list[processes.TaskProcess], control: ControlServer)
     while True:
         for task_id, report in control.tasks.items():
             if report.error is not None and report.refused:  # the same on every attempt: not recovered
-                raise RestoreRefused(f"task {task_id}: {report.error}")
+                refused = StartRefused if report.refused == "start" else RestoreRefused
+                raise refused(f"task {task_id}: {report.error}")
             if report.error is not None:
                 raise TaskDied(f"task {task_id} failed:\n{report.error.rstrip()}", f"task {task_id} failed")
         for proc in procs:

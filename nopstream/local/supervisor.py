@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from nopstream.checkpoint.errors import RestoreRefused
+from nopstream.checkpoint.errors import RestoreRefused, StartRefused
 from nopstream.checkpoint.restore import NewLineage, RestorePoint
 from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.etcd import EtcdBackend
@@ -34,7 +34,7 @@ from nopstream.local.processes import die_with_parent
 from nopstream.local.runner import JobFailed, RunOptions, RunResult, new_lineage
 from nopstream.node import checkpointing
 from nopstream.node.settings import DEPLOYMENT_FILE, PARTITIONED_FILE
-from nopstream.node.task import EXIT_REFUSED
+from nopstream.node.task import EXIT_REFUSED, EXIT_START_REFUSED
 from nopstream.plan import compiler
 from nopstream.plan.deployment import resource_name
 
@@ -98,8 +98,12 @@ class Supervisor:
                 if not dead:
                     continue
                 child, code = dead[0]
-                if code == EXIT_REFUSED:  # it cannot start at all: the same in every run
-                    raise RestoreRefused(child.tail(1).removeprefix("nopstream task: cannot start: "))
+                if code in (
+                    EXIT_REFUSED,
+                    EXIT_START_REFUSED,
+                ):  # it cannot start at all: the same in every run
+                    refused = StartRefused if code == EXIT_START_REFUSED else RestoreRefused
+                    raise refused(child.tail(1).removeprefix("nopstream task: cannot start: "))
                 if recoveries >= self.options.max_restarts:
                     raise JobFailed(
                         f"task {child.name} exited with {code}"

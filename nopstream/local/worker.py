@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 
-from nopstream.checkpoint.errors import RestoreRefused
+from nopstream.checkpoint.errors import RestoreRefused, StartRefused
 from nopstream.checkpoint.restore import RestorePoint
 from nopstream.node import checkpointing
 from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task, load_deployment, load_plan
@@ -67,7 +67,8 @@ async def serve(settings: WorkerSettings) -> None:
             if listener is not None and settings.restore is not None:
                 checkpointing.start_task(task, listener.storage, settings.restore)
         except RestoreRefused as refused:
-            await post("/failed", {"error": str(refused), "refused": True})
+            kind = "start" if isinstance(refused, StartRefused) else "restore"
+            await post("/failed", {"error": str(refused), "refused": kind})
             raise
         except Exception:
             await post("/failed", {"error": traceback.format_exc(limit=5)})

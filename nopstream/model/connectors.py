@@ -22,6 +22,10 @@ class ConnectorConfig(BaseModel):
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
+    def rows_replace_by_key(self) -> bool:
+        """Whether a row replaces the earlier row of its key (upsert): then their order matters."""
+        return False
+
 
 class FileSourceConfig(ConnectorConfig):
     """Files matching a glob; one split per file, read as text lines or JSON lines."""
@@ -93,6 +97,10 @@ class PostgresSinkConfig(ConnectorConfig):
     mode: Literal["insert", "upsert"] = "insert"
     keys: list[str] | None = None
     secret_ref: str | None = None
+
+    def rows_replace_by_key(self) -> bool:
+        """Upsert replaces a key's row."""
+        return self.mode == "upsert"
 
     @model_validator(mode="after")
     def _keys_name_columns(self) -> PostgresSinkConfig:

@@ -143,7 +143,7 @@ class OperatorSpec(Spec):
 
 
 class SinkSpec(Spec):
-    """A sink node: a connector type and its config."""
+    """A sink node: a connector type and its config; with `key`, one key's rows reach one subtask in order."""
 
     id: str | None = None
     type: str
@@ -151,6 +151,7 @@ class SinkSpec(Spec):
     parallelism: StrictInt | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     partitioning: Partitioning | None = None
+    key: KeySpec | None = None
 
 
 class GraphSpec(Spec):

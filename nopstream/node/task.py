@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 POLL = 0.05
 EXIT_REFUSED = 4
 """The exit code of `nopstream task` when its run cannot start (its restore was refused): not retried."""
+EXIT_START_REFUSED = 5
+"""The exit code of `nopstream task` when a connector cannot start as configured: not retried."""
 
 
 class LeaseLost(RuntimeError):

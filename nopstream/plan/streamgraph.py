@@ -1,7 +1,7 @@
 """StreamGraph: the logical DAG of a valid model, with each edge's policy chosen.
 
 Edge policy rules, first match wins (docs/plan.md):
-1. the edge leaves a key_by, or enters a keyed operator   -> HASH
+1. the edge leaves a key_by, or enters a keyed operator or a sink with `key` -> HASH
 2. the edge enters a union                                -> UNION
 3. the target asks for `partitioning: broadcast|rebalance|forward` -> that policy
 4. the target has parallelism 1 and the source more       -> SINGLETON
@@ -158,7 +158,11 @@ def _stream_node(n: ResolvedNode, by_id: dict[str, ResolvedNode]) -> StreamNode:
 def _edge_policy(
     up: ResolvedNode, down: ResolvedNode, by_id: dict[str, ResolvedNode]
 ) -> tuple[EdgePolicy, KeySelector | None]:
-    own_key = down.spec.key if isinstance(down.spec, OperatorSpec) and down.type != "key_by" else None
+    own_key = (
+        down.spec.key
+        if isinstance(down.spec, SinkSpec) or (isinstance(down.spec, OperatorSpec) and down.type != "key_by")
+        else None
+    )
     if own_key is not None:
         return EdgePolicy.HASH, _selector(own_key)
     if up.kind == "operator" and up.type == "key_by" and isinstance(up.spec, OperatorSpec):

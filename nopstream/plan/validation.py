@@ -7,6 +7,7 @@ rule, so the CLI, the operator and a webhook can all show the same message.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -527,8 +528,28 @@ def _check_sources(ctx: _Context) -> Iterator[Issue]:
 
 def _check_sinks(ctx: _Context) -> Iterator[Issue]:
     for n in ctx.nodes:
-        if isinstance(n.spec, SinkSpec):
-            yield from _check_connector(ctx, n, SINK_TYPES)
+        if not isinstance(n.spec, SinkSpec):
+            continue
+        yield from _check_connector(ctx, n, SINK_TYPES)
+        if n.spec.key is not None:
+            yield from _check_key(ctx, n, n.spec.key, ("key",))
+            if n.spec.partitioning is not None:
+                yield Issue(
+                    ctx.path(n, "partitioning"),
+                    "a sink with 'key' is partitioned by it, not by 'partitioning'",
+                    "partitioning-applies",
+                )
+        kind = SINK_TYPES.get(n.type)
+        if kind is None or n.spec.key is not None or n.parallelism == 1:
+            continue
+        with contextlib.suppress(ValidationError):  # an invalid config is reported by _check_connector
+            if kind.config.model_validate(n.spec.config).rows_replace_by_key():
+                yield Issue(
+                    ctx.path(n, "key"),
+                    f"an upsert sink at parallelism {n.parallelism} needs 'key' (the fields of its upsert"
+                    " keys): the rows of one key must reach one subtask, in order",
+                    "upsert-key",
+                )
 
 
 SYSTEM_DIRECTORIES = (

@@ -232,6 +232,46 @@ def minio_to_minio(home: Path, *, client: Any, bucket: str, endpoint: str) -> di
     )
 
 
+POSTGRES_TABLES = (
+    "CREATE TABLE counts (key text PRIMARY KEY, value bigint NOT NULL)",
+    "CREATE TABLE updates (key text NOT NULL, value bigint NOT NULL)",
+)
+
+
+def files_to_postgres(home: Path, *, port: int, user: str, database: str) -> dict[str, Any]:
+    """A rolling word count at parallelism 3 into PostgreSQL: every update (insert), the latest (upsert)."""
+    _write(home, _words(random.Random(13), 4, 1200))
+    pg = {"port": port, "user": user, "database": database, "columns": ["key", "value"]}
+    return _job(
+        "pg-count",
+        {
+            "sources": [{"id": "lines", "type": "file", "config": {"path": f"{home}/in/*.txt"}}],
+            "operators": [
+                {"id": "split", "type": "flat_map", "fn": "chaosfns:split"},
+                {"id": "by-word", "type": "key_by", "key": {"fn": "chaosfns:word"}},
+                {"id": "count", "type": "aggregate", "aggregate": "count", "emit": "rolling"},
+            ],
+            "sinks": [
+                {
+                    "id": "latest",
+                    "type": "postgres",
+                    "inputs": ["count"],
+                    "parallelism": 2,
+                    "key": {"field": "key"},
+                    "config": {**pg, "table": "counts", "mode": "upsert", "keys": ["key"]},
+                },
+                {
+                    "id": "every",
+                    "type": "postgres",
+                    "inputs": ["count"],
+                    "config": {**pg, "table": "updates"},
+                },
+            ],
+        },
+        parallelism=3,
+    )
+
+
 SHAPES: dict[str, Callable[..., dict[str, Any]]] = {
     "rolling-count": rolling_count,
     "late-windows": windows,

@@ -74,6 +74,33 @@ def test_chaos_cell_minio_to_minio(mode, tmp_path, etcd_server, minio_server, mi
     assert staged and not [k for k in staged if "/.staging/" in k]
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_chaos_cell_files_to_postgres(mode, tmp_path, etcd_server, postgres_server, database, capsys):
+    import psycopg
+
+    conninfo = postgres_server.conninfo.replace("dbname=postgres", f"dbname={database}")
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        for statement in jobs.POSTGRES_TABLES:
+            conn.execute(statement)
+    home = tmp_path / "job"
+    model = jobs.files_to_postgres(
+        home, port=postgres_server.port, user=postgres_server.user, database=database
+    )
+    job = jobs.prepare(home, model)
+    result = chaos(job, tmp_path, mode=mode, etcd_server=etcd_server, seed=30 + MODES.index(mode))
+    check(result, capsys, f"files-to-postgres / {mode}")
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        tables = {t for (t,) in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+        assert tables == {
+            "counts",
+            "updates",
+            "nopstream_commits",
+            "nopstream_staged_rows",
+        }  # the runs' dropped
+        assert conn.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM nopstream_staged_rows").fetchone() == (0,)
+
+
 def test_chaos_reports_a_function_that_is_not_deterministic(tmp_path, etcd_server):
     home = tmp_path / "job"
     model = jobs.file_to_file(home)

@@ -15,8 +15,8 @@ from collections import Counter
 import psycopg
 import pytest
 
-from nopstream.checkpoint.errors import RestoreRefused
-from nopstream.connectors.postgres import ConnectorRefused, PostgresSink
+from nopstream.checkpoint.errors import RestoreRefused, StartRefused
+from nopstream.connectors.postgres import PostgresSink
 from nopstream.connectors.staged import OutputConflict, SinkName
 from nopstream.runtime.connectors import SinkStart
 from nopstream.runtime.frames import Batch
@@ -64,7 +64,7 @@ def test_an_epoch_is_invisible_until_committed_and_a_commit_is_idempotent(postgr
     sink.recover(SinkStart(None))
     sink.write(records(("a", 1), ("b", 2)))
     sink.prepare(1)
-    assert prepared(db) == ["job:main:out:0:l1:1"] and rows(db) == Counter()
+    assert prepared(db) == ["job:main:out:0:words:l1:1"] and rows(db) == Counter()
     sink.write(records(("c", 3)))
     sink.prepare(2)
     sink.commit(1)
@@ -73,7 +73,7 @@ def test_an_epoch_is_invisible_until_committed_and_a_commit_is_idempotent(postgr
     sink.commit(2)
     assert rows(db) == Counter({("a", 1): 1, ("b", 2): 1, ("c", 3): 1}) and prepared(db) == []
     marks = db.execute("SELECT sink, lineage, epoch, rows FROM nopstream_commits ORDER BY epoch").fetchall()
-    assert marks == [("job:main:out:0", 1, 1, 2), ("job:main:out:0", 1, 2, 1)]
+    assert marks == [("job:main:out:0:words", 1, 1, 2), ("job:main:out:0:words", 1, 2, 1)]
 
 
 def test_a_restart_commits_what_is_durable_and_rolls_back_the_rest(postgres_server, database, db):
@@ -106,7 +106,9 @@ def test_nothing_durable_rolls_back_everything_prepared(postgres_server, databas
     assert rows(db) == Counter() and prepared(db) == []
 
 
-def test_a_sigkilled_process_leaves_its_prepared_transaction_for_the_next_start(postgres_server, database, db):
+def test_a_sigkilled_process_leaves_its_prepared_transaction_for_the_next_start(
+    postgres_server, database, db
+):
     script = textwrap.dedent(
         f"""
         import os, signal
@@ -125,14 +127,16 @@ def test_a_sigkilled_process_leaves_its_prepared_transaction_for_the_next_start(
     env = {"PYTHONPATH": str(ROOT), "NOPSTREAM_POSTGRES_PASSWORD": postgres_server.password}
     child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT)
     assert child.returncode == -9, child.stderr
-    assert prepared(db) == ["job:main:out:0:l1:1"]
+    assert prepared(db) == ["job:main:out:0:words:l1:1"]
     sink = PostgresSink(config(postgres_server, database), name=NAME)
     sink.restore(eval(child.stdout))  # the snapshot the child printed (a dict literal)
     sink.recover(SinkStart(1))
     assert rows(db) == Counter({("a", 1): 1}) and prepared(db) == []
 
 
-def test_upsert_keeps_the_last_row_of_a_key_and_never_waits_for_a_prepared_epoch(postgres_server, database, db):
+def test_upsert_keeps_the_last_row_of_a_key_and_never_waits_for_a_prepared_epoch(
+    postgres_server, database, db
+):
     cfg = config(postgres_server, database, table="counts", mode="upsert", keys=["word"])
     sink = PostgresSink(cfg, name=NAME)
     sink.recover(SinkStart(None))
@@ -145,7 +149,9 @@ def test_upsert_keeps_the_last_row_of_a_key_and_never_waits_for_a_prepared_epoch
     assert rows(db, "counts") == Counter({("a", 2): 1, ("b", 1): 1})
     dead(sink)  # epoch 2 durable, its commit lost
     again = PostgresSink(cfg, name=NAME)
-    again.restore({"pending": [{"id": "job:main:out:0:2", "epoch": 2, "records": 1, "lineage": 1}], "epoch": 3})
+    again.restore(
+        {"pending": [{"id": "job:main:out:0:2", "epoch": 2, "records": 1, "lineage": 1}], "epoch": 3}
+    )
     again.recover(SinkStart(2))
     assert rows(db, "counts") == Counter({("a", 3): 1, ("b", 1): 1})
     assert db.execute("SELECT count(*) FROM nopstream_staged_rows").fetchone() == (0,)
@@ -161,7 +167,8 @@ def test_output_committed_after_the_restore_point_is_refused(postgres_server, da
         PostgresSink(config(postgres_server, database), name=NAME).recover(SinkStart(None))
     assert str(refused.value).startswith(
         f"sink 'out' subtask 0 already committed epoch 1 (postgresql://127.0.0.1:{postgres_server.port}/"
-        f"{database} nopstream_commits job:main:out:0 lineage 1 epoch 1), after the restore point (epoch none)"
+        f"{database} nopstream_commits job:main:out:0:words lineage 1 epoch 1), after the restore point"
+        " (epoch none)"
     )
     assert rows(db) == Counter({("a", 1): 1})
 
@@ -171,13 +178,15 @@ def test_a_transaction_rolled_back_by_someone_else_is_an_output_conflict(postgre
     sink.recover(SinkStart(None))
     sink.write(records(("a", 1)))
     sink.prepare(1)
-    db.execute("ROLLBACK PREPARED 'job:main:out:0:l1:1'")
-    with pytest.raises(OutputConflict, match=r"transaction job:main:out:0:l1:1 is neither prepared nor committed"):
+    db.execute("ROLLBACK PREPARED 'job:main:out:0:words:l1:1'")
+    with pytest.raises(
+        OutputConflict, match=r"transaction job:main:out:0:words:l1:1 is neither prepared nor committed"
+    ):
         sink.commit(1)
 
 
 def test_a_missing_table_is_refused_in_the_servers_words(postgres_server, database, db):
-    with pytest.raises(ConnectorRefused) as refused:
+    with pytest.raises(StartRefused) as refused:
         PostgresSink(config(postgres_server, database, table="nope"), name=NAME).recover(SinkStart(None))
     assert str(refused.value) == (
         f"postgres sink 'out': relation \"nope\" does not exist in postgresql://127.0.0.1:{postgres_server.port}"
@@ -193,11 +202,12 @@ def test_a_server_without_prepared_transactions_is_refused_with_its_hint(tmp_pat
         with psycopg.connect(server.conninfo, autocommit=True) as conn:
             conn.execute("CREATE TABLE words (word text, n bigint)")
         monkeypatch.setenv("NOPSTREAM_POSTGRES_PASSWORD", server.password)
-        with pytest.raises(ConnectorRefused) as refused:
+        with pytest.raises(StartRefused) as refused:
             PostgresSink(config(server, "postgres"), name=NAME).recover(SinkStart(None))
         assert str(refused.value) == (
-            f"postgres sink 'out': postgresql://127.0.0.1:{server.port}/postgres refuses prepared transactions:"
-            " prepared transactions are disabled (Set max_prepared_transactions to a nonzero value.)"
+            f"postgres sink 'out': postgresql://127.0.0.1:{server.port}/postgres refuses prepared"
+            " transactions: prepared transactions are disabled"
+            " (Set max_prepared_transactions to a nonzero value.)"
         )
     finally:
         server.close()
