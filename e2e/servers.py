@@ -373,6 +373,122 @@ def start_postgres(workdir: Path, *, prepared: int = 64) -> Postgres:
     return pg
 
 
+KAFKA_VERSION = "4.4.0"
+
+
+@dataclass
+class Kafka:
+    """A single-node Kafka broker (KRaft: broker and controller in one JVM) on loopback."""
+
+    process: Process
+    port: int
+    controller_port: int
+    config: Path = field(repr=False)
+    workdir: Path = field(repr=False)
+
+    @property
+    def bootstrap(self) -> str:
+        """The `bootstrap.servers` of the broker."""
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self, grace: float = 20.0) -> None:
+        """Stop the broker by PID (SIGTERM: a controlled shutdown)."""
+        self.process.stop(grace)
+
+    def restart(self) -> None:
+        """Stop the broker and start it again on the same ports and logs."""
+        self.stop()
+        self.process = _kafka_process(self.workdir, self.config)
+        _wait_kafka(self)
+
+
+def _kafka_classpath() -> str:
+    libs = CACHE / f"kafka-{KAFKA_VERSION}" / "libs"
+    if not libs.is_dir():
+        raise ServerError(f"Kafka {KAFKA_VERSION} is not installed: run scripts/install-servers.sh")
+    return f"{libs}/*"
+
+
+def _java(workdir: Path) -> list[str]:
+    log4j = workdir / "log4j2.properties"
+    log4j.write_text(
+        "rootLogger.level = WARN\nrootLogger.appenderRef.out.ref = out\n"
+        "appender.out.type = Console\nappender.out.name = out\nappender.out.layout.type = PatternLayout\n"
+        "appender.out.layout.pattern = %d %p %c{1} %m%n\n"
+    )
+    # a small heap and the client JIT: ready in seconds, ~400 MB resident
+    return [
+        "java",
+        "-Xmx512m",
+        "-XX:+UseSerialGC",
+        "-XX:TieredStopAtLevel=1",
+        f"-Dlog4j2.configurationFile={log4j}",
+        "-cp",
+        _kafka_classpath(),
+    ]
+
+
+def _kafka_process(workdir: Path, config: Path) -> Process:
+    return spawn("kafka", [*_java(workdir), "kafka.Kafka", str(config)], log=workdir / "kafka.log")
+
+
+def _wait_kafka(kafka: Kafka) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap, "socket.timeout.ms": 2000})
+
+    def ready() -> bool:
+        try:
+            return bool(admin.list_topics(timeout=2).brokers)
+        except Exception:  # the client's KafkaException while the broker starts
+            return False
+
+    wait_until("kafka", ready, process=kafka.process, timeout=120)
+
+
+def start_kafka(workdir: Path) -> Kafka:
+    """Format a fresh KRaft log directory and start the broker (replication factors 1)."""
+    import base64
+    import uuid
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    port, controller = free_port(), free_port()
+    config = workdir / "server.properties"
+    config.write_text(
+        "\n".join(
+            [
+                "process.roles=broker,controller",
+                "node.id=1",
+                f"controller.quorum.voters=1@127.0.0.1:{controller}",
+                f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+                f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+                "controller.listener.names=CONTROLLER",
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                "inter.broker.listener.name=PLAINTEXT",
+                f"log.dirs={workdir / 'kafka-logs'}",
+                "num.partitions=1",
+                "offsets.topic.replication.factor=1",
+                "offsets.topic.num.partitions=4",
+                "transaction.state.log.replication.factor=1",
+                "transaction.state.log.min.isr=1",
+                "transaction.state.log.num.partitions=4",
+                "group.initial.rebalance.delay.ms=0",
+                "auto.create.topics.enable=false",
+            ]
+        )
+        + "\n"
+    )
+    cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    subprocess.run(
+        [*_java(workdir), "kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(config)],
+        check=True,
+        capture_output=True,
+    )
+    kafka = Kafka(_kafka_process(workdir, config), port, controller, config, workdir)
+    _wait_kafka(kafka)
+    return kafka
+
+
 @contextlib.contextmanager
 def running(server: Etcd | Minio) -> Iterator[Etcd | Minio]:
     """Yield a started server and stop it by PID afterwards."""
