@@ -435,7 +435,7 @@ def _kafka_process(workdir: Path, config: Path) -> Process:
 def _wait_kafka(kafka: Kafka) -> None:
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap, "socket.timeout.ms": 2000})
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap, "socket.timeout.ms": 2000, "log_level": 0})
 
     def ready() -> bool:
         try:
@@ -479,11 +479,13 @@ def start_kafka(workdir: Path) -> Kafka:
         + "\n"
     )
     cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-    subprocess.run(
-        [*_java(workdir), "kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(config)],
-        check=True,
+    formatted = subprocess.run(
+        [*_java(workdir), "kafka.tools.StorageTool", "format", f"--cluster-id={cluster}", "-c", str(config)],
         capture_output=True,
+        text=True,
     )
+    if formatted.returncode != 0:
+        raise ServerError(f"kafka storage format failed:\n{formatted.stdout}{formatted.stderr}")
     kafka = Kafka(_kafka_process(workdir, config), port, controller, config, workdir)
     _wait_kafka(kafka)
     return kafka

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Install or build, once, the real servers the tests use: etcd and PostgreSQL 15
-# (Debian), MinIO (its Go module), the Kubernetes control plane and kubectl
-# (k8s.io/kubernetes at one release) and helm (its Go module). Everything lands in a cache outside the
+# (Debian), MinIO (its Go module), a Kafka broker (its jars from Maven Central), the
+# Kubernetes control plane and kubectl (k8s.io/kubernetes at one release) and helm
+# (its Go module). Everything lands in a cache outside the
 # repository; a second run finds it there and only prints what it reused.
 #
-# Usage: scripts/install-servers.sh [etcd] [postgres] [minio] [kube] [helm]   (default: all)
+# Usage: scripts/install-servers.sh [etcd] [postgres] [minio] [kafka] [kube] [helm]   (default: all)
 set -euo pipefail
 
 CACHE="${NOPSTREAM_CACHE:-$HOME/.cache/nopstream}"
@@ -12,6 +13,8 @@ BIN="$CACHE/bin"
 MINIO_VERSION="v0.0.0-20260212201848-7aac2a2c5b7c"   # minio master of 2026-02-12
 KUBE_VERSION="v1.35.4"
 HELM_VERSION="v3.22.0"
+KAFKA_VERSION="4.4.0"   # also in scripts/kafka/pom.xml and e2e/servers.py
+TOP="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$BIN"
 
 log() { printf '[install-servers] %s\n' "$*" >&2; }
@@ -59,6 +62,15 @@ install_postgres() {
 
 build_minio() {
   GOBIN="$BIN" go install "github.com/minio/minio@$MINIO_VERSION"
+}
+
+fetch_kafka() {
+  # kafka_2.13 and its runtime dependencies (45 jars), cached in ~/.m2 as well
+  local dir="$CACHE/kafka-$KAFKA_VERSION"
+  rm -rf "$dir/libs.partial"
+  mvn -q -B -Dstyle.color=never -f "$TOP/scripts/kafka/pom.xml" dependency:copy-dependencies -DoutputDirectory="$dir/libs.partial"
+  rm -rf "$dir/libs"
+  mv "$dir/libs.partial" "$dir/libs"
 }
 
 build_helm() {
@@ -115,14 +127,16 @@ GO
 }
 
 what=("$@")
-[[ ${#what[@]} -gt 0 ]] || what=(etcd postgres minio kube helm)
+[[ ${#what[@]} -gt 0 ]] || what=(etcd postgres minio kafka kube helm)
 for w in "${what[@]}"; do
   case "$w" in
     etcd) install_etcd ;;
     postgres) install_postgres ;;
+    kafka) mkdir -p "$CACHE/kafka-$KAFKA_VERSION"
+           timed "kafka $KAFKA_VERSION" "$CACHE/kafka-$KAFKA_VERSION/.fetched" fetch_kafka ;;
     minio) timed "minio $MINIO_VERSION" "$BIN/.minio-$MINIO_VERSION" build_minio ;;
     helm) timed "helm $HELM_VERSION" "$BIN/.helm-$HELM_VERSION-stamped" build_helm ;;
     kube) timed "kubernetes $KUBE_VERSION" "$BIN/.kube-$KUBE_VERSION-stamped" build_kube ;;
-    *) log "unknown server '$w' (known: etcd postgres minio kube helm)"; exit 2 ;;
+    *) log "unknown server '$w' (known: etcd postgres minio kafka kube helm)"; exit 2 ;;
   esac
 done

@@ -107,6 +107,27 @@ def database(postgres_server, request, monkeypatch):
     return name
 
 
+@pytest.fixture(scope="session")
+def kafka_server(tmp_path_factory):
+    """A real single-node Kafka broker (KRaft) shared by the session; each test makes its topics."""
+    from e2e import servers
+
+    server = servers.start_kafka(tmp_path_factory.mktemp("kafka"))
+    yield server
+    import gc
+
+    gc.collect()  # clients the tests left are destroyed before the broker goes (no reconnect noise)
+    server.stop()
+
+
+@pytest.fixture
+def kafka(kafka_server, request):
+    """Topics and records on the session's broker for this test (`tests/kafka_util.py`)."""
+    from tests.kafka_util import Topics
+
+    return Topics(kafka_server.bootstrap, request.node.name)
+
+
 @pytest.fixture
 def minio_client(minio_server):
     """A `minio.Minio` client for the session's server."""

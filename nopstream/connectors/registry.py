@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from nopstream.connectors.files import FileSink, FileSource
 from nopstream.connectors.generator import GeneratorSource
+from nopstream.connectors.kafka import KafkaSink, KafkaSource
 from nopstream.connectors.postgres import PostgresSink
 from nopstream.connectors.s3 import S3Sink, S3Source
 from nopstream.connectors.staged import SinkName
@@ -30,6 +31,8 @@ class Connectors:
             return FileSource(config, subtask=subtask, parallelism=parallelism)
         if node.type == "s3":
             return S3Source(config, subtask=subtask, parallelism=parallelism)
+        if node.type == "kafka":
+            return KafkaSource(config, subtask=subtask, parallelism=parallelism)
         if node.type == "generator":
             assignment = splits.assignment or ()
             total = sum(len(a) for a in assignment)
@@ -52,6 +55,8 @@ class Connectors:
             return S3Sink(config, name=self._name(node, subtask))
         if node.type == "stdout":
             return StdoutSink(config)
+        if node.type == "kafka":
+            return KafkaSink(config, name=self._name(node, subtask))
         if node.type == "postgres":
             return PostgresSink(config, name=self._name(node, subtask))
         raise NotImplementedError(

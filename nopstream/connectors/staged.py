@@ -100,12 +100,16 @@ class StagedSink:
             self._stage(epoch)
             faults.reached("after-stage")
             txn = {"id": f"{self.txn_prefix}:{epoch}", "epoch": epoch, "records": self.records}
-            self.pending.append({**txn, "lineage": self.lineage})
+            self.pending.append({**txn, "lineage": self.lineage, **self._staged_state()})
         self.records = 0
         self.epoch = epoch + 1
 
     def _release(self) -> None:
         """Hook: finish writing the open transaction before it is staged."""
+
+    def _staged_state(self) -> dict[str, Any]:
+        """Hook: what the snapshot must hold of a transaction just staged (an outbox: its records)."""
+        return {}
 
     def commit(self, upto: int) -> None:
         """Publish every pending transaction of an epoch <= upto."""

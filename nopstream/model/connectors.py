@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 from pydantic.alias_generators import to_camel
 
 from nopstream.model.capabilities import SinkCapability, SourceCapability
@@ -56,6 +56,49 @@ class S3SourceConfig(ConnectorConfig):
     endpoint: str | None = None
     secret_ref: str | None = None
     format: Literal["text", "jsonl"] = "text"
+
+
+KAFKA_TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
+"""A Kafka topic name."""
+
+
+class KafkaSourceConfig(ConnectorConfig):
+    """The partitions of a topic, read `read_committed`; one split per partition, offsets in checkpoints.
+
+    `startingOffsets` applies to a fresh job only (a restored one resumes at its offsets);
+    `bounded` stops at the end offsets the job first saw (they are checkpointed, so a
+    restart stops at the same place). Record timestamps are the Kafka timestamps.
+    """
+
+    bootstrap_servers: str = Field(min_length=1)
+    topic: str = Field(pattern=KAFKA_TOPIC)
+    format: Literal["json", "string"] = "json"
+    starting_offsets: Literal["earliest", "latest", "timestamp"] = "earliest"
+    start_timestamp_ms: StrictInt | None = Field(None, ge=0)
+    bounded: StrictBool = False
+    discovery_interval_ms: StrictInt | None = Field(None, ge=100)
+    idle_timeout_ms: StrictInt | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _timestamp_given(self) -> KafkaSourceConfig:
+        if (self.starting_offsets == "timestamp") != (self.start_timestamp_ms is not None):
+            raise ValueError("startTimestampMs is given exactly when startingOffsets is timestamp")
+        return self
+
+
+class KafkaSinkConfig(ConnectorConfig):
+    """A topic that receives each durable epoch's records in one Kafka transaction (OUTBOX_EPOCH_LOG).
+
+    `keyField` names the record field written as the message key; `topicField` the
+    field naming each record's topic (the `topic` otherwise).
+    """
+
+    bootstrap_servers: str = Field(min_length=1)
+    topic: str = Field(pattern=KAFKA_TOPIC)
+    format: Literal["json", "string"] = "json"
+    key_field: str | None = None
+    topic_field: str | None = None
+    transaction_timeout_ms: StrictInt = Field(60_000, ge=1000, le=900_000)
 
 
 class FileSinkConfig(ConnectorConfig):
@@ -149,6 +192,7 @@ SOURCE_TYPES: dict[str, SourceType] = {
         SourceType("file", SourceCapability.REPLAYABLE, FileSourceConfig),
         SourceType("generator", SourceCapability.REPLAYABLE, GeneratorSourceConfig),
         SourceType("s3", SourceCapability.REPLAYABLE, S3SourceConfig),
+        SourceType("kafka", SourceCapability.REPLAYABLE, KafkaSourceConfig),
     )
 }
 
@@ -158,6 +202,7 @@ SINK_TYPES: dict[str, SinkType] = {
         SinkType("file", SinkCapability.STAGED_ATOMIC_COMMIT, FileSinkConfig),
         SinkType("s3", SinkCapability.STAGED_ATOMIC_COMMIT, S3SinkConfig),
         SinkType("postgres", SinkCapability.TWO_PHASE_COMMIT, PostgresSinkConfig),
+        SinkType("kafka", SinkCapability.OUTBOX_EPOCH_LOG, KafkaSinkConfig),
         SinkType("stdout", SinkCapability.AT_LEAST_ONCE, StdoutSinkConfig),
     )
 }

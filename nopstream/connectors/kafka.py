@@ -1,0 +1,338 @@
+"""The `kafka` source (REPLAYABLE) and sink (OUTBOX_EPOCH_LOG), with confluent-kafka (librdkafka).
+
+Source: one split per partition; partition `p` belongs to subtask `p mod parallelism`.
+The reader assigns its partitions itself (no consumer group, nothing committed to
+Kafka) and reads `read_committed`. Cursor: the next offset of each partition (an
+exclusive cut), checkpointed with the partitions it knows (the enumerator state) and,
+when `bounded`, the end offsets taken at the job's first start, so a restart stops at
+the same place. A fresh job starts at `startingOffsets` (resolved to numbers at once
+and checkpointed); partitions found later by discovery start at their beginning.
+Records carry their Kafka timestamps (`Batch.timestamps`) for event time.
+
+Sink: no Python client can commit a transaction prepared by a process that died
+(KIP-939 is not in librdkafka), so the sink publishes only durable epochs. At barrier
+N the epoch's records become part of the sink's snapshot (durable with epoch N in
+checkpoint storage); once N is durable they are produced in one Kafka transaction of
+the subtask's fixed `transactional.id` together with a marker of N: the offset N
+committed, in the same transaction, for the sink's own consumer group on partition 0
+of the topic (metadata `lineage=L`). A `read_committed` consumer sees each epoch
+whole, once. After a restart `init_transactions` fences the dead producer and aborts
+its open transaction; the marker says which epochs are published, the rest are
+published again. A transaction lasts only one publish, so `transaction.timeout.ms`
+need not cover a checkpoint interval.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from confluent_kafka import (
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from nopstream.checkpoint.errors import StartRefused
+from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
+from nopstream.model.connectors import KafkaSinkConfig, KafkaSourceConfig
+from nopstream.runtime.connectors import SinkStart
+from nopstream.runtime.frames import Batch
+
+_TIMEOUT = 30.0  # seconds for a metadata request, init_transactions or a commit
+_QUIET = {"log_level": 3}  # librdkafka logs errors only; they come back as exceptions too
+
+
+def _decode(value: bytes | None, fmt: str) -> Any:
+    if value is None:
+        return None
+    return orjson.loads(value) if fmt == "json" else value.decode("utf-8")
+
+
+def _encode(value: Any, fmt: str) -> bytes:
+    if fmt == "string" and isinstance(value, str):
+        return value.encode("utf-8")
+    return orjson.dumps(value)
+
+
+class KafkaSource:
+    """Reads the partitions of one source subtask."""
+
+    def __init__(self, config: dict[str, Any], *, subtask: int, parallelism: int) -> None:
+        """Find this subtask's partitions and where a fresh job starts on them."""
+        self.config = KafkaSourceConfig.model_validate(config)
+        self.subtask = subtask
+        self.parallelism = parallelism
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": self.config.bootstrap_servers,
+                "group.id": "nopstream-unused",  # librdkafka wants one; never joined, nothing committed
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "error",
+                **_QUIET,
+            }
+        )
+        self.cursors: dict[int, int] = {}
+        self.ends: dict[int, int] | None = {} if self.config.bounded else None
+        self._discovered_at = time.monotonic()
+        for p in self._partitions():
+            self.cursors[p] = self._start_offset(p)
+            if self.ends is not None:
+                self.ends[p] = self._end_offset(p)
+        self._assign()
+
+    def _partitions(self) -> list[int]:
+        """This subtask's partitions of the topic; StartRefused when the topic does not exist."""
+        meta = self.consumer.list_topics(self.config.topic, timeout=_TIMEOUT).topics.get(self.config.topic)
+        if meta is None or meta.error is not None:
+            raise StartRefused(
+                f"kafka source: topic '{self.config.topic}' does not exist on {self.config.bootstrap_servers}"
+            )
+        return sorted(p for p in meta.partitions if p % self.parallelism == self.subtask)
+
+    def _end_offset(self, p: int) -> int:
+        _, high = self.consumer.get_watermark_offsets(TopicPartition(self.config.topic, p), timeout=_TIMEOUT)
+        return int(high)
+
+    def _start_offset(self, p: int) -> int:
+        low, high = self.consumer.get_watermark_offsets(
+            TopicPartition(self.config.topic, p), timeout=_TIMEOUT
+        )
+        if self.config.starting_offsets == "earliest":
+            return int(low)
+        if self.config.starting_offsets == "latest":
+            return int(high)
+        at = self.consumer.offsets_for_times(
+            [TopicPartition(self.config.topic, p, self.config.start_timestamp_ms or 0)], timeout=_TIMEOUT
+        )[0]
+        return int(at.offset) if at.offset >= 0 else int(high)
+
+    def _assign(self) -> None:
+        todo = [p for p in self.cursors if not self._done(p)]
+        self.consumer.assign([TopicPartition(self.config.topic, p, self.cursors[p]) for p in todo])
+
+    def _done(self, p: int) -> bool:
+        return self.ends is not None and self.cursors[p] >= self.ends[p]
+
+    def _discover(self) -> None:
+        """New partitions of the topic (never in bounded mode: its ends are fixed), read from their start."""
+        interval = self.config.discovery_interval_ms
+        if interval is None or self.ends is not None:
+            return
+        if time.monotonic() - self._discovered_at < interval / 1000:
+            return
+        self._discovered_at = time.monotonic()
+        new = [p for p in self._partitions() if p not in self.cursors]
+        for p in new:
+            self.cursors[p] = int(
+                self.consumer.get_watermark_offsets(TopicPartition(self.config.topic, p))[0]
+            )
+        if new:
+            self._assign()
+
+    def read(self, max_records: int) -> Batch | None:
+        """Up to `max_records` committed records; None once every partition reached its end (bounded)."""
+        if self.ends is not None and all(self._done(p) for p in self.cursors):
+            return None
+        self._discover()
+        messages = self.consumer.consume(num_messages=max_records, timeout=0.05)
+        records, stamps = [], []
+        for m in messages:
+            error = m.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise KafkaException(error)
+            p, offset = int(m.partition() or 0), int(m.offset() or 0)
+            if self.ends is not None and offset >= self.ends[p]:
+                continue  # past the bounded end
+            records.append(_decode(m.value(), self.config.format))
+            stamps.append(_timestamp(m))
+            self.cursors[p] = offset + 1
+        if self.ends is not None:
+            self._settle_positions()
+        return Batch(records, stamps)
+
+    def _settle_positions(self) -> None:
+        """Move cursors over what read_committed skips (transaction markers, aborted records)."""
+        assigned = [TopicPartition(self.config.topic, p) for p in self.cursors if not self._done(p)]
+        for tp in self.consumer.position(assigned) if assigned else []:
+            if tp.offset >= 0 and self.ends is not None:
+                self.cursors[tp.partition] = max(
+                    self.cursors[tp.partition], min(int(tp.offset), self.ends[tp.partition])
+                )
+
+    def snapshot(self) -> dict[str, Any]:
+        """The next offset of every partition known, and the bounded ends."""
+        state: dict[str, Any] = {"offsets": {str(p): o for p, o in self.cursors.items()}}
+        if self.ends is not None:
+            state["ends"] = {str(p): e for p, e in self.ends.items()}
+        return state
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Resume every partition of this subtask at its offset (its end, when bounded, as first seen)."""
+        for key, offset in state.get("offsets", {}).items():
+            p = int(key)
+            if p % self.parallelism == self.subtask:
+                self.cursors[p] = int(offset)
+        if self.ends is not None:
+            for key, end in state.get("ends", {}).items():
+                if int(key) % self.parallelism == self.subtask:
+                    self.ends[int(key)] = int(end)
+        self._assign()
+
+    def close(self) -> None:
+        """Leave the broker."""
+        self.consumer.close()
+
+
+def _timestamp(m: Message) -> int:
+    kind, ts = m.timestamp()
+    return int(ts) if kind != 0 and ts >= 0 else int(time.time() * 1000)
+
+
+class KafkaSink(StagedSink):
+    """Publishes each durable epoch's records in one Kafka transaction with its marker."""
+
+    def __init__(self, config: dict[str, Any], *, name: SinkName) -> None:
+        """A sink subtask of a validated `KafkaSinkConfig`; the producer starts at `recover`."""
+        super().__init__(name)
+        self.config = KafkaSinkConfig.model_validate(config)
+        self.sink_id = f"{self.txn_prefix}:{self.config.topic}"
+        self._open: list[Any] = []
+        self._producer: Producer | None = None
+        self._marker: Consumer | None = None
+        self.published: tuple[int, int] = (0, 0)
+
+    # the marker: a consumer group of the sink's own
+
+    @property
+    def marker(self) -> Consumer:
+        """The consumer whose group holds the published epoch (its committed offset)."""
+        if self._marker is None:
+            self._marker = Consumer(
+                {
+                    "bootstrap.servers": self.config.bootstrap_servers,
+                    "group.id": f"nopstream.{self.sink_id}",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    **_QUIET,
+                }
+            )
+        return self._marker
+
+    def _read_marker(self) -> tuple[int, int]:
+        """(lineage, epoch) of the last published epoch; (0, 0) before the first."""
+        (tp,) = self.marker.committed([TopicPartition(self.config.topic, 0)], timeout=_TIMEOUT)
+        if tp.error is not None:
+            raise KafkaException(tp.error)
+        if tp.offset == OFFSET_INVALID or tp.offset < 0:
+            return (0, 0)
+        lineage = int((tp.metadata or "lineage=1").removeprefix("lineage="))
+        return (lineage, int(tp.offset))
+
+    @property
+    def producer(self) -> Producer:
+        """The transactional producer; `init_transactions` fenced every earlier one of this subtask."""
+        if self._producer is None:
+            producer = Producer(
+                {
+                    "bootstrap.servers": self.config.bootstrap_servers,
+                    "transactional.id": f"nopstream.{self.sink_id}",
+                    "transaction.timeout.ms": self.config.transaction_timeout_ms,
+                    "enable.idempotence": True,
+                    "linger.ms": 5,
+                    **_QUIET,
+                }
+            )
+            producer.init_transactions(_TIMEOUT)
+            self._producer = producer
+        return self._producer
+
+    # writing
+
+    def write(self, batch: Batch) -> None:
+        """Hold the batch in the open epoch (it reaches the snapshot at the barrier)."""
+        self._open.extend(batch.records)
+        self.records += len(batch.records)
+
+    def _stage(self, epoch: int) -> None:
+        """Nothing to write: the records are in the pending transaction, so in the snapshot."""
+
+    def _staged_state(self) -> dict[str, Any]:
+        return {"data": self._open}
+
+    def prepare(self, epoch: int) -> None:
+        """Barrier `epoch`: the open epoch's records become pending (snapshotted) and a new epoch opens."""
+        super().prepare(epoch)
+        self._open = []
+
+    # publishing
+
+    def _publish(self, epoch: int, lineage: int) -> None:
+        if (lineage, epoch) <= self.published:
+            return
+        txn = next(
+            (t for t in self.pending if t["epoch"] == epoch and int(t.get("lineage", 1)) == lineage), None
+        )
+        if txn is None:
+            raise OutputConflict(f"transaction {self.txn_prefix}:{epoch} has no records in the snapshot")
+        producer, c = self.producer, self.config
+        producer.begin_transaction()
+        for record in txn["data"]:
+            topic = str(record[c.topic_field]) if c.topic_field and isinstance(record, dict) else c.topic
+            key = None
+            if c.key_field is not None and isinstance(record, dict) and record.get(c.key_field) is not None:
+                key = _encode(record[c.key_field], "string")
+            while True:
+                try:
+                    producer.produce(topic, value=_encode(record, c.format), key=key)
+                    break
+                except BufferError:  # the local queue is full: let librdkafka send
+                    producer.poll(0.05)
+            producer.poll(0)
+        marker = TopicPartition(c.topic, 0, epoch, f"lineage={lineage}")
+        producer.send_offsets_to_transaction([marker], self.marker.consumer_group_metadata(), _TIMEOUT)
+        producer.commit_transaction(_TIMEOUT)
+        self.published = (lineage, epoch)
+
+    # recovery
+
+    def recover(self, start: SinkStart) -> None:
+        """Fence earlier producers, read the marker, then the rule of every start (`StagedSink.recover`)."""
+        self._open = []
+        if self._producer is not None:
+            self._producer = None
+        topics = self.marker.list_topics(self.config.topic, timeout=_TIMEOUT).topics
+        if self.config.topic not in topics or topics[self.config.topic].error is not None:
+            raise StartRefused(
+                f"kafka sink '{self.name.operator_id}': topic '{self.config.topic}' does not exist on"
+                f" {self.config.bootstrap_servers} (create it first)"
+            )
+        _ = self.producer  # init_transactions: fences a zombie, aborts what it left open
+        self.published = self._read_marker()
+        super().recover(start)
+
+    def _staged_txns(self) -> list[tuple[int, int]]:
+        return []  # nothing is staged outside the snapshot: what a dead run held is gone with it
+
+    def _committed_epochs(self) -> list[int]:
+        lineage, epoch = self.published
+        return [epoch] if lineage == self.lineage and epoch else []
+
+    def _drop(self, lineage: int, epoch: int) -> None:
+        """Nothing to abort."""
+
+    def _where(self, epoch: int) -> str:
+        c = self.config
+        return f"kafka topic '{c.topic}' on {c.bootstrap_servers}, group nopstream.{self.sink_id}"
+
+    def finish(self) -> None:
+        """End of input: the open epoch waits for the final barrier."""

@@ -1,0 +1,163 @@
+"""The kafka source and sink on a real broker (KRaft, Kafka 4.4): offsets, bounds, read_committed,
+the outbox publish of durable epochs, fencing, and the rule of every start.
+
+A sink whose process died is stood for by a new sink object restored from the last
+snapshot (its producer's transactional.id is the same, so `init_transactions` fences
+the old one, as it would a zombie process).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+from confluent_kafka import KafkaException
+
+from nopstream.checkpoint.errors import RestoreRefused, StartRefused
+from nopstream.connectors.kafka import KafkaSink, KafkaSource
+from nopstream.connectors.staged import SinkName
+from nopstream.runtime.connectors import SinkStart
+from nopstream.runtime.frames import Batch
+
+NAME = SinkName("job", "main", "out", 0)
+
+
+def read_all(source: KafkaSource, limit: int = 100_000) -> list:
+    out: list = []
+    while (batch := source.read(50)) is not None:
+        out += batch.records
+        assert len(out) <= limit
+    return out
+
+
+def canonical(values) -> Counter:
+    return Counter(json.dumps(v, sort_keys=True) for v in values)
+
+
+def test_a_bounded_source_reads_exactly_the_committed_records_of_its_partitions(kafka):
+    topic = kafka.create("in", partitions=3)
+    for p in range(3):
+        kafka.produce(topic, [{"p": p, "i": i} for i in range(40)], partition=p, timestamp=1_000 + p)
+        kafka.produce(topic, [{"p": p, "aborted": True}], partition=p, transactional=f"t-{p}", abort=True)
+        kafka.produce(topic, [{"p": p, "txn": True}], partition=p, transactional=f"t-{p}")
+    config = {"bootstrapServers": kafka.bootstrap, "topic": topic, "bounded": True}
+    first, second = (
+        KafkaSource(config, subtask=0, parallelism=2),
+        KafkaSource(config, subtask=1, parallelism=2),
+    )
+    assert sorted(first.cursors) == [0, 2] and sorted(second.cursors) == [1]
+    batch = first.read(10)
+    assert batch is not None and batch.timestamps and set(batch.timestamps) <= {1_000, 1_002}
+    got = batch.records + read_all(first) + read_all(second)
+    expected = [{"p": p, "i": i} for p in range(3) for i in range(40)] + [
+        {"p": p, "txn": True} for p in range(3)
+    ]
+    assert canonical(got) == canonical(expected)
+    # records produced after the job first started are past its bounded end
+    kafka.produce(topic, [{"late": True}], partition=0)
+    assert first.read(10) is None
+
+
+def test_a_restored_source_resumes_at_its_offsets_and_keeps_its_first_ends(kafka):
+    topic = kafka.create("in", partitions=2)
+    for p in range(2):
+        kafka.produce(topic, [{"p": p, "i": i} for i in range(30)], partition=p)
+    config = {"bootstrapServers": kafka.bootstrap, "topic": topic, "bounded": True}
+    source = KafkaSource(config, subtask=0, parallelism=1)
+    head: list = []
+    while len(head) < 25:
+        batch = source.read(7)
+        assert batch is not None
+        head += batch.records
+    state = json.loads(json.dumps(source.snapshot()))
+    source.close()
+    kafka.produce(topic, [{"after": True}], partition=1)  # after the first start: not read on restore
+    again = KafkaSource(config, subtask=0, parallelism=1)
+    again.restore(state)
+    tail = read_all(again)
+    assert canonical(head + tail) == canonical([{"p": p, "i": i} for p in range(2) for i in range(30)])
+
+
+def test_a_fresh_source_starts_where_it_is_told(kafka):
+    topic = kafka.create("in")
+    kafka.produce(topic, [{"old": i} for i in range(5)], timestamp=1_000)
+    kafka.produce(topic, [{"new": i} for i in range(3)], timestamp=5_000)
+    base = {"bootstrapServers": kafka.bootstrap, "topic": topic}
+    latest = KafkaSource({**base, "startingOffsets": "latest"}, subtask=0, parallelism=1)
+    assert latest.cursors == {0: 8}
+    at = KafkaSource(
+        {**base, "startingOffsets": "timestamp", "startTimestampMs": 4_000, "bounded": True},
+        subtask=0,
+        parallelism=1,
+    )
+    assert read_all(at) == [{"new": 0}, {"new": 1}, {"new": 2}]
+
+
+def test_a_source_on_a_missing_topic_is_refused(kafka):
+    with pytest.raises(StartRefused) as refused:
+        KafkaSource({"bootstrapServers": kafka.bootstrap, "topic": "nope-nope"}, subtask=0, parallelism=1)
+    assert str(refused.value) == f"kafka source: topic 'nope-nope' does not exist on {kafka.bootstrap}"
+
+
+def sink(kafka, topic: str) -> KafkaSink:
+    return KafkaSink({"bootstrapServers": kafka.bootstrap, "topic": topic, "keyField": "k"}, name=NAME)
+
+
+def test_an_epoch_is_published_once_durable_in_one_transaction(kafka):
+    topic = kafka.create("out")
+    s = sink(kafka, topic)
+    s.recover(SinkStart(None))
+    s.write(Batch([{"k": "a", "n": 1}, {"k": "b", "n": 2}]))
+    s.prepare(1)
+    s.write(Batch([{"k": "c", "n": 3}]))
+    s.prepare(2)
+    assert kafka.committed(topic) == Counter()
+    s.commit(1)
+    assert kafka.committed(topic) == canonical([{"k": "a", "n": 1}, {"k": "b", "n": 2}])
+    s.commit(2)
+    s.commit(2)
+    assert kafka.committed(topic) == canonical([{"k": "a", "n": 1}, {"k": "b", "n": 2}, {"k": "c", "n": 3}])
+    assert s._read_marker() == (1, 2)
+
+
+def test_a_restart_publishes_what_is_durable_and_not_yet_published_and_fences_the_dead(kafka):
+    topic = kafka.create("out")
+    dead = sink(kafka, topic)
+    dead.recover(SinkStart(None))
+    for epoch in (1, 2, 3):
+        dead.write(Batch([{"k": f"e{epoch}", "n": epoch}]))
+        dead.prepare(epoch)
+    dead.commit(1)
+    state = json.loads(json.dumps(dead.snapshot()))  # the manifest of epoch 3 holds epochs 2 and 3
+    assert [t["epoch"] for t in state["pending"]] == [2, 3]
+    again = sink(kafka, topic)
+    again.restore(state)
+    again.recover(SinkStart(2))  # epoch 2 durable; epoch 3's manifest never written
+    assert kafka.committed(topic) == canonical([{"k": "e1", "n": 1}, {"k": "e2", "n": 2}])
+    with pytest.raises(KafkaException):  # the dead producer is fenced
+        dead.commit(3)
+    assert kafka.committed(topic) == canonical([{"k": "e1", "n": 1}, {"k": "e2", "n": 2}])
+
+
+def test_output_published_after_the_restore_point_is_refused(kafka):
+    topic = kafka.create("out")
+    s = sink(kafka, topic)
+    s.recover(SinkStart(None))
+    s.write(Batch([{"k": "a"}]))
+    s.prepare(1)
+    s.commit(1)
+    with pytest.raises(RestoreRefused) as refused:
+        sink(kafka, topic).recover(SinkStart(None))
+    assert str(refused.value).startswith(
+        f"sink 'out' subtask 0 already committed epoch 1 (kafka topic '{topic}' on {kafka.bootstrap},"
+        f" group nopstream.job:main:out:0:{topic}), after the restore point (epoch none)"
+    )
+
+
+def test_a_sink_on_a_missing_topic_is_refused(kafka):
+    with pytest.raises(StartRefused) as refused:
+        sink(kafka, "nope-nope").recover(SinkStart(None))
+    assert str(refused.value) == (
+        f"kafka sink 'out': topic 'nope-nope' does not exist on {kafka.bootstrap} (create it first)"
+    )

@@ -1,0 +1,87 @@
+"""Topics and records on a test broker: create, produce (also in transactions), read committed."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections import Counter
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+QUIET = {"log_level": 2}
+
+
+class Topics:
+    """The test's view of one broker."""
+
+    def __init__(self, bootstrap: str, test_name: str) -> None:
+        self.bootstrap = bootstrap
+        self.prefix = re.sub(r"[^a-z0-9]", "-", test_name.lower())[:60]
+        self.admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
+
+    def create(self, name: str, partitions: int = 1) -> str:
+        """A new topic named after the test; its full name."""
+        topic = f"{self.prefix}-{name}-{secrets.token_hex(3)}"
+        for future in self.admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+            future.result(30)
+        return topic
+
+    def produce(
+        self,
+        topic: str,
+        values: list[Any],
+        *,
+        partition: int | None = None,
+        transactional: str | None = None,
+        abort: bool = False,
+        timestamp: int | None = None,
+    ) -> None:
+        """JSON values to a topic; in one transaction (aborted when `abort`) when `transactional` names it."""
+        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap, **QUIET}
+        if transactional:
+            config["transactional.id"] = transactional
+        producer = Producer(config)
+        if transactional:
+            producer.init_transactions(30)
+            producer.begin_transaction()
+        for v in values:
+            extra: dict[str, Any] = {} if partition is None else {"partition": partition}
+            if timestamp is not None:
+                extra["timestamp"] = timestamp
+            producer.produce(topic, value=json.dumps(v).encode(), **extra)
+        producer.flush(30)  # in the log before an abort, so that readers have aborted records to skip
+        if transactional:
+            (producer.abort_transaction if abort else producer.commit_transaction)(30)
+
+    def committed(self, topic: str) -> Counter[str]:
+        """Every committed record of the topic (read_committed, from the beginning), canonical JSON."""
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"reader-{secrets.token_hex(4)}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                **QUIET,
+            }
+        )
+        meta = consumer.list_topics(topic, timeout=30).topics[topic]
+        parts = [TopicPartition(topic, p, 0) for p in meta.partitions]
+        ends = {}
+        for tp in parts:
+            _, high = consumer.get_watermark_offsets(tp, timeout=30)
+            ends[tp.partition] = high
+        consumer.assign(parts)
+        out: Counter[str] = Counter()
+        done = {p for p, e in ends.items() if e == 0}
+        while len(done) < len(ends):
+            for m in consumer.consume(500, timeout=0.5):
+                if m.error() is None:
+                    out[json.dumps(json.loads(m.value()), sort_keys=True)] += 1
+            for tp in consumer.position([TopicPartition(topic, p) for p in ends]):
+                if tp.offset >= ends[tp.partition]:  # read_committed moves past markers and aborted records
+                    done.add(tp.partition)
+        consumer.close()
+        return out
