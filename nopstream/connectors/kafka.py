@@ -336,3 +336,65 @@ class KafkaSink(StagedSink):
 
     def finish(self) -> None:
         """End of input: the open epoch waits for the final barrier."""
+
+
+def _admin_consumer(bootstrap: str) -> Consumer:
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "nopstream-unused",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            **_QUIET,
+        }
+    )
+
+
+def create_like(config: dict[str, Any], topic: str) -> None:
+    """Create `topic` with the partitions of the sink's topic (`nopstream chaos`: a run's own output)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    c = KafkaSinkConfig.model_validate(config)
+    consumer = _admin_consumer(c.bootstrap_servers)
+    try:
+        meta = consumer.list_topics(c.topic, timeout=_TIMEOUT).topics.get(c.topic)
+        partitions = len(meta.partitions) if meta is not None and meta.error is None else 1
+    finally:
+        consumer.close()
+    admin = AdminClient({"bootstrap.servers": c.bootstrap_servers, **_QUIET})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result(_TIMEOUT)
+
+
+def topic_records(config: dict[str, Any]) -> list[Any]:
+    """Every committed record of the sink's topic, from the beginning (read_committed)."""
+    c = KafkaSinkConfig.model_validate(config)
+    consumer = _admin_consumer(c.bootstrap_servers)
+    try:
+        meta = consumer.list_topics(c.topic, timeout=_TIMEOUT).topics[c.topic]
+        ends = {}
+        for p in meta.partitions:
+            _, ends[p] = consumer.get_watermark_offsets(TopicPartition(c.topic, p), timeout=_TIMEOUT)
+        consumer.assign([TopicPartition(c.topic, p, 0) for p in ends])
+        out: list[Any] = []
+        todo = {p for p, end in ends.items() if end > 0}
+        while todo:
+            for m in consumer.consume(500, timeout=0.2):
+                if m.error() is None:
+                    out.append(_decode(m.value(), c.format))
+            for tp in consumer.position([TopicPartition(c.topic, p) for p in todo]):
+                if tp.offset >= ends[tp.partition]:  # read_committed moves past markers and aborted records
+                    todo.discard(tp.partition)
+        return out
+    finally:
+        consumer.close()
+
+
+def delete_topic(config: dict[str, Any]) -> None:
+    """Delete the sink's topic (`nopstream chaos`, once a run's output compared equal)."""
+    from confluent_kafka.admin import AdminClient
+
+    c = KafkaSinkConfig.model_validate(config)
+    admin = AdminClient({"bootstrap.servers": c.bootstrap_servers, **_QUIET})
+    for future in admin.delete_topics([c.topic]).values():
+        future.result(_TIMEOUT)

@@ -33,7 +33,7 @@ from typing import Any, TextIO
 import yaml
 
 from nopstream.checkpoint.s3 import S3Storage
-from nopstream.connectors import postgres
+from nopstream.connectors import kafka, postgres
 from nopstream.connectors import s3 as s3_connector
 
 EXAMPLES = 5  # records shown of each kind of difference
@@ -99,9 +99,9 @@ def run_chaos(job_file: Path, settings: ChaosSettings, *, out: TextIO = sys.stdo
             print(f"    {record}" + (f" (x{n})" if n > 1 else ""), file=out)
     exact = not missing and not doubled
     print(f"  verdict: {'exactly once' if exact else 'NOT exactly once'}", file=out)
-    if exact:  # the outputs in files stay in the work directory; tables would pile up in the database
-        drop_tables(clean.job)
-        drop_tables(faulty.job)
+    if exact:  # outputs in files stay in the work directory; tables and topics would pile up
+        drop_outputs(clean.job)
+        drop_outputs(faulty.job)
     return 0 if exact else 1
 
 
@@ -111,7 +111,7 @@ def _run(
     """One run of the job with its own checkpoints and outputs, started again after each whole-runner kill."""
     home.mkdir(parents=True, exist_ok=True)
     job = _isolated(raw, home, tag)
-    _create_tables(raw, job)
+    _create_outputs(raw, job)
     path = home / "job.yaml"
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     rng = random.Random(f"{settings.seed}:{kills}")
@@ -266,6 +266,8 @@ def _isolated(raw: dict[str, Any], home: Path, tag: str) -> dict[str, Any]:
             config["prefix"] = f"{config.get('prefix', '')}{tag}/"
         elif sink.get("type") == "postgres":
             config["table"] = _table_of(config["table"], tag)
+        elif sink.get("type") == "kafka":
+            config["topic"] = f"{config['topic'][: 248 - len(tag)]}.{tag}"
     return job
 
 
@@ -274,18 +276,22 @@ def _table_of(table: str, tag: str) -> str:
     return f"{table.rsplit('.', 1)[-1][: 62 - len(tag)]}_{tag.replace('-', '_')}"
 
 
-def _create_tables(raw: dict[str, Any], job: dict[str, Any]) -> None:
-    """Each postgres sink's table of this run, empty, made like the sink's own."""
+def _create_outputs(raw: dict[str, Any], job: dict[str, Any]) -> None:
+    """Each postgres sink's table and kafka sink's topic of this run, empty, made like the sink's own."""
     for original, isolated in zip(_sinks(raw), _sinks(job), strict=True):
         if original.get("type") == "postgres":
             postgres.create_like(original["config"], isolated["config"]["table"])
+        elif original.get("type") == "kafka":
+            kafka.create_like(original["config"], isolated["config"]["topic"])
 
 
-def drop_tables(job: dict[str, Any]) -> None:
-    """Drop the run's postgres tables (once its output compared equal)."""
+def drop_outputs(job: dict[str, Any]) -> None:
+    """Drop the run's postgres tables and kafka topics (once its output compared equal)."""
     for sink in _sinks(job):
         if sink.get("type") == "postgres":
             postgres.drop_table(sink["config"])
+        elif sink.get("type") == "kafka":
+            kafka.delete_topic(sink["config"])
 
 
 def _sinks(job: dict[str, Any]) -> list[dict[str, Any]]:
@@ -295,12 +301,15 @@ def _sinks(job: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def committed(job: dict[str, Any], home: Path) -> Counter[str]:
-    """Every record the job's file, s3 and postgres sinks committed, as a multiset (canonical JSON)."""
+    """Every record the job's file, s3, postgres and kafka sinks committed, as a multiset (canonical JSON)."""
     records: Counter[str] = Counter()
     for sink in _sinks(job):
         config = sink.get("config", {})
         if sink.get("type") == "postgres":
             records.update(json.dumps(r, sort_keys=True, default=str) for r in postgres.table_records(config))
+            continue
+        if sink.get("type") == "kafka":
+            records.update(json.dumps(r, sort_keys=True) for r in kafka.topic_records(config))
             continue
         jsonl = config.get("format", "jsonl") == "jsonl"
         for data in _committed_objects(sink.get("type", ""), config):

@@ -272,6 +272,88 @@ def files_to_postgres(home: Path, *, port: int, user: str, database: str) -> dic
     )
 
 
+def fill_kafka(kafka: Any, rng: random.Random, *, partitions: int = 3, lines: int = 1200) -> str:
+    """A topic of JSON-string lines over `partitions`, part in transactions, with aborted ones to skip."""
+    topic = kafka.create("lines", partitions=partitions)
+    words = [f"w{i}" for i in range(200)]
+    for p in range(partitions):
+        batch = [" ".join(rng.choices(words, k=6)) for _ in range(lines)]
+        kafka.produce(topic, batch[: lines // 2], partition=p)
+        kafka.produce(topic, ["aborted line"] * 20, partition=p, transactional=f"{topic}-{p}", abort=True)
+        kafka.produce(topic, batch[lines // 2 :], partition=p, transactional=f"{topic}-{p}")
+    return topic
+
+
+def _kafka_count(source: dict[str, Any], sink: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "sources": [source],
+        "operators": [
+            {"id": "split", "type": "flat_map", "fn": "chaosfns:split"},
+            {"id": "by-word", "type": "key_by", "key": {"fn": "chaosfns:word"}},
+            {"id": "count", "type": "aggregate", "aggregate": "count", "emit": "rolling"},
+        ],
+        "sinks": [sink],
+    }
+
+
+def kafka_to_kafka(home: Path, *, kafka: Any) -> dict[str, Any]:
+    """A rolling word count from a 3-partition topic to a 2-partition topic, keyed by word."""
+    source = fill_kafka(kafka, random.Random(15))
+    out = kafka.create("counts", partitions=2)
+    src = {"bootstrapServers": kafka.bootstrap, "topic": source, "bounded": True}
+    sink = {"bootstrapServers": kafka.bootstrap, "topic": out, "keyField": "key"}
+    return _job(
+        "kafka-count",
+        _kafka_count(
+            {"id": "lines", "type": "kafka", "config": src},
+            {"id": "out", "type": "kafka", "parallelism": 2, "config": sink},
+        ),
+        parallelism=3,
+    )
+
+
+def kafka_to_postgres(home: Path, *, kafka: Any, port: int, user: str, database: str) -> dict[str, Any]:
+    """A rolling word count from a topic to the latest count per word in PostgreSQL (upsert)."""
+    source = fill_kafka(kafka, random.Random(17))
+    src = {"bootstrapServers": kafka.bootstrap, "topic": source, "bounded": True}
+    pg = {"port": port, "user": user, "database": database, "columns": ["key", "value"]}
+    return _job(
+        "kafka-pg",
+        _kafka_count(
+            {"id": "lines", "type": "kafka", "config": src},
+            {
+                "id": "latest",
+                "type": "postgres",
+                "parallelism": 2,
+                "key": {"field": "key"},
+                "config": {**pg, "table": "counts", "mode": "upsert", "keys": ["key"]},
+            },
+        ),
+        parallelism=2,
+    )
+
+
+def files_to_kafka(home: Path, *, kafka: Any) -> dict[str, Any]:
+    """Upper-cased lines from files into a topic as strings."""
+    _write(home, _words(random.Random(19), 4, 1500))
+    out = kafka.create("upper", partitions=2)
+    return _job(
+        "files-kafka",
+        {
+            "sources": [{"id": "lines", "type": "file", "config": {"path": f"{home}/in/*.txt"}}],
+            "operators": [{"id": "up", "type": "map", "fn": "chaosfns:upper"}],
+            "sinks": [
+                {
+                    "id": "out",
+                    "type": "kafka",
+                    "config": {"bootstrapServers": kafka.bootstrap, "topic": out, "format": "string"},
+                }
+            ],
+        },
+        parallelism=2,
+    )
+
+
 SHAPES: dict[str, Callable[..., dict[str, Any]]] = {
     "rolling-count": rolling_count,
     "late-windows": windows,

@@ -101,6 +101,33 @@ def test_chaos_cell_files_to_postgres(mode, tmp_path, etcd_server, postgres_serv
         assert conn.execute("SELECT count(*) FROM nopstream_staged_rows").fetchone() == (0,)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", ["kafka-to-kafka", "files-to-kafka"])
+def test_chaos_cell_kafka(shape, mode, tmp_path, etcd_server, kafka, capsys):
+    home = tmp_path / "job"
+    build = jobs.kafka_to_kafka if shape == "kafka-to-kafka" else jobs.files_to_kafka
+    job = jobs.prepare(home, build(home, kafka=kafka))
+    seed = 40 + 2 * (shape == "files-to-kafka") + MODES.index(mode)
+    check(chaos(job, tmp_path, mode=mode, etcd_server=etcd_server, seed=seed), capsys, f"{shape} / {mode}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_chaos_cell_kafka_to_postgres(mode, tmp_path, etcd_server, kafka, postgres_server, database, capsys):
+    import psycopg
+
+    conninfo = postgres_server.conninfo.replace("dbname=postgres", f"dbname={database}")
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(jobs.POSTGRES_TABLES[0])
+    home = tmp_path / "job"
+    model = jobs.kafka_to_postgres(
+        home, kafka=kafka, port=postgres_server.port, user=postgres_server.user, database=database
+    )
+    result = chaos(
+        jobs.prepare(home, model), tmp_path, mode=mode, etcd_server=etcd_server, seed=50 + MODES.index(mode)
+    )
+    check(result, capsys, f"kafka-to-postgres / {mode}")
+
+
 def test_chaos_reports_a_function_that_is_not_deterministic(tmp_path, etcd_server):
     home = tmp_path / "job"
     model = jobs.file_to_file(home)

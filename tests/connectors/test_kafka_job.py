@@ -1,0 +1,128 @@
+"""Kafka -> Kafka jobs on a real broker: the exact committed output with a sink killed at each
+named moment of its publish, with the broker restarted under a running job, and refused
+at start on a missing topic.
+
+The job is a rolling word count of a bounded 3-partition topic (part of it written in
+transactions, some aborted) into a 2-partition topic; a faulty run's output must equal
+the failure-free run's as a multiset (read_committed).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.jobs import fill_kafka
+from tests.checkpointing.test_faults import prepare, run_with_fault
+from tests.connectors.test_postgres_job import run
+from tests.kafka_util import Topics
+
+
+def model(kafka: Topics, source: str, out: str) -> dict:
+    return {
+        "jobId": "kafka-job",
+        "parallelism": 2,
+        "checkpoint": {"intervalMs": 150, "storage": {"local": {"path": "cp"}}},
+        "model": {
+            "sources": [
+                {
+                    "id": "lines",
+                    "type": "kafka",
+                    "config": {"bootstrapServers": kafka.bootstrap, "topic": source, "bounded": True},
+                }
+            ],
+            "operators": [
+                {"id": "split", "type": "flat_map", "fn": "faultfns:split"},
+                {"id": "by-word", "type": "key_by", "key": {"fn": "faultfns:word"}},
+                {"id": "count", "type": "aggregate", "aggregate": "count", "emit": "rolling"},
+            ],
+            "sinks": [
+                {
+                    "id": "out",
+                    "type": "kafka",
+                    "config": {"bootstrapServers": kafka.bootstrap, "topic": out, "keyField": "key"},
+                }
+            ],
+        },
+    }
+
+
+def clean_output(tmp_path: Path, kafka: Topics, source: str):
+    out = kafka.create("clean", partitions=2)
+    prepare(tmp_path / "clean", model(kafka, source, out), {})
+    result = run(tmp_path / "clean", {})
+    assert result.returncode == 0, result.stderr
+    counted = kafka.committed(out)
+    assert sum(counted.values()) == 3 * 3000 * 6  # every word of every committed line, once
+    return counted
+
+
+@pytest.fixture
+def source(kafka) -> str:
+    return fill_kafka(kafka, random.Random(21), lines=3000)
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "after-stage@2",  # a sink dies at a barrier: the epoch's records in its snapshot, no manifest yet
+        "before-publish@2",  # a sink dies after the manifest, before its Kafka transaction
+        "mid-commit@1",  # a sink dies after the Kafka transaction committed, before it noted the marker
+    ],
+)
+def test_a_sink_killed_at_each_moment_of_its_publish(point, tmp_path, kafka, source):
+    expected = clean_output(tmp_path, kafka, source)
+    out = kafka.create(point.split("@")[0], partitions=2)
+    workdir = tmp_path / "faulty"
+    prepare(workdir, model(kafka, source, out), {})
+    codes, err = run_with_fault(workdir, point)
+    assert codes == [0] and err.count("recovering: ") >= 1, err
+    assert kafka.committed(out) == expected
+
+
+def test_the_broker_restarted_under_a_running_job(tmp_path):
+    from e2e import servers
+
+    broker = servers.start_kafka(tmp_path / "broker")
+    try:
+        kafka = Topics(broker.bootstrap, "restart")
+        source = fill_kafka(kafka, random.Random(21), lines=3000)
+        expected = clean_output(tmp_path, kafka, source)
+        out = kafka.create("restarted", partitions=2)
+        workdir = tmp_path / "restart"
+        prepare(workdir, model(kafka, source, out), {})
+
+        def restart_once_output_arrives() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (workdir / "cp").exists():
+                time.sleep(0.05)
+            time.sleep(1.0)
+            broker.restart()
+
+        restarter = threading.Thread(target=restart_once_output_arrives)
+        restarter.start()
+        result = run(workdir, {}, "--max-restarts", "30")
+        restarter.join()
+        assert result.returncode == 0, result.stderr
+        assert kafka.committed(out) == expected
+    finally:
+        broker.stop()
+
+
+def test_a_job_whose_sink_topic_is_missing_is_refused_at_once(tmp_path, kafka, source):
+    workdir = tmp_path / "missing"
+    prepare(workdir, model(kafka, source, "no-such-topic"), {})
+    result = run(workdir, {})
+    assert result.returncode == 3, result.stderr
+    # the sink is chained into the count tasks: whichever starts first reports it
+    assert re.fullmatch(
+        r"job 'kafka-job' cannot start: task kafka-job/main/count/[01]: kafka sink 'out':"
+        rf" topic 'no-such-topic' does not exist on {re.escape(kafka.bootstrap)} \(create it first\)\n",
+        result.stderr,
+    ), result.stderr
+    assert "recovering: " not in result.stderr and "Traceback" not in result.stderr
