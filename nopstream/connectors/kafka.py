@@ -352,7 +352,8 @@ def _admin_consumer(bootstrap: str) -> Consumer:
 
 def create_like(config: dict[str, Any], topic: str) -> None:
     """Create `topic` with the partitions of the sink's topic (`nopstream chaos`: a run's own output)."""
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
 
     c = KafkaSinkConfig.model_validate(config)
     consumer = _admin_consumer(c.bootstrap_servers)

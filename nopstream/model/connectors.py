@@ -77,7 +77,6 @@ class KafkaSourceConfig(ConnectorConfig):
     start_timestamp_ms: StrictInt | None = Field(None, ge=0)
     bounded: StrictBool = False
     discovery_interval_ms: StrictInt | None = Field(None, ge=100)
-    idle_timeout_ms: StrictInt | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _timestamp_given(self) -> KafkaSourceConfig:
@@ -175,6 +174,8 @@ class SourceType:
     name: str
     capability: SourceCapability
     config: type[ConnectorConfig]
+    timestamps: bool = False
+    """Whether its records carry event timestamps of their own (a watermark then needs no field or fn)."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ SOURCE_TYPES: dict[str, SourceType] = {
         SourceType("file", SourceCapability.REPLAYABLE, FileSourceConfig),
         SourceType("generator", SourceCapability.REPLAYABLE, GeneratorSourceConfig),
         SourceType("s3", SourceCapability.REPLAYABLE, S3SourceConfig),
-        SourceType("kafka", SourceCapability.REPLAYABLE, KafkaSourceConfig),
+        SourceType("kafka", SourceCapability.REPLAYABLE, KafkaSourceConfig, timestamps=True),
     )
 }
 

@@ -511,11 +511,14 @@ def _check_sources(ctx: _Context) -> Iterator[Issue]:
             continue
         yield from _check_connector(ctx, n, SOURCE_TYPES)
         wm = n.spec.watermark
+        own = n.type in SOURCE_TYPES and SOURCE_TYPES[n.type].timestamps
         if wm is not None:
-            if (wm.timestamp_field is None) == (wm.timestamp_fn is None):
+            given = (wm.timestamp_field is not None) + (wm.timestamp_fn is not None)
+            if given == 2 or (given == 0 and not own):
                 yield Issue(
                     ctx.path(n, "watermark"),
-                    "needs exactly one of 'timestampField' or 'timestampFn'",
+                    f"needs {'at most' if own else 'exactly'} one of 'timestampField' or 'timestampFn'"
+                    + (" (with neither, the records' own timestamps)" if own else ""),
                     "one-of",
                 )
             if wm.max_out_of_orderness_ms < 0:

@@ -336,8 +336,12 @@ class Task:
                 await asyncio.sleep(idle)
                 continue
             self.metrics.records_in += len(batch.records)
-            if ts_fn is not None and gen is not None:
-                batch.timestamps = [ts_fn(r) for r in batch.records]
+            if gen is not None:
+                if ts_fn is not None:
+                    batch.timestamps = [ts_fn(r) for r in batch.records]
+                assert batch.timestamps is not None, (
+                    "validation: a reader without timestamps needs a field or fn"
+                )
                 gen.observe(batch.timestamps)
             held = _LoopHold()
             await self._push(0, batch, 0)

@@ -15,11 +15,14 @@ from nopstream.runtime.frames import MAX_TIMESTAMP, MIN_TIMESTAMP
 from nopstream.runtime.functions import resolve
 
 
-def timestamp_function(watermark_spec: dict[str, Any]) -> Callable[[Any], int]:
-    """The function that reads a record's event timestamp (ms) under a watermark spec."""
+def timestamp_function(watermark_spec: dict[str, Any]) -> Callable[[Any], int] | None:
+    """The function that reads a record's event timestamp (ms) under a watermark spec; None when the
+    source's reader gives each record its timestamp (a Kafka record's)."""
     field = watermark_spec.get("timestampField")
     if field is not None:
         return lambda record: int(record[field])
+    if watermark_spec.get("timestampFn") is None:
+        return None
     fn = resolve(watermark_spec["timestampFn"])
     return lambda record: int(fn(record))
 

@@ -9,10 +9,12 @@ the failure-free run's as a multiset (read_committed).
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -126,3 +128,46 @@ def test_a_job_whose_sink_topic_is_missing_is_refused_at_once(tmp_path, kafka, s
         result.stderr,
     ), result.stderr
     assert "recovering: " not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_event_time_windows_over_the_kafka_record_timestamps(tmp_path, kafka):
+    topic = kafka.create("events", partitions=2)
+    rng = random.Random(23)
+    expected: Counter = Counter()
+    for p in range(2):
+        for i in range(300):
+            ts = 1 + i * 10 + p  # in order per partition (0 would mean "now" to the producer)
+            key = f"k{rng.randrange(3)}"
+            kafka.produce(topic, [{"k": key}], partition=p, timestamp=ts)
+            expected[(key, ts // 1000 * 1000)] += 1
+    out = kafka.create("windows")
+    source = {"bootstrapServers": kafka.bootstrap, "topic": topic, "bounded": True}
+    job = {
+        "jobId": "kafka-time",
+        "checkpoint": {"intervalMs": 200, "storage": {"local": {"path": "cp"}}},
+        "model": {
+            "sources": [
+                {"id": "events", "type": "kafka", "config": source, "watermark": {"maxOutOfOrdernessMs": 0}}
+            ],
+            "operators": [
+                {
+                    "id": "per-second",
+                    "type": "window",
+                    "key": {"field": "k"},
+                    "aggregate": {"kind": "count"},
+                    "window": {"kind": "tumbling", "time": "event", "sizeMs": 1000},
+                }
+            ],
+            "sinks": [
+                {"id": "out", "type": "kafka", "config": {"bootstrapServers": kafka.bootstrap, "topic": out}}
+            ],
+        },
+    }
+    prepare(tmp_path / "time", job, {})
+    result = run(tmp_path / "time", {})
+    assert result.returncode == 0, result.stderr
+    got = Counter()
+    for record, n in kafka.committed(out).items():
+        r = json.loads(record)
+        got[(r["key"], r["start"])] += r["value"] * n
+    assert got == expected
