@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -36,7 +37,7 @@ from psycopg import sql
 
 from nopstream.checkpoint.errors import StartRefused
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
-from nopstream.model.connectors import PostgresSinkConfig
+from nopstream.model.connectors import SECRETS_DIR, PostgresSinkConfig
 from nopstream.runtime.connectors import SinkStart
 from nopstream.runtime.frames import Batch
 
@@ -275,17 +276,26 @@ def _row_json(columns: list[str], row: tuple[Any, ...]) -> str:
     return orjson.dumps(dict(zip(columns, row, strict=True))).decode()
 
 
+def password_of(config: PostgresSinkConfig) -> str:
+    """The mounted Secret's `password` when `secretRef` names one that is mounted, else the environment's."""
+    if config.secret_ref is not None:
+        mounted = Path(SECRETS_DIR) / config.secret_ref / "password"
+        if mounted.is_file():
+            return mounted.read_text().rstrip("\n")
+    return os.environ.get(PASSWORD_ENV, "")
+
+
 def connect(
     config: PostgresSinkConfig | dict[str, Any], *, autocommit: bool = True, **extra: Any
 ) -> psycopg.Connection[Any]:
-    """A connection to the sink's database, the password from NOPSTREAM_POSTGRES_PASSWORD."""
+    """A connection to the sink's database (its password: `password_of`)."""
     c = config if isinstance(config, PostgresSinkConfig) else PostgresSinkConfig.model_validate(config)
     return psycopg.connect(
         host=c.host,
         port=c.port,
         dbname=c.database,
         user=c.user,
-        password=os.environ.get(PASSWORD_ENV, ""),
+        password=password_of(c),
         autocommit=autocommit,
         connect_timeout=10,
         **extra,

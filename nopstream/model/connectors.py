@@ -58,6 +58,9 @@ class S3SourceConfig(ConnectorConfig):
     format: Literal["text", "jsonl"] = "text"
 
 
+SECRETS_DIR = "/var/run/secrets/nopstream"
+"""Where a pod finds the Kubernetes Secret a connector's `secretRef` names: `{SECRETS_DIR}/{name}/{key}`."""
+
 KAFKA_TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
 """A Kafka topic name."""
 
@@ -126,8 +129,8 @@ class PostgresSinkConfig(ConnectorConfig):
 
     Each record is a mapping whose fields fill `columns` by name (a missing field is
     NULL); `upsert` replaces the row of the same `keys` (ON CONFLICT ... DO UPDATE).
-    The password comes from NOPSTREAM_POSTGRES_PASSWORD (a Secret's key `password` on a
-    cluster, named by `secretRef`).
+    The password is the key `password` of the Secret `secretRef` names, mounted on a
+    cluster (`SECRETS_DIR`), else NOPSTREAM_POSTGRES_PASSWORD.
     """
 
     host: str = "127.0.0.1"
@@ -138,7 +141,7 @@ class PostgresSinkConfig(ConnectorConfig):
     columns: list[str] = Field(min_length=1, max_length=1600)
     mode: Literal["insert", "upsert"] = "insert"
     keys: list[str] | None = None
-    secret_ref: str | None = None
+    secret_ref: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
     def rows_replace_by_key(self) -> bool:
         """Upsert replaces a key's row."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from nopstream.model.connectors import SECRETS_DIR
 from nopstream.plan import compiler
 from nopstream.plan.deployment import TASK_PORT, DeploymentPlan, TaskDeployment
 from nopstream.plan.partitioned import PartitionedPlan
@@ -118,6 +119,7 @@ def _pod(
         for k, v in (("requests", deployment.resources.requests), ("limits", deployment.resources.limits))
         if v
     }
+    secrets = connector_secrets(job)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -142,7 +144,13 @@ def _pod(
                     "readinessProbe": {**probe, "initialDelaySeconds": 1},
                     "livenessProbe": {**probe, "initialDelaySeconds": 10},
                     "resources": resources,
-                    "volumeMounts": [{"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}],
+                    "volumeMounts": [
+                        {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
+                        *(
+                            {"name": f"secret-{i}", "mountPath": f"{SECRETS_DIR}/{s}", "readOnly": True}
+                            for i, s in enumerate(secrets)
+                        ),
+                    ],
                 }
             ],
             "volumes": [
@@ -151,10 +159,23 @@ def _pod(
                     "configMap": {
                         "name": plan_configmap_name(deployment.job_id, deployment.partitioned_fingerprint)
                     },
-                }
+                },
+                *({"name": f"secret-{i}", "secret": {"secretName": s}} for i, s in enumerate(secrets)),
             ],
         },
     }
+
+
+def connector_secrets(job: dict[str, Any]) -> list[str]:
+    """The Secrets the job's sources and sinks name by `secretRef`, mounted at SECRETS_DIR in every pod."""
+    model = (job.get("spec") or {}).get("model") or {}
+    refs = {
+        str(node["config"]["secretRef"])
+        for section in ("sources", "sinks")
+        for node in model.get(section) or []
+        if isinstance(node, dict) and isinstance(node.get("config"), dict) and node["config"].get("secretRef")
+    }
+    return sorted(refs)
 
 
 def task_pod_name(task: TaskDeployment, run: int) -> str:

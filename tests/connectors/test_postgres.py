@@ -211,3 +211,18 @@ def test_a_server_without_prepared_transactions_is_refused_with_its_hint(tmp_pat
         )
     finally:
         server.close()
+
+
+def test_the_password_comes_from_the_mounted_secret_when_one_is_named(
+    postgres_server, database, db, tmp_path, monkeypatch
+):
+    import nopstream.connectors.postgres as module
+
+    monkeypatch.setattr(module, "SECRETS_DIR", str(tmp_path))
+    monkeypatch.setenv("NOPSTREAM_POSTGRES_PASSWORD", "wrong")
+    (tmp_path / "pg-cred").mkdir()
+    (tmp_path / "pg-cred" / "password").write_text(postgres_server.password + "\n")
+    sink = PostgresSink(config(postgres_server, database, secretRef="pg-cred"), name=NAME)
+    sink.recover(SinkStart(None))  # connects with the mounted password
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        PostgresSink(config(postgres_server, database), name=NAME).recover(SinkStart(None))

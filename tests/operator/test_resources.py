@@ -98,3 +98,25 @@ def test_operator_replicas_get_distinct_stable_peering_priorities():
     priorities = [peering_priority(n) for n in names]
     assert len(set(priorities)) == len(names) and all(0 < p <= 1_000_000 for p in priorities)
     assert peering_priority(names[0]) == priorities[0]
+
+
+def test_the_secrets_that_connectors_name_are_mounted_read_only_in_every_pod():
+    job = {**JOB, "spec": {**JOB["spec"], "model": {**JOB["spec"]["model"]}}}
+    job["spec"]["model"]["sinks"] = [
+        {
+            "id": "db",
+            "type": "postgres",
+            "config": {"database": "d", "user": "u", "table": "t", "columns": ["c"], "secretRef": "pg-cred"},
+        }
+    ]
+    p = compiler.compile_model(load_data(job), backend="kubernetes", namespace="prod")
+    for pod in (
+        task_pod(job, p.deployment, p.deployment.tasks[0], 1, SETTINGS),
+        coordinator_pod(job, p.deployment, "c-0", SETTINGS),
+    ):
+        spec = pod["spec"]
+        assert spec["volumes"][1:] == [{"name": "secret-0", "secret": {"secretName": "pg-cred"}}]
+        mounts = spec["containers"][0]["volumeMounts"]
+        assert mounts[1:] == [
+            {"name": "secret-0", "mountPath": "/var/run/secrets/nopstream/pg-cred", "readOnly": True}
+        ]
