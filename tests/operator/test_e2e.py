@@ -288,24 +288,24 @@ def leader(w: World, job: str) -> str:
     return asyncio.run(read())
 
 
-def kill_tasks(w: World, rng: random.Random, count: int, *, first_nonce: int) -> int:
+def kill_tasks(w: World, rng: random.Random, count: int, *, first_nonce: int, job: str = "wordcount") -> int:
     """Kill `count` task pods of the current run one after the other, each after the job runs again."""
     done = 0
     for nonce in range(first_nonce, first_nonce + count):
-        status = w.job("wordcount")["status"]
+        status = w.job(job)["status"]
         if status.get("phase") == "Succeeded":
             break
         run = status["run"]
         tasks = [
             p["metadata"]["name"]
-            for p in w.pods("wordcount")
+            for p in w.pods(job)
             if p["metadata"]["labels"].get("nopstream.io/run") == str(run)
             and p["status"].get("phase") == "Running"
         ]
         w.kill(rng.choice(sorted(tasks)), nonce)
         done += 1
-        w.wait(f"run {run + 1}", lambda run=run: w.job("wordcount")["status"]["run"] > run)
-        w.wait("Running again", lambda: w.job("wordcount")["status"].get("phase") in ("Running", "Succeeded"))
+        w.wait(f"run {run + 1}", lambda run=run: w.job(job)["status"]["run"] > run)
+        w.wait("Running again", lambda: w.job(job)["status"].get("phase") in ("Running", "Succeeded"))
     return done
 
 
@@ -595,3 +595,42 @@ def test_jobs_whose_joined_names_match_run_side_by_side_and_a_foreign_pod_is_nev
     assert s3_records(s3_client, bucket, "nc3/") == output
     for name in ("nc", "nc-x", "ncf"):
         w.kubectl("delete", "streamjob", name, "--wait=true", "--timeout=60s")
+
+
+def test_a_kafka_job_on_the_cluster_counts_every_committed_line_once_through_pod_kills(world, bucket, kafka):
+    from tests.chaos.jobs import fill_kafka
+
+    w = world
+    rng = random.Random(29)
+    source = fill_kafka(kafka, rng, partitions=3, lines=800)
+    out = kafka.create("counts", partitions=2)
+    words = Counter(word for line in kafka.committed(source) for word in json.loads(line).split())
+    assert "aborted" not in words and sum(words.values()) == 3 * 800 * 6
+    job = wordcount("kafka-wc", bucket, w.s3_url, "unused", parallelism=2)
+    model = job["spec"]["model"]
+    model["sources"] = [
+        {
+            "id": "lines",
+            "type": "kafka",
+            "config": {"bootstrapServers": kafka.bootstrap, "topic": source, "bounded": True},
+        }
+    ]
+    model["sinks"] = [
+        {
+            "id": "out",
+            "type": "kafka",
+            "config": {"bootstrapServers": kafka.bootstrap, "topic": out, "keyField": "key"},
+        }
+    ]
+    w.kubectl("apply", "-f", "-", input=json.dumps(job))
+    w.wait("Running", lambda: w.job("kafka-wc").get("status", {}).get("phase") == "Running")
+    kills = kill_tasks(w, rng, 2, first_nonce=200, job="kafka-wc")
+    w.wait("Succeeded", lambda: w.job("kafka-wc")["status"].get("phase") == "Succeeded", timeout=300)
+    assert kills >= 1 and w.job("kafka-wc")["status"]["recoveries"] == kills
+    # a rolling count: word w with N occurrences is published as counts 1..N, each exactly once
+    expected = Counter(
+        json.dumps({"key": k, "value": v}, sort_keys=True) for k, n in words.items() for v in range(1, n + 1)
+    )
+    got = kafka.committed(out)
+    assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
+    w.kubectl("delete", "streamjob", "kafka-wc", "--wait=true", "--timeout=60s")
