@@ -40,6 +40,8 @@ from nopstream.plan.deployment import resource_name
 
 LEASE_TTL = 4
 CANDIDATES = 2
+_REFUSALS = (EXIT_REFUSED, EXIT_START_REFUSED)
+_SETTLE = 0.5  # seconds a task death waits for a refusal of another task to show
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 
 
@@ -94,16 +96,19 @@ class Supervisor:
             while not self._finished():
                 time.sleep(0.1)
                 self._replace_dead_coordinators()
-                dead = [(t, t.popen.poll()) for t in self.tasks if t.popen.poll() not in (None, 0)]
+                dead = self._dead_tasks()
                 if not dead:
                     continue
-                child, code = dead[0]
-                if code in (
-                    EXIT_REFUSED,
-                    EXIT_START_REFUSED,
-                ):  # it cannot start at all: the same in every run
+                if not any(code in _REFUSALS for _, code in dead):
+                    # a task whose peer refused to start may die of it first: let the refusal show
+                    time.sleep(_SETTLE)
+                    dead = self._dead_tasks()
+                child, code = next(((t, c) for t, c in dead if c in _REFUSALS), dead[0])
+                if code in _REFUSALS:  # it cannot start at all: the same in every run
                     refused = StartRefused if code == EXIT_START_REFUSED else RestoreRefused
-                    raise refused(child.tail(1).removeprefix("nopstream task: cannot start: "))
+                    raise refused(
+                        f"task {child.name}: " + child.tail(1).removeprefix("nopstream task: cannot start: ")
+                    )
                 if recoveries >= self.options.max_restarts:
                     raise JobFailed(
                         f"task {child.name} exited with {code}"
@@ -137,6 +142,10 @@ class Supervisor:
         if lineage is not None:
             request = json.dumps({"restartNonce": lineage.nonce, "base": lineage.base}).encode()
             _etcd(self.etcd, lambda b: b.put(self.layout.restore(run), request))
+
+    def _dead_tasks(self) -> list[tuple[Child, int]]:
+        """Task processes that exited with an error, with their exit codes."""
+        return [(t, code) for t in self.tasks if (code := t.popen.poll()) not in (None, 0)]
 
     def _finished(self) -> bool:
         return all(t.popen.poll() == 0 for t in self.tasks)
