@@ -33,3 +33,5 @@ bench: setup
 	$(PY) bench/compile.py
 	$(PY) bench/throughput.py
 	$(PY) bench/checkpoint.py
+	@scripts/install-servers.sh kafka
+	$(PY) bench/kafka.py

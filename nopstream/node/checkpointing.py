@@ -72,6 +72,9 @@ def start_task(task: Task, storage: Storage, point: RestorePoint) -> None:
     task.recover(SinkStart(point.epoch, point.lineage), final=point.finished)
 
 
+_TXN_SUMMARY = ("id", "epoch", "records", "lineage")
+
+
 def write_snapshot(storage: Storage, task: Task, epoch: int, state: dict[str, Any]) -> Ack:
     """Write a task's segments (blocking I/O) and return its ACK."""
     parts = task_parts(task)
@@ -79,8 +82,11 @@ def write_snapshot(storage: Storage, task: Task, epoch: int, state: dict[str, An
     storage.put_many(segments)
     refs = [segment_ref(path, data).__dict__ for path, data in segments.items()]
     task.metrics.snapshot_bytes = sum(len(data) for data in segments.values())
+    # the manifest lists the pending transactions; their contents (an outbox's records) stay in segments
     sinks = [
-        txn for op in state.get("operators", {}).values() for txn in op.get("sink", {}).get("pending", [])
+        {k: v for k, v in txn.items() if k in _TXN_SUMMARY}
+        for op in state.get("operators", {}).values()
+        for txn in op.get("sink", {}).get("pending", [])
     ]
     return Ack(refs, state.get("source", {}), sinks)
 

@@ -177,3 +177,30 @@ def test_event_time_windows_over_the_kafka_record_timestamps(tmp_path, kafka):
         r = json.loads(record)
         got[(r["key"], r["start"])] += r["value"] * n
     assert got == expected
+
+
+def test_an_epoch_of_megabytes_reaches_kafka_through_the_snapshot(tmp_path, kafka):
+    """The outbox's records are in the sink's segments, not in its ACK or the manifest (an ACK
+    over 1 MiB was refused by the control server: 413 on every attempt)."""
+    out = kafka.create("big")
+    lines = [f"{i:06d} " + "x" * 1000 for i in range(3000)]  # ~3 MB, read in well under an interval
+    job = {
+        "jobId": "kafka-big",
+        "checkpoint": {"intervalMs": 5000, "storage": {"local": {"path": "cp"}}},
+        "model": {
+            "sources": [{"id": "lines", "type": "file", "config": {"path": "in/*.txt"}}],
+            "sinks": [
+                {
+                    "id": "out",
+                    "type": "kafka",
+                    "config": {"bootstrapServers": kafka.bootstrap, "topic": out},
+                }
+            ],
+        },
+    }
+    prepare(tmp_path / "big", job, {"part-0.txt": "\n".join(lines) + "\n"})
+    result = run(tmp_path / "big", {})
+    assert result.returncode == 0 and "recovering: " not in result.stderr, result.stderr
+    assert kafka.committed(out) == Counter(json.dumps(line) for line in lines)
+    manifest = max((tmp_path / "big" / "cp").rglob("_manifest.json"), key=lambda p: int(p.parent.name))
+    assert manifest.stat().st_size < 100_000
