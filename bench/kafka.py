@@ -130,7 +130,11 @@ def nopstream(workdir: Path, topics: Topics, source: str, out: str, mode: str) -
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(home)])}
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "nopstream", "run", "job.yaml"], cwd=home, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "nopstream", "run", "job.yaml"],
+        cwd=home,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     if done.returncode != 0:
         raise SystemExit(f"nopstream {mode} failed (exit {done.returncode}):\n{done.stderr}")
