@@ -37,7 +37,7 @@ class Topics:
         partition: int | None = None,
         transactional: str | None = None,
         abort: bool = False,
-        timestamp: int | None = None,
+        timestamp: int | list[int] | None = None,
     ) -> None:
         """JSON values to a topic; in one transaction (aborted when `abort`) when `transactional` names it."""
         config: dict[str, Any] = {"bootstrap.servers": self.bootstrap, **QUIET}
@@ -47,11 +47,16 @@ class Topics:
         if transactional:
             producer.init_transactions(30)
             producer.begin_transaction()
-        for v in values:
+        for i, v in enumerate(values):
             extra: dict[str, Any] = {} if partition is None else {"partition": partition}
             if timestamp is not None:
-                extra["timestamp"] = timestamp
-            producer.produce(topic, value=json.dumps(v).encode(), **extra)
+                extra["timestamp"] = timestamp[i] if isinstance(timestamp, list) else timestamp
+            while True:
+                try:
+                    producer.produce(topic, value=json.dumps(v).encode(), **extra)
+                    break
+                except BufferError:  # the local queue is full: let it send
+                    producer.poll(0.05)
         producer.flush(30)  # in the log before an abort, so that readers have aborted records to skip
         if transactional:
             (producer.abort_transaction if abort else producer.commit_transaction)(30)

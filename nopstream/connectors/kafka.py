@@ -7,7 +7,10 @@ exclusive cut), checkpointed with the partitions it knows (the enumerator state)
 when `bounded`, the end offsets taken at the job's first start, so a restart stops at
 the same place. A fresh job starts at `startingOffsets` (resolved to numbers at once
 and checkpointed); partitions found later by discovery start at their beginning.
-Records carry their Kafka timestamps (`Batch.timestamps`) for event time.
+Records carry their Kafka timestamps (`Batch.timestamps`) for event time, and the
+watermark follows the slowest partition still read (`event_time_floor`): a partition
+read behind another never sees its records come late; one with no record for the
+watermark's idle timeout stops holding it back.
 
 Sink: no Python client can commit a transaction prepared by a process that died
 (KIP-939 is not in librdkafka), so the sink publishes only durable epochs. At barrier
@@ -42,7 +45,7 @@ from nopstream.checkpoint.errors import StartRefused
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
 from nopstream.model.connectors import KafkaSinkConfig, KafkaSourceConfig
 from nopstream.runtime.connectors import SinkStart
-from nopstream.runtime.frames import Batch
+from nopstream.runtime.frames import MIN_TIMESTAMP, Batch
 
 _TIMEOUT = 30.0  # seconds for a metadata request, init_transactions or a commit
 _QUIET = {"log_level": 3}  # librdkafka logs errors only; they come back as exceptions too
@@ -63,9 +66,15 @@ def _encode(value: Any, fmt: str) -> bytes:
 class KafkaSource:
     """Reads the partitions of one source subtask."""
 
-    def __init__(self, config: dict[str, Any], *, subtask: int, parallelism: int) -> None:
-        """Find this subtask's partitions and where a fresh job starts on them."""
+    def __init__(
+        self, config: dict[str, Any], *, subtask: int, parallelism: int, idle_timeout_ms: int | None = None
+    ) -> None:
+        """Find this subtask's partitions and where a fresh job starts on them; a partition with no
+        record for `idle_timeout_ms` (the watermark's) no longer holds event time back."""
         self.config = KafkaSourceConfig.model_validate(config)
+        self.idle_timeout_ms = idle_timeout_ms
+        self.event_times: dict[int, int] = {}  # the highest timestamp read per partition
+        self._last_read: dict[int, float] = {}
         self.subtask = subtask
         self.parallelism = parallelism
         self.consumer = Consumer(
@@ -81,7 +90,7 @@ class KafkaSource:
         )
         self.cursors: dict[int, int] = {}
         self.ends: dict[int, int] | None = {} if self.config.bounded else None
-        self._discovered_at = time.monotonic()
+        self._discovered_at = self._started = time.monotonic()
         for p in self._partitions():
             self.cursors[p] = self._start_offset(p)
             if self.ends is not None:
@@ -156,6 +165,8 @@ class KafkaSource:
             records.append(_decode(m.value(), self.config.format))
             stamps.append(_timestamp(m))
             self.cursors[p] = offset + 1
+            self.event_times[p] = max(self.event_times.get(p, stamps[-1]), stamps[-1])
+            self._last_read[p] = time.monotonic()
         if self.ends is not None:
             self._settle_positions()
         return Batch(records, stamps)
@@ -169,9 +180,26 @@ class KafkaSource:
                     self.cursors[tp.partition], min(int(tp.offset), self.ends[tp.partition])
                 )
 
+    def event_time_floor(self) -> int | None:
+        """The lowest highest-timestamp over the partitions still read and not idle (`SplitEventTime`)."""
+        now = time.monotonic()
+        idle = self.idle_timeout_ms
+        active = [
+            p
+            for p in self.cursors
+            if not self._done(p)
+            and not (idle is not None and now - self._last_read.get(p, self._started) >= idle / 1000)
+        ]
+        if not active:
+            return None
+        return min(self.event_times.get(p, MIN_TIMESTAMP) for p in active)
+
     def snapshot(self) -> dict[str, Any]:
-        """The next offset of every partition known, and the bounded ends."""
-        state: dict[str, Any] = {"offsets": {str(p): o for p, o in self.cursors.items()}}
+        """The next offset of every partition known, the bounded ends, and each partition's event time."""
+        state: dict[str, Any] = {
+            "offsets": {str(p): o for p, o in self.cursors.items()},
+            "eventTimes": {str(p): t for p, t in self.event_times.items()},
+        }
         if self.ends is not None:
             state["ends"] = {str(p): e for p, e in self.ends.items()}
         return state
@@ -186,6 +214,11 @@ class KafkaSource:
             for key, end in state.get("ends", {}).items():
                 if int(key) % self.parallelism == self.subtask:
                     self.ends[int(key)] = int(end)
+        self.event_times = {
+            int(k): int(t)
+            for k, t in state.get("eventTimes", {}).items()
+            if int(k) % self.parallelism == self.subtask
+        }
         self._assign()
 
     def close(self) -> None:

@@ -32,7 +32,8 @@ class Connectors:
         if node.type == "s3":
             return S3Source(config, subtask=subtask, parallelism=parallelism)
         if node.type == "kafka":
-            return KafkaSource(config, subtask=subtask, parallelism=parallelism)
+            idle = (node.spec.get("watermark") or {}).get("idleTimeoutMs")
+            return KafkaSource(config, subtask=subtask, parallelism=parallelism, idle_timeout_ms=idle)
         if node.type == "generator":
             assignment = splits.assignment or ()
             total = sum(len(a) for a in assignment)

@@ -7,7 +7,7 @@ that builds the reader or writer of a node's connector type.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from nopstream.plan.partitioned import SourceSplits
 from nopstream.plan.streamgraph import StreamNode
@@ -31,6 +31,16 @@ class SourceReader(Protocol):
 
     def close(self) -> None:
         """Release files and connections."""
+        ...
+
+
+@runtime_checkable
+class SplitEventTime(Protocol):
+    """A reader that follows the event time of each of its splits (a Kafka source's partitions)."""
+
+    def event_time_floor(self) -> int | None:
+        """The lowest, over the splits still read and not idle, of the highest timestamp read in each
+        (MIN_TIMESTAMP while one has none yet); None when no split holds event time back."""
         ...
 
 

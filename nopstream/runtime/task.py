@@ -25,7 +25,7 @@ import orjson
 from nopstream.plan.partitioned import Edge, PartitionedPlan
 from nopstream.plan.streamgraph import StreamNode
 from nopstream.runtime import faults
-from nopstream.runtime.connectors import ConnectorFactory, SinkStart, SourceReader
+from nopstream.runtime.connectors import ConnectorFactory, SinkStart, SourceReader, SplitEventTime
 from nopstream.runtime.frames import MAX_TIMESTAMP, Barrier, Batch, EndOfInput, EndOfStream, Frame, Watermark
 from nopstream.runtime.gate import InputChannel, InputGate
 from nopstream.runtime.keyed import ShardCache
@@ -378,7 +378,8 @@ class Task:
         await self._send_all(EndOfInput())
 
     async def _source_watermark(self, gen: WatermarkGenerator | None) -> None:
-        due = gen.due() if gen is not None else None
+        floor = self.source.event_time_floor() if isinstance(self.source, SplitEventTime) else None
+        due = gen.due(floor) if gen is not None else None
         if due is None:
             return
         wm, idle = due

@@ -1,7 +1,8 @@
 """Event time: watermark generation at sources and combination over input channels.
 
 A source's watermark is the highest timestamp it has read minus the allowed
-out-of-orderness; a source with no data for its idle timeout marks itself idle.
+out-of-orderness (of its slowest split, for a reader that follows its splits' event
+time); a source with no data for its idle timeout marks itself idle.
 A task's input watermark is the minimum over its channels that are neither idle nor
 ended; it only moves forward. Per-channel watermarks are part of task snapshots.
 """
@@ -47,10 +48,11 @@ class WatermarkGenerator:
             self._last_data = self.clock()
             self.idle = False
 
-    def due(self) -> tuple[int, bool] | None:
-        """(watermark, idle) to emit now, or None when nothing changed."""
+    def due(self, floor: int | None = None) -> tuple[int, bool] | None:
+        """(watermark, idle) to emit now, or None when nothing changed; `floor` holds the watermark
+        back to the slowest split of a reader that follows its splits (`SplitEventTime`)."""
         if self.max_seen != MIN_TIMESTAMP:
-            wm = self.max_seen - self.delay
+            wm = (self.max_seen if floor is None else min(self.max_seen, floor)) - self.delay
             if wm > self.emitted:
                 self.emitted = wm
                 return wm, False

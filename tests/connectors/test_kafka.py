@@ -161,3 +161,29 @@ def test_a_sink_on_a_missing_topic_is_refused(kafka):
     assert str(refused.value) == (
         f"kafka sink 'out': topic 'nope-nope' does not exist on {kafka.bootstrap} (create it first)"
     )
+
+
+def test_the_event_time_floor_waits_for_every_partition_unless_it_is_idle(kafka):
+    import time
+
+    topic = kafka.create("in", partitions=2)
+    kafka.produce(topic, [{"i": i} for i in range(5)], partition=0, timestamp=[100 + i for i in range(5)])
+    config = {"bootstrapServers": kafka.bootstrap, "topic": topic}
+    source = KafkaSource(config, subtask=0, parallelism=1, idle_timeout_ms=300)
+    got = []
+    while len(got) < 5:
+        batch = source.read(10)
+        assert batch is not None
+        got += batch.records
+    assert source.event_time_floor() == -(2**63)  # partition 1 has given nothing yet
+    time.sleep(0.35)
+    assert source.event_time_floor() is None  # both idle now: neither holds event time back
+    kafka.produce(topic, [{"i": 5}], partition=0, timestamp=200)
+    while not source.read(10).records:
+        pass
+    assert source.event_time_floor() == 200  # partition 0 read again; partition 1 still idle
+    state = json.loads(json.dumps(source.snapshot()))
+    assert state["eventTimes"] == {"0": 200}
+    bounded = KafkaSource({**config, "bounded": True}, subtask=0, parallelism=1)
+    bounded.restore(state)
+    assert bounded.event_times == {0: 200}
