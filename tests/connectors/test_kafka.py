@@ -187,3 +187,47 @@ def test_the_event_time_floor_waits_for_every_partition_unless_it_is_idle(kafka)
     bounded = KafkaSource({**config, "bounded": True}, subtask=0, parallelism=1)
     bounded.restore(state)
     assert bounded.event_times == {0: 200}
+
+
+def test_keys_and_topics_come_from_the_named_fields(kafka):
+    from confluent_kafka import Consumer, TopicPartition
+
+    main, other = kafka.create("main"), kafka.create("other")
+    s = KafkaSink(
+        {"bootstrapServers": kafka.bootstrap, "topic": main, "keyField": "k", "topicField": "to"}, name=NAME
+    )
+    s.recover(SinkStart(None))
+    s.write(Batch([{"k": "a", "to": main}, {"k": 7, "to": other}, {"to": other}]))
+    s.prepare(1)
+    s.commit(1)
+    found = {}
+    for topic in (main, other):
+        c = Consumer(
+            {"bootstrap.servers": kafka.bootstrap, "group.id": "k", "isolation.level": "read_committed"}
+        )
+        c.assign([TopicPartition(topic, 0, 0)])
+        messages = [m for _ in range(20) for m in c.consume(10, timeout=0.2) if m.error() is None]
+        found[topic] = sorted(((m.key() or b""), json.loads(m.value())["to"]) for m in messages)
+        c.close()
+    assert found == {main: [(b"a", main)], other: [(b"", other), (b"7", other)]}  # b"": no key
+
+
+def test_partitions_added_to_a_topic_are_discovered_and_read_from_their_start(kafka):
+    import time
+
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    topic = kafka.create("grow", partitions=1)
+    kafka.produce(topic, [{"p": 0}], partition=0)
+    config = {"bootstrapServers": kafka.bootstrap, "topic": topic, "discoveryIntervalMs": 100}
+    source = KafkaSource(config, subtask=0, parallelism=1)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap, "log_level": 2})
+    for future in admin.create_partitions([NewPartitions(topic, 2)]).values():
+        future.result(30)
+    kafka.produce(topic, [{"p": 1, "i": i} for i in range(3)], partition=1)
+    got: list = []
+    deadline = time.monotonic() + 30
+    while len(got) < 4 and time.monotonic() < deadline:
+        got += source.read(10).records
+    assert canonical(got) == canonical([{"p": 0}] + [{"p": 1, "i": i} for i in range(3)])
+    assert sorted(source.snapshot()["offsets"]) == ["0", "1"]
