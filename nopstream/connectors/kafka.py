@@ -1,6 +1,7 @@
 """The `kafka` source (REPLAYABLE) and sink (OUTBOX_EPOCH_LOG), with confluent-kafka (librdkafka).
 
-Source: one split per partition; partition `p` belongs to subtask `p mod parallelism`.
+Source: one split per partition of a topic (or of every topic a pattern matches);
+partition `p` of topic `t` belongs to subtask `(stableHash(t) + p) mod parallelism`.
 The reader assigns its partitions itself (no consumer group, nothing committed to
 Kafka) and reads `read_committed`. Cursor: the next offset of each partition (an
 exclusive cut), checkpointed with the partitions it knows (the enumerator state) and,
@@ -27,6 +28,7 @@ need not cover a checkpoint interval.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -44,6 +46,7 @@ from confluent_kafka import (
 from nopstream.checkpoint.errors import StartRefused
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
 from nopstream.model.connectors import KafkaSinkConfig, KafkaSourceConfig
+from nopstream.plan.keys import stable_hash
 from nopstream.runtime.connectors import SinkStart
 from nopstream.runtime.frames import MIN_TIMESTAMP, Batch
 
@@ -63,6 +66,19 @@ def _encode(value: Any, fmt: str) -> bytes:
     return orjson.dumps(value)
 
 
+Split = tuple[str, int]
+"""A partition of a topic."""
+
+
+def _key(split: Split) -> str:
+    return f"{split[0]}:{split[1]}"
+
+
+def _split(key: str) -> Split:
+    topic, _, partition = key.rpartition(":")
+    return topic, int(partition)
+
+
 class KafkaSource:
     """Reads the partitions of one source subtask."""
 
@@ -73,10 +89,9 @@ class KafkaSource:
         record for `idle_timeout_ms` (the watermark's) no longer holds event time back."""
         self.config = KafkaSourceConfig.model_validate(config)
         self.idle_timeout_ms = idle_timeout_ms
-        self.event_times: dict[int, int] = {}  # the highest timestamp read per partition
-        self._last_read: dict[int, float] = {}
         self.subtask = subtask
         self.parallelism = parallelism
+        self._pattern = re.compile(self.config.topic_pattern) if self.config.topic_pattern else None
         self.consumer = Consumer(
             {
                 "bootstrap.servers": self.config.bootstrap_servers,
@@ -88,67 +103,77 @@ class KafkaSource:
                 **_QUIET,
             }
         )
-        self.cursors: dict[int, int] = {}
-        self.ends: dict[int, int] | None = {} if self.config.bounded else None
+        self.cursors: dict[Split, int] = {}
+        self.ends: dict[Split, int] | None = {} if self.config.bounded else None
+        self.event_times: dict[Split, int] = {}  # the highest timestamp read per partition
+        self._last_read: dict[Split, float] = {}
         self._discovered_at = self._started = time.monotonic()
-        for p in self._partitions():
-            self.cursors[p] = self._start_offset(p)
+        for split in self._splits():
+            self.cursors[split] = self._start_offset(split)
             if self.ends is not None:
-                self.ends[p] = self._end_offset(p)
+                self.ends[split] = self._watermarks(split)[1]
         self._assign()
 
-    def _partitions(self) -> list[int]:
-        """This subtask's partitions of the topic; StartRefused when the topic does not exist."""
-        meta = self.consumer.list_topics(self.config.topic, timeout=_TIMEOUT).topics.get(self.config.topic)
-        if meta is None or meta.error is not None:
-            raise StartRefused(
-                f"kafka source: topic '{self.config.topic}' does not exist on {self.config.bootstrap_servers}"
-            )
-        return sorted(p for p in meta.partitions if p % self.parallelism == self.subtask)
+    def _owns(self, split: Split) -> bool:
+        """Partitions of a topic go round-robin from a subtask its name picks (as Flink's do)."""
+        topic, partition = split
+        return (stable_hash(topic) + partition) % self.parallelism == self.subtask
 
-    def _end_offset(self, p: int) -> int:
-        _, high = self.consumer.get_watermark_offsets(TopicPartition(self.config.topic, p), timeout=_TIMEOUT)
-        return int(high)
+    def _splits(self) -> list[Split]:
+        """This subtask's partitions of the topic (or of the topics matching the pattern);
+        StartRefused when the topic does not exist."""
+        c = self.config
+        if self._pattern is None:
+            assert c.topic is not None  # the config has a topic or a pattern
+            meta = self.consumer.list_topics(c.topic, timeout=_TIMEOUT).topics.get(c.topic)
+            if meta is None or meta.error is not None:
+                raise StartRefused(f"kafka source: topic '{c.topic}' does not exist on {c.bootstrap_servers}")
+            topics = {c.topic: meta}
+        else:
+            found = self.consumer.list_topics(timeout=_TIMEOUT).topics
+            topics = {t: m for t, m in found.items() if self._pattern.fullmatch(t) and m.error is None}
+        every = ((t, p) for t, meta in topics.items() for p in meta.partitions)
+        return sorted(split for split in every if self._owns(split))
 
-    def _start_offset(self, p: int) -> int:
-        low, high = self.consumer.get_watermark_offsets(
-            TopicPartition(self.config.topic, p), timeout=_TIMEOUT
-        )
+    def _watermarks(self, split: Split) -> tuple[int, int]:
+        low, high = self.consumer.get_watermark_offsets(TopicPartition(*split), timeout=_TIMEOUT)
+        return int(low), int(high)
+
+    def _start_offset(self, split: Split) -> int:
+        low, high = self._watermarks(split)
         if self.config.starting_offsets == "earliest":
-            return int(low)
+            return low
         if self.config.starting_offsets == "latest":
-            return int(high)
+            return high
         at = self.consumer.offsets_for_times(
-            [TopicPartition(self.config.topic, p, self.config.start_timestamp_ms or 0)], timeout=_TIMEOUT
+            [TopicPartition(*split, self.config.start_timestamp_ms or 0)], timeout=_TIMEOUT
         )[0]
-        return int(at.offset) if at.offset >= 0 else int(high)
+        return int(at.offset) if at.offset >= 0 else high
 
     def _assign(self) -> None:
-        todo = [p for p in self.cursors if not self._done(p)]
-        self.consumer.assign([TopicPartition(self.config.topic, p, self.cursors[p]) for p in todo])
+        todo = [s for s in self.cursors if not self._done(s)]
+        self.consumer.assign([TopicPartition(*s, self.cursors[s]) for s in todo])
 
-    def _done(self, p: int) -> bool:
-        return self.ends is not None and self.cursors[p] >= self.ends[p]
+    def _done(self, split: Split) -> bool:
+        return self.ends is not None and self.cursors[split] >= self.ends[split]
 
     def _discover(self) -> None:
-        """New partitions of the topic (never in bounded mode: its ends are fixed), read from their start."""
+        """New partitions (and, with a pattern, topics), never in bounded mode: read from their start."""
         interval = self.config.discovery_interval_ms
         if interval is None or self.ends is not None:
             return
         if time.monotonic() - self._discovered_at < interval / 1000:
             return
         self._discovered_at = time.monotonic()
-        new = [p for p in self._partitions() if p not in self.cursors]
-        for p in new:
-            self.cursors[p] = int(
-                self.consumer.get_watermark_offsets(TopicPartition(self.config.topic, p))[0]
-            )
+        new = [s for s in self._splits() if s not in self.cursors]
+        for split in new:
+            self.cursors[split] = self._watermarks(split)[0]
         if new:
             self._assign()
 
     def read(self, max_records: int) -> Batch | None:
         """Up to `max_records` committed records; None once every partition reached its end (bounded)."""
-        if self.ends is not None and all(self._done(p) for p in self.cursors):
+        if self.ends is not None and all(self._done(s) for s in self.cursors):
             return None
         self._discover()
         messages = self.consumer.consume(num_messages=max_records, timeout=0.05)
@@ -159,66 +184,60 @@ class KafkaSource:
                 if error.code() == KafkaError._PARTITION_EOF:
                     continue
                 raise KafkaException(error)
-            p, offset = int(m.partition() or 0), int(m.offset() or 0)
-            if self.ends is not None and offset >= self.ends[p]:
+            split, offset = (str(m.topic()), int(m.partition() or 0)), int(m.offset() or 0)
+            if self.ends is not None and offset >= self.ends[split]:
                 continue  # past the bounded end
             records.append(_decode(m.value(), self.config.format))
             stamps.append(_timestamp(m))
-            self.cursors[p] = offset + 1
-            self.event_times[p] = max(self.event_times.get(p, stamps[-1]), stamps[-1])
-            self._last_read[p] = time.monotonic()
+            self.cursors[split] = offset + 1
+            self.event_times[split] = max(self.event_times.get(split, stamps[-1]), stamps[-1])
+            self._last_read[split] = time.monotonic()
         if self.ends is not None:
             self._settle_positions()
         return Batch(records, stamps)
 
     def _settle_positions(self) -> None:
         """Move cursors over what read_committed skips (transaction markers, aborted records)."""
-        assigned = [TopicPartition(self.config.topic, p) for p in self.cursors if not self._done(p)]
+        assert self.ends is not None
+        assigned = [TopicPartition(*s) for s in self.cursors if not self._done(s)]
         for tp in self.consumer.position(assigned) if assigned else []:
-            if tp.offset >= 0 and self.ends is not None:
-                self.cursors[tp.partition] = max(
-                    self.cursors[tp.partition], min(int(tp.offset), self.ends[tp.partition])
-                )
+            split = (tp.topic, tp.partition)
+            if tp.offset >= 0:
+                self.cursors[split] = max(self.cursors[split], min(int(tp.offset), self.ends[split]))
 
     def event_time_floor(self) -> int | None:
         """The lowest highest-timestamp over the partitions still read and not idle (`SplitEventTime`)."""
         now = time.monotonic()
         idle = self.idle_timeout_ms
         active = [
-            p
-            for p in self.cursors
-            if not self._done(p)
-            and not (idle is not None and now - self._last_read.get(p, self._started) >= idle / 1000)
+            s
+            for s in self.cursors
+            if not self._done(s)
+            and not (idle is not None and now - self._last_read.get(s, self._started) >= idle / 1000)
         ]
         if not active:
             return None
-        return min(self.event_times.get(p, MIN_TIMESTAMP) for p in active)
+        return min(self.event_times.get(s, MIN_TIMESTAMP) for s in active)
 
     def snapshot(self) -> dict[str, Any]:
-        """The next offset of every partition known, the bounded ends, and each partition's event time."""
+        """The next offset of every partition known (`topic:partition`), the bounded ends, the event times."""
         state: dict[str, Any] = {
-            "offsets": {str(p): o for p, o in self.cursors.items()},
-            "eventTimes": {str(p): t for p, t in self.event_times.items()},
+            "offsets": {_key(s): o for s, o in self.cursors.items()},
+            "eventTimes": {_key(s): t for s, t in self.event_times.items()},
         }
         if self.ends is not None:
-            state["ends"] = {str(p): e for p, e in self.ends.items()}
+            state["ends"] = {_key(s): e for s, e in self.ends.items()}
         return state
 
     def restore(self, state: dict[str, Any]) -> None:
         """Resume every partition of this subtask at its offset (its end, when bounded, as first seen)."""
-        for key, offset in state.get("offsets", {}).items():
-            p = int(key)
-            if p % self.parallelism == self.subtask:
-                self.cursors[p] = int(offset)
+        mine = {_split(k): v for k, v in state.get("offsets", {}).items() if self._owns(_split(k))}
+        self.cursors.update({s: int(o) for s, o in mine.items()})
         if self.ends is not None:
-            for key, end in state.get("ends", {}).items():
-                if int(key) % self.parallelism == self.subtask:
-                    self.ends[int(key)] = int(end)
-        self.event_times = {
-            int(k): int(t)
-            for k, t in state.get("eventTimes", {}).items()
-            if int(k) % self.parallelism == self.subtask
-        }
+            ends = {_split(k): int(e) for k, e in state.get("ends", {}).items()}
+            self.ends.update({s: e for s, e in ends.items() if self._owns(s)})
+        times = {_split(k): int(t) for k, t in state.get("eventTimes", {}).items()}
+        self.event_times = {s: t for s, t in times.items() if self._owns(s)}
         self._assign()
 
     def close(self) -> None:

@@ -66,7 +66,8 @@ KAFKA_TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
 
 
 class KafkaSourceConfig(ConnectorConfig):
-    """The partitions of a topic, read `read_committed`; one split per partition, offsets in checkpoints.
+    """The partitions of a topic (or of the topics `topicPattern` matches in full), read
+    `read_committed`; one split per partition, offsets in checkpoints.
 
     `startingOffsets` applies to a fresh job only (a restored one resumes at its offsets);
     `bounded` stops at the end offsets the job first saw (they are checkpointed, so a
@@ -74,7 +75,8 @@ class KafkaSourceConfig(ConnectorConfig):
     """
 
     bootstrap_servers: str = Field(min_length=1)
-    topic: str = Field(pattern=KAFKA_TOPIC)
+    topic: str | None = Field(None, pattern=KAFKA_TOPIC)
+    topic_pattern: str | None = Field(None, min_length=1, max_length=1000)
     format: Literal["json", "string"] = "json"
     starting_offsets: Literal["earliest", "latest", "timestamp"] = "earliest"
     start_timestamp_ms: StrictInt | None = Field(None, ge=0)
@@ -82,7 +84,14 @@ class KafkaSourceConfig(ConnectorConfig):
     discovery_interval_ms: StrictInt | None = Field(None, ge=100)
 
     @model_validator(mode="after")
-    def _timestamp_given(self) -> KafkaSourceConfig:
+    def _consistent(self) -> KafkaSourceConfig:
+        if (self.topic is None) == (self.topic_pattern is None):
+            raise ValueError("needs exactly one of topic or topicPattern")
+        if self.topic_pattern is not None:
+            try:
+                re.compile(self.topic_pattern)
+            except re.error as err:
+                raise ValueError(f"topicPattern is not a regular expression: {err}") from None
         if (self.starting_offsets == "timestamp") != (self.start_timestamp_ms is not None):
             raise ValueError("startTimestampMs is given exactly when startingOffsets is timestamp")
         return self

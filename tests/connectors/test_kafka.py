@@ -46,9 +46,11 @@ def test_a_bounded_source_reads_exactly_the_committed_records_of_its_partitions(
         KafkaSource(config, subtask=0, parallelism=2),
         KafkaSource(config, subtask=1, parallelism=2),
     )
-    assert sorted(first.cursors) == [0, 2] and sorted(second.cursors) == [1]
+    mine = {(topic, p) for p in (0, 2)}  # round-robin from the subtask the topic's name picks
+    assert {frozenset(first.cursors), frozenset(second.cursors)} == {frozenset(mine), frozenset({(topic, 1)})}
     batch = first.read(10)
-    assert batch is not None and batch.timestamps and set(batch.timestamps) <= {1_000, 1_002}
+    stamps = {1_000 + p for _, p in first.cursors}
+    assert batch is not None and batch.timestamps and set(batch.timestamps) <= stamps
     got = batch.records + read_all(first) + read_all(second)
     expected = [{"p": p, "i": i} for p in range(3) for i in range(40)] + [
         {"p": p, "txn": True} for p in range(3)
@@ -85,7 +87,7 @@ def test_a_fresh_source_starts_where_it_is_told(kafka):
     kafka.produce(topic, [{"new": i} for i in range(3)], timestamp=5_000)
     base = {"bootstrapServers": kafka.bootstrap, "topic": topic}
     latest = KafkaSource({**base, "startingOffsets": "latest"}, subtask=0, parallelism=1)
-    assert latest.cursors == {0: 8}
+    assert latest.cursors == {(topic, 0): 8}
     at = KafkaSource(
         {**base, "startingOffsets": "timestamp", "startTimestampMs": 4_000, "bounded": True},
         subtask=0,
@@ -183,10 +185,10 @@ def test_the_event_time_floor_waits_for_every_partition_unless_it_is_idle(kafka)
         pass
     assert source.event_time_floor() == 200  # partition 0 read again; partition 1 still idle
     state = json.loads(json.dumps(source.snapshot()))
-    assert state["eventTimes"] == {"0": 200}
+    assert state["eventTimes"] == {f"{topic}:0": 200}
     bounded = KafkaSource({**config, "bounded": True}, subtask=0, parallelism=1)
     bounded.restore(state)
-    assert bounded.event_times == {0: 200}
+    assert bounded.event_times == {(topic, 0): 200}
 
 
 def test_keys_and_topics_come_from_the_named_fields(kafka):
@@ -230,4 +232,34 @@ def test_partitions_added_to_a_topic_are_discovered_and_read_from_their_start(ka
     while len(got) < 4 and time.monotonic() < deadline:
         got += source.read(10).records
     assert canonical(got) == canonical([{"p": 0}] + [{"p": 1, "i": i} for i in range(3)])
-    assert sorted(source.snapshot()["offsets"]) == ["0", "1"]
+    assert sorted(source.snapshot()["offsets"]) == [f"{topic}:0", f"{topic}:1"]
+
+
+def test_a_topic_pattern_reads_every_matching_topic_and_discovers_new_ones(kafka):
+    import re
+    import time
+
+    first = kafka.create("orders-eu", partitions=2)
+    kafka.create("payments")  # not matched
+    prefix = re.escape(first.rsplit("-", 1)[0].removesuffix("-orders-eu"))
+    kafka.produce(first, [{"t": "eu", "i": i} for i in range(4)])
+    config = {
+        "bootstrapServers": kafka.bootstrap,
+        "topicPattern": f"{prefix}-orders-.*",
+        "discoveryIntervalMs": 100,
+    }
+    source = KafkaSource(config, subtask=0, parallelism=1)
+    assert sorted(source.cursors) == [(first, 0), (first, 1)]
+    second = kafka.create("orders-us")
+    kafka.produce(second, [{"t": "us"}])
+    got: list = []
+    deadline = time.monotonic() + 30
+    while len(got) < 5 and time.monotonic() < deadline:
+        got += source.read(10).records
+    assert canonical(got) == canonical([{"t": "eu", "i": i} for i in range(4)] + [{"t": "us"}])
+    with pytest.raises(ValueError, match="needs exactly one of topic or topicPattern"):
+        KafkaSource(
+            {"bootstrapServers": kafka.bootstrap, "topic": first, "topicPattern": "x"},
+            subtask=0,
+            parallelism=1,
+        )
