@@ -28,6 +28,7 @@ need not cover a checkpoint interval.
 
 from __future__ import annotations
 
+import base64
 import re
 import time
 from typing import Any
@@ -55,12 +56,20 @@ _QUIET = {"log_level": 3}  # librdkafka logs errors only; they come back as exce
 
 
 def _decode(value: bytes | None, fmt: str) -> Any:
+    """A message value as a record: parsed JSON, UTF-8 text, or raw bytes as base64 text."""
     if value is None:
         return None
-    return orjson.loads(value) if fmt == "json" else value.decode("utf-8")
+    if fmt == "json":
+        return orjson.loads(value)
+    return base64.b64encode(value).decode("ascii") if fmt == "bytes" else value.decode("utf-8")
 
 
 def _encode(value: Any, fmt: str) -> bytes:
+    """A record as a message value; `bytes` takes base64 text (records cross channels as JSON)."""
+    if fmt == "bytes":
+        if not isinstance(value, str):
+            raise TypeError(f"format bytes takes base64 text, got {type(value).__name__}")
+        return base64.b64decode(value, validate=True)
     if fmt == "string" and isinstance(value, str):
         return value.encode("utf-8")
     return orjson.dumps(value)

@@ -77,7 +77,7 @@ class KafkaSourceConfig(ConnectorConfig):
     bootstrap_servers: str = Field(min_length=1)
     topic: str | None = Field(None, pattern=KAFKA_TOPIC)
     topic_pattern: str | None = Field(None, min_length=1, max_length=1000)
-    format: Literal["json", "string"] = "json"
+    format: Literal["json", "string", "bytes"] = "json"
     starting_offsets: Literal["earliest", "latest", "timestamp"] = "earliest"
     start_timestamp_ms: StrictInt | None = Field(None, ge=0)
     bounded: StrictBool = False
@@ -106,7 +106,7 @@ class KafkaSinkConfig(ConnectorConfig):
 
     bootstrap_servers: str = Field(min_length=1)
     topic: str = Field(pattern=KAFKA_TOPIC)
-    format: Literal["json", "string"] = "json"
+    format: Literal["json", "string", "bytes"] = "json"
     key_field: str | None = None
     topic_field: str | None = None
     transaction_timeout_ms: StrictInt = Field(60_000, ge=1000, le=900_000)

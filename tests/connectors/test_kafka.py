@@ -8,6 +8,7 @@ the old one, as it would a zombie process).
 
 from __future__ import annotations
 
+import base64
 import json
 from collections import Counter
 
@@ -263,3 +264,24 @@ def test_a_topic_pattern_reads_every_matching_topic_and_discovers_new_ones(kafka
             subtask=0,
             parallelism=1,
         )
+
+
+def test_raw_bytes_cross_as_base64_text_both_ways(kafka):
+    from confluent_kafka import Producer
+
+    source_topic, out = kafka.create("raw-in"), kafka.create("raw-out")
+    raw = [bytes(range(256)), b"\x00\xff", b""]
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "log_level": 2})
+    for value in raw:
+        producer.produce(source_topic, value=value)
+    producer.flush(30)
+    config = {"bootstrapServers": kafka.bootstrap, "topic": source_topic, "format": "bytes", "bounded": True}
+    records = read_all(KafkaSource(config, subtask=0, parallelism=1))
+    assert [base64.b64decode(r) for r in records] == raw
+    s = KafkaSink({"bootstrapServers": kafka.bootstrap, "topic": out, "format": "bytes"}, name=NAME)
+    s.recover(SinkStart(None))
+    s.write(Batch(records))
+    s.prepare(1)
+    s.commit(1)
+    copied = read_all(KafkaSource({**config, "topic": out}, subtask=0, parallelism=1))
+    assert [base64.b64decode(r) for r in copied] == raw
