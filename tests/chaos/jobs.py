@@ -58,6 +58,15 @@ def long_enough(line):
 """
 
 
+def rolling_word_count(fns: str = "chaosfns") -> list[dict[str, Any]]:
+    """Operators of a rolling word count: split lines, key by word, count (every update emitted)."""
+    return [
+        {"id": "split", "type": "flat_map", "fn": f"{fns}:split"},
+        {"id": "by-word", "type": "key_by", "key": {"fn": f"{fns}:word"}},
+        {"id": "count", "type": "aggregate", "aggregate": "count", "emit": "rolling"},
+    ]
+
+
 def _words(rng: random.Random, files: int, lines: int, vocabulary: int = 200) -> dict[str, str]:
     words = [f"w{i}" for i in range(vocabulary)]
     return {
@@ -77,11 +86,7 @@ def rolling_count(home: Path) -> dict[str, Any]:
         "rolling-count",
         {
             "sources": [{"id": "lines", "type": "file", "config": {"path": f"{home}/in/*.txt"}}],
-            "operators": [
-                {"id": "split", "type": "flat_map", "fn": "chaosfns:split"},
-                {"id": "by-word", "type": "key_by", "key": {"fn": "chaosfns:word"}},
-                {"id": "count", "type": "aggregate", "aggregate": "count", "emit": "rolling"},
-            ],
+            "operators": rolling_word_count(),
             "sinks": [{"id": "out", "type": "file", "parallelism": 2, "config": {"path": "out"}}],
         },
         parallelism=3,
@@ -220,11 +225,7 @@ def minio_to_minio(home: Path, *, client: Any, bucket: str, endpoint: str) -> di
         "minio-count",
         {
             "sources": [{"id": "lines", "type": "s3", "config": {**s3, "prefix": "in/"}}],
-            "operators": [
-                {"id": "split", "type": "flat_map", "fn": "chaosfns:split"},
-                {"id": "by-word", "type": "key_by", "key": {"fn": "chaosfns:word"}},
-                {"id": "count", "type": "aggregate", "aggregate": "count", "emit": "rolling"},
-            ],
+            "operators": rolling_word_count(),
             "sinks": [{"id": "out", "type": "s3", "config": {**s3, "prefix": "out/"}}],
         },
         parallelism=3,
@@ -246,11 +247,7 @@ def files_to_postgres(home: Path, *, port: int, user: str, database: str) -> dic
         "pg-count",
         {
             "sources": [{"id": "lines", "type": "file", "config": {"path": f"{home}/in/*.txt"}}],
-            "operators": [
-                {"id": "split", "type": "flat_map", "fn": "chaosfns:split"},
-                {"id": "by-word", "type": "key_by", "key": {"fn": "chaosfns:word"}},
-                {"id": "count", "type": "aggregate", "aggregate": "count", "emit": "rolling"},
-            ],
+            "operators": rolling_word_count(),
             "sinks": [
                 {
                     "id": "latest",
@@ -287,11 +284,7 @@ def fill_kafka(kafka: Any, rng: random.Random, *, partitions: int = 3, lines: in
 def _kafka_count(source: dict[str, Any], sink: dict[str, Any]) -> dict[str, Any]:
     return {
         "sources": [source],
-        "operators": [
-            {"id": "split", "type": "flat_map", "fn": "chaosfns:split"},
-            {"id": "by-word", "type": "key_by", "key": {"fn": "chaosfns:word"}},
-            {"id": "count", "type": "aggregate", "aggregate": "count", "emit": "rolling"},
-        ],
+        "operators": rolling_word_count(),
         "sinks": [sink],
     }
 

@@ -48,19 +48,22 @@ def prepare(workdir: Path, model: dict, inputs: dict[str, str]) -> None:
     (workdir / "job.yaml").write_text(yaml.safe_dump(model, sort_keys=False))
 
 
-def run(workdir: Path) -> tuple[int, str]:
-    """Run the job failure-free; (exit code, stderr)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)])}
-    proc = subprocess.run(
-        [sys.executable, "-m", "nopstream", "run", "job.yaml"],
+def run_job(workdir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`nopstream run job.yaml ARGS` in `workdir`, its directory on PYTHONPATH, with extra `env`."""
+    return subprocess.run(
+        [sys.executable, "-m", "nopstream", "run", "job.yaml", *args],
         cwd=workdir,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)])},
+        capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
+
+
+def run(workdir: Path) -> tuple[int, str]:
+    """Run the job failure-free; (exit code, stderr)."""
+    proc = run_job(workdir)
     return proc.returncode, proc.stderr
 
 
@@ -92,23 +95,15 @@ def committed(workdir: Path, sink_dir: str) -> Counter[str]:
 def run_with_fault(workdir: Path, point: str) -> tuple[list[int], str]:
     """Run the job with one fault point armed; when the whole command dies, start it again
     without the fault. Returns the exit code of each start and their stderr."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)]), "NOPSTREAM_FAULTS": point}
+    env = {"NOPSTREAM_FAULTS": point}
     codes, err = [], ""
     for _ in range(2):
-        proc = subprocess.run(
-            [sys.executable, "-m", "nopstream", "run", "job.yaml", "--max-restarts", "5"],
-            cwd=workdir,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        proc = run_job(workdir, "--max-restarts", "5", env=env)
         codes.append(proc.returncode)
         err += proc.stderr
         if proc.returncode == 0:
             break
-        env.pop("NOPSTREAM_FAULTS")
+        env = {}
     return codes, err
 
 

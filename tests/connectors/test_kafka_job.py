@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.jobs import fill_kafka
-from tests.checkpointing.test_faults import prepare, run_with_fault
-from tests.connectors.test_postgres_job import run
+from tests.chaos.jobs import fill_kafka, rolling_word_count
+from tests.checkpointing.test_faults import prepare, run_job, run_with_fault
 from tests.kafka_util import Topics
 
 
@@ -38,11 +37,7 @@ def model(kafka: Topics, source: str, out: str) -> dict:
                     "config": {"bootstrapServers": kafka.bootstrap, "topic": source, "bounded": True},
                 }
             ],
-            "operators": [
-                {"id": "split", "type": "flat_map", "fn": "faultfns:split"},
-                {"id": "by-word", "type": "key_by", "key": {"fn": "faultfns:word"}},
-                {"id": "count", "type": "aggregate", "aggregate": "count", "emit": "rolling"},
-            ],
+            "operators": rolling_word_count("faultfns"),
             "sinks": [
                 {
                     "id": "out",
@@ -57,7 +52,7 @@ def model(kafka: Topics, source: str, out: str) -> dict:
 def clean_output(tmp_path: Path, kafka: Topics, source: str):
     out = kafka.create("clean", partitions=2)
     prepare(tmp_path / "clean", model(kafka, source, out), {})
-    result = run(tmp_path / "clean", {})
+    result = run_job(tmp_path / "clean")
     assert result.returncode == 0, result.stderr
     counted = kafka.committed(out)
     assert sum(counted.values()) == 3 * 3000 * 6  # every word of every committed line, once
@@ -108,7 +103,7 @@ def test_the_broker_restarted_under_a_running_job(tmp_path):
 
         restarter = threading.Thread(target=restart_once_output_arrives)
         restarter.start()
-        result = run(workdir, {}, "--max-restarts", "30")
+        result = run_job(workdir, "--max-restarts", "30")
         restarter.join()
         assert result.returncode == 0, result.stderr
         assert kafka.committed(out) == expected
@@ -124,7 +119,7 @@ def test_a_job_whose_sink_topic_is_missing_is_refused_at_once(mode, tmp_path, ka
     if mode == "etcd":  # the task processes say it with exit code 5; the supervisor does not retry
         host, port = request.getfixturevalue("etcd_server").endpoint
         args = ["--etcd", f"{host}:{port}"]
-    result = run(workdir, {}, *args)
+    result = run_job(workdir, *args)
     assert result.returncode == 3, result.stderr
     # the sink is chained into the count tasks: whichever starts first reports it (by its
     # task id under `nopstream run`, by its process name under --etcd)
@@ -171,7 +166,7 @@ def test_event_time_windows_over_the_kafka_record_timestamps_per_partition(tmp_p
         },
     }
     prepare(tmp_path / "time", job, {})
-    result = run(tmp_path / "time", {})
+    result = run_job(tmp_path / "time")
     assert result.returncode == 0, result.stderr
     got = Counter()
     for record, n in kafka.committed(out).items():
@@ -200,7 +195,7 @@ def test_an_epoch_of_megabytes_reaches_kafka_through_the_snapshot(tmp_path, kafk
         },
     }
     prepare(tmp_path / "big", job, {"part-0.txt": "\n".join(lines) + "\n"})
-    result = run(tmp_path / "big", {})
+    result = run_job(tmp_path / "big")
     assert result.returncode == 0 and "recovering: " not in result.stderr, result.stderr
     assert kafka.committed(out) == Counter(json.dumps(line) for line in lines)
     manifest = max((tmp_path / "big" / "cp").rglob("_manifest.json"), key=lambda p: int(p.parent.name))

@@ -8,20 +8,16 @@ failure-free run's exactly (as multisets of rows).
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.checkpointing.test_faults import prepare, run_with_fault
-from tests.conftest import ROOT
+from tests.chaos.jobs import rolling_word_count
+from tests.checkpointing.test_faults import prepare, run_job, run_with_fault
 
 
 def model(server, database: str, suffix: str) -> dict:
@@ -32,11 +28,7 @@ def model(server, database: str, suffix: str) -> dict:
         "checkpoint": {"intervalMs": 150, "storage": {"local": {"path": "cp"}}},
         "model": {
             "sources": [{"id": "lines", "type": "file", "config": {"path": "in/*.txt"}}],
-            "operators": [
-                {"id": "split", "type": "flat_map", "fn": "faultfns:split"},
-                {"id": "by-word", "type": "key_by", "key": {"fn": "faultfns:word"}},
-                {"id": "count", "type": "aggregate", "aggregate": "count", "emit": "rolling"},
-            ],
+            "operators": rolling_word_count("faultfns"),
             "sinks": [
                 {
                     "id": "latest",
@@ -81,24 +73,11 @@ def tables(server, database: str, suffix: str) -> tuple[Counter, Counter]:
     return latest, every
 
 
-def run(workdir: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)])}
-    return subprocess.run(
-        [sys.executable, "-m", "nopstream", "run", "job.yaml", *args],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 @pytest.fixture
 def expected(tmp_path, postgres_server, database):
     tables(postgres_server, database, "clean")
     prepare(tmp_path / "clean", model(postgres_server, database, "clean"), INPUTS)
-    result = run(tmp_path / "clean", postgres_server.env)
+    result = run_job(tmp_path / "clean", env=postgres_server.env)
     assert result.returncode == 0, result.stderr
     latest, every = tables(postgres_server, database, "clean")
     assert len(latest) == 100 and sum(every.values()) == 3 * 5000 * 6
@@ -150,7 +129,7 @@ def test_the_server_restarted_under_a_running_job(tmp_path, postgres_server, dat
 
         restarter = threading.Thread(target=restart_once_rows_arrive)
         restarter.start()
-        result = run(workdir, own.env, "--max-restarts", "30")
+        result = run_job(workdir, "--max-restarts", "30", env=own.env)
         restarter.join()
         assert result.returncode == 0, result.stderr
         assert result.stderr.count("recovering: ") >= 1, result.stderr
@@ -165,7 +144,7 @@ def test_a_job_whose_table_is_missing_is_refused_at_once(tmp_path, postgres_serv
     with connect(postgres_server, database) as conn:
         conn.execute("CREATE TABLE every_missing (key text, value bigint)")
     started = time.monotonic()
-    result = run(workdir, postgres_server.env)
+    result = run_job(workdir, env=postgres_server.env)
     assert result.returncode == 3 and time.monotonic() - started < 30, result.stderr
     assert (
         f"postgres sink 'latest': relation \"latest_missing\" does not exist in"
