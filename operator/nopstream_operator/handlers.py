@@ -1,13 +1,14 @@
 """The kopf handlers: thin decorators around `reconcile` (run as `kopf run -m nopstream_operator`).
 
 One daemon per StreamJob runs a pass every PASS_SECONDS (observe, validate,
-reconcile), so the passes of one job never overlap; a pass that fails is logged and
+reconcile) in a worker thread, so the passes of one job never overlap; a pass that fails is logged and
 the next one tries again. Deleting a StreamJob runs `cleanup` behind kopf's
 finalizer (pods and plan ConfigMaps go; checkpoints stay in storage).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -57,26 +58,32 @@ def _emit(job: dict[str, Any], kind: str, reason: str, message: str) -> None:
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
-def drive(
+async def drive(
     stopped: kopf.DaemonStopped,
     name: str,
     namespace: str | None,
     logger: logging.Logger | logging.LoggerAdapter[Any],
     **_: Any,
 ) -> None:
-    """Pass after pass over one StreamJob until it is deleted or the operator stops."""
+    """Pass after pass over one StreamJob until it is deleted or the operator stops.
+
+    The daemon waits on the event loop and takes a worker thread only for a pass: a
+    sync daemon would hold a thread of kopf's pool for the job's whole life, and that
+    pool (min(32, cores + 4) threads) would then leave every job past the sixth on a
+    2-core node undriven.
+    """
     settings = pod_settings()
-    etcd = EtcdView(settings.etcd)
-    ctx = Context(Kube(), etcd, settings, _emit)
+    etcd = await asyncio.to_thread(EtcdView, settings.etcd)
+    ctx = Context(await asyncio.to_thread(Kube), etcd, settings, _emit)
     try:
         while not stopped:
             try:
-                reconcile_once(ctx, namespace or "default", name)
+                await asyncio.to_thread(reconcile_once, ctx, namespace or "default", name)
             except Exception:
                 logger.exception("pass over %s/%s failed; the next pass tries again", namespace, name)
-            stopped.wait(PASS_SECONDS)
+            await stopped.wait(PASS_SECONDS)
     finally:
-        etcd.close()
+        await asyncio.to_thread(etcd.close)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

@@ -420,6 +420,20 @@ def test_an_invalid_streamjob_becomes_invalid_and_creates_nothing(world):
     assert w.kubectl("get", "configmaps", "-l", "nopstream.io/job=broken", "-o", "name") == ""
 
 
+def test_twelve_streamjobs_at_once_are_each_driven(world):
+    """More StreamJobs than kopf's thread pool has threads (6 on 2 cores): a daemon that held a
+    thread for its job's whole life left every job past the sixth untouched."""
+    w = world
+    names = [f"many-{i}" for i in range(12)]
+    for name in names:
+        bad = wordcount(name, "no-bucket", "http://127.0.0.1:9", "out")
+        bad["spec"]["model"]["operators"][0]["inputs"] = ["nowhere"]
+        w.kubectl("apply", "-f", "-", input=json.dumps(bad))
+    phases = lambda: [w.job(n).get("status", {}).get("phase") for n in names]  # noqa: E731
+    w.wait("every job Invalid", lambda: phases() == ["Invalid"] * len(names), timeout=60)
+    w.kubectl("delete", "streamjob", *names, "--wait=true", "--timeout=60s")
+
+
 def test_a_savepoint_on_request_then_suspend_and_resume(world, s3_client, bucket):
     w = world
     upload_lines(s3_client, bucket, random.Random(5), files=8, lines=2000, words=6)

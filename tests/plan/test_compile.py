@@ -197,5 +197,10 @@ def test_side_output_edge():
 
 
 def test_checked_in_examples_are_the_ones_tested():
-    assert {p.name for p in EXAMPLES.glob("*.yaml")} == {"wordcount.yaml", "windowed.yaml", "fraud.yaml"}
+    assert {p.name for p in EXAMPLES.glob("*.yaml")} == {
+        "wordcount.yaml",
+        "windowed.yaml",
+        "fraud.yaml",
+        "kafka-to-postgres.yaml",
+    }
     assert (ROOT / "crds" / "streamjob.yaml").exists()
