@@ -281,13 +281,15 @@ class Postgres:
         return f"host=127.0.0.1 port={self.port} dbname=postgres user={self.user} password={self.password}"
 
     def stop(self, grace: float = 10.0) -> None:
-        """Stop the server by PID (SIGTERM: a smart shutdown; prepared transactions survive)."""
+        """Stop the server by PID: a fast shutdown (SIGINT: sessions ended, prepared transactions
+        kept), SIGKILL after `grace` seconds."""
+        self.process.signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.popen.wait(grace)
         self.process.stop(grace)
 
     def restart(self) -> None:
-        """A fast shutdown (sessions ended, prepared transactions kept), then start again on the same port."""
-        self.process.signal(signal.SIGINT)
-        self.process.popen.wait(30)
+        """Stop the server and start it again on the same port and data."""
         self.stop()
         self.process = _postgres_process(self.workdir, self.data_dir, self.port)
         _wait_postgres(self)
