@@ -3,7 +3,7 @@
 Transaction N holds the rows between barriers N-1 and N. At barrier N they are
 written (insert: into the table; upsert: into the staging table, see below) together
 with a marker row in `nopstream_commits`, and the transaction is prepared as
-`PREPARE TRANSACTION '{jobId}:{pipelineId}:{operatorId}:{subtask}:l{lineage}:{N}'`:
+`PREPARE TRANSACTION '{jobId}:{pipelineId}:{operatorId}:{subtask}:{table}:l{lineage}:{N}'`:
 durable in the server, invisible to readers. Once epoch N is durable, `COMMIT
 PREPARED` makes it visible. A gid that is no longer prepared is committed when its
 marker row is visible and lost otherwise, which is refused: the marker tells a
@@ -59,7 +59,7 @@ class PostgresSink(StagedSink):
         """A sink subtask of a validated `PostgresSinkConfig`; connections open at `recover`."""
         super().__init__(name)
         self.config = PostgresSinkConfig.model_validate(config)
-        self.table = sql.Identifier(*self.config.table.split("."))
+        self.table = _identifier(self.config.table)
         self._rows: list[tuple[Any, ...]] = []
         self._writer: psycopg.Connection[Any] | None = None
         self._control: psycopg.Connection[Any] | None = None
@@ -128,9 +128,9 @@ class PostgresSink(StagedSink):
         columns = self.config.columns
         for r in batch.records:
             if isinstance(r, dict):
-                self._rows.append(tuple(_value(r.get(c)) for c in columns))
+                self._rows.append(tuple(r.get(c) for c in columns))
             elif len(columns) == 1:
-                self._rows.append((_value(r),))
+                self._rows.append((r,))
             else:
                 raise TypeError(
                     f"postgres sink '{self.name.operator_id}' needs mappings for {len(columns)} columns"
@@ -145,7 +145,7 @@ class PostgresSink(StagedSink):
                 names = sql.SQL(", ").join(map(sql.Identifier, self.config.columns))
                 with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(self.table, names)) as copy:
                     for row in self._rows:
-                        copy.write_row(row)
+                        copy.write_row(tuple(map(_value, row)))
             else:
                 cur.executemany(
                     "INSERT INTO nopstream_staged_rows (sink, lineage, epoch, row) VALUES (%s, %s, %s, %s)",
@@ -234,7 +234,7 @@ class PostgresSink(StagedSink):
         """Committed epochs up to `durable` whose staged rows were not applied yet (a crash in between)."""
         rows = self.control.execute(
             "SELECT DISTINCT s.lineage, s.epoch FROM nopstream_staged_rows s JOIN nopstream_commits c"
-            " USING (sink, lineage, epoch) WHERE s.sink = %s AND s.epoch <= %s ORDER BY 2",
+            " USING (sink, lineage, epoch) WHERE s.sink = %s AND s.epoch <= %s ORDER BY 1, 2",
             (self.sink_id, durable),
         ).fetchall()
         return [(int(lineage), int(epoch)) for lineage, epoch in rows]
@@ -267,8 +267,13 @@ class PostgresSink(StagedSink):
         """End of input: the open transaction waits for the final epoch; connections stay for its commit."""
 
 
+def _identifier(table: str) -> sql.Identifier:
+    """`table` or `schema.table` as a quoted identifier."""
+    return sql.Identifier(*table.split("."))
+
+
 def _value(v: Any) -> Any:
-    """A field as PostgreSQL takes it: nested values as JSON text."""
+    """A field as COPY takes it: nested values as JSON text."""
     return orjson.dumps(v).decode() if isinstance(v, dict | list) else v
 
 
@@ -304,7 +309,7 @@ def connect(
 
 def create_like(config: dict[str, Any], table: str) -> None:
     """Create `table` empty, with the columns, defaults and keys of the sink's table (`nopstream chaos`)."""
-    source = sql.Identifier(*PostgresSinkConfig.model_validate(config).table.split("."))
+    source = _identifier(PostgresSinkConfig.model_validate(config).table)
     with connect(config) as conn:
         conn.execute(sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(sql.Identifier(table), source))
 
@@ -314,7 +319,7 @@ def table_records(config: dict[str, Any]) -> list[dict[str, Any]]:
     c = PostgresSinkConfig.model_validate(config)
     names = sql.SQL(", ").join(map(sql.Identifier, c.columns))
     with connect(config) as conn:
-        found = conn.execute(sql.SQL("SELECT {} FROM {}").format(names, sql.Identifier(*c.table.split("."))))
+        found = conn.execute(sql.SQL("SELECT {} FROM {}").format(names, _identifier(c.table)))
         return [dict(zip(c.columns, row, strict=True)) for row in found.fetchall()]
 
 
@@ -322,5 +327,6 @@ def drop_table(config: dict[str, Any]) -> None:
     """Drop the sink's table and forget its commits (`nopstream chaos`, after a run compared equal)."""
     c = PostgresSinkConfig.model_validate(config)
     with connect(config) as conn:
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(*c.table.split("."))))
-        conn.execute("DELETE FROM nopstream_commits WHERE sink LIKE %s", (f"%:{c.table}",))
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(_identifier(c.table)))
+        suffix = f":{c.table}"  # a sink id ends with its table
+        conn.execute("DELETE FROM nopstream_commits WHERE right(sink, %s) = %s", (len(suffix), suffix))

@@ -226,3 +226,18 @@ def test_the_password_comes_from_the_mounted_secret_when_one_is_named(
     sink.recover(SinkStart(None))  # connects with the mounted password
     with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
         PostgresSink(config(postgres_server, database), name=NAME).recover(SinkStart(None))
+
+
+def test_nested_fields_reach_json_columns_as_json_in_both_modes(postgres_server, database, db):
+    db.execute("CREATE TABLE docs (id text PRIMARY KEY, body jsonb)")
+    db.execute("CREATE TABLE log (id text, body jsonb)")
+    record = {"id": "a", "body": {"n": [1, 2], "s": "x"}}
+    for table, extra in (("docs", {"mode": "upsert", "keys": ["id"]}), ("log", {})):
+        sink = PostgresSink(
+            config(postgres_server, database, table=table, columns=["id", "body"], **extra), name=NAME
+        )
+        sink.recover(SinkStart(None))
+        sink.write(Batch([record]))
+        sink.prepare(1)
+        sink.commit(1)
+        assert db.execute(f"SELECT id, body FROM {table}").fetchall() == [("a", {"n": [1, 2], "s": "x"})]
