@@ -101,16 +101,8 @@ class KafkaSource:
         self.subtask = subtask
         self.parallelism = parallelism
         self._pattern = re.compile(self.config.topic_pattern) if self.config.topic_pattern else None
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": self.config.bootstrap_servers,
-                "group.id": "nopstream-unused",  # librdkafka wants one; never joined, nothing committed
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "isolation.level": "read_committed",
-                "auto.offset.reset": "error",
-                **_QUIET,
-            }
+        self.consumer = _consumer(
+            self.config.bootstrap_servers, **{"enable.auto.offset.store": False, "auto.offset.reset": "error"}
         )
         self.cursors: dict[Split, int] = {}
         self.ends: dict[Split, int] | None = {} if self.config.bounded else None
@@ -278,14 +270,8 @@ class KafkaSink(StagedSink):
     def marker(self) -> Consumer:
         """The consumer whose group holds the published epoch (its committed offset)."""
         if self._marker is None:
-            self._marker = Consumer(
-                {
-                    "bootstrap.servers": self.config.bootstrap_servers,
-                    "group.id": f"nopstream.{self.sink_id}",
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                    **_QUIET,
-                }
+            self._marker = _consumer(
+                self.config.bootstrap_servers, **{"group.id": f"nopstream.{self.sink_id}"}
             )
         return self._marker
 
@@ -369,8 +355,7 @@ class KafkaSink(StagedSink):
     def recover(self, start: SinkStart) -> None:
         """Fence earlier producers, read the marker, then the rule of every start (`StagedSink.recover`)."""
         self._open = []
-        if self._producer is not None:
-            self._producer = None
+        self._producer = None
         topics = self.marker.list_topics(self.config.topic, timeout=_TIMEOUT).topics
         if self.config.topic not in topics or topics[self.config.topic].error is not None:
             raise StartRefused(
@@ -399,16 +384,15 @@ class KafkaSink(StagedSink):
         """End of input: the open epoch waits for the final barrier."""
 
 
-def _admin_consumer(bootstrap: str) -> Consumer:
-    return Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "nopstream-unused",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            **_QUIET,
-        }
-    )
+def _consumer(bootstrap: str, **extra: Any) -> Consumer:
+    """A read_committed consumer that commits nothing by itself; a group only when `extra` names one."""
+    # librdkafka wants a group.id; without one of ours no group is joined or committed to
+    config = {
+        "group.id": "nopstream-unused",
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+    }
+    return Consumer({"bootstrap.servers": bootstrap, **config, **_QUIET, **extra})
 
 
 def create_like(config: dict[str, Any], topic: str) -> None:
@@ -417,7 +401,7 @@ def create_like(config: dict[str, Any], topic: str) -> None:
     from confluent_kafka.cimpl import NewTopic
 
     c = KafkaSinkConfig.model_validate(config)
-    consumer = _admin_consumer(c.bootstrap_servers)
+    consumer = _consumer(c.bootstrap_servers)
     try:
         meta = consumer.list_topics(c.topic, timeout=_TIMEOUT).topics.get(c.topic)
         partitions = len(meta.partitions) if meta is not None and meta.error is None else 1
@@ -431,7 +415,7 @@ def create_like(config: dict[str, Any], topic: str) -> None:
 def topic_records(config: dict[str, Any]) -> list[Any]:
     """Every committed record of the sink's topic, from the beginning (read_committed)."""
     c = KafkaSinkConfig.model_validate(config)
-    consumer = _admin_consumer(c.bootstrap_servers)
+    consumer = _consumer(c.bootstrap_servers)
     try:
         meta = consumer.list_topics(c.topic, timeout=_TIMEOUT).topics[c.topic]
         ends = {}
