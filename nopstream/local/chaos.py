@@ -250,15 +250,14 @@ def _wait_group_gone(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> No
 def _isolated(raw: dict[str, Any], home: Path, tag: str) -> dict[str, Any]:
     """A copy of the job whose checkpoints and sink outputs are its own (under `home` or a prefix)."""
     job = copy.deepcopy(raw)
-    spec = job["spec"] if "kind" in job or "apiVersion" in job else job
-    checkpoint = spec.setdefault("checkpoint", {})
+    checkpoint = _spec(job).setdefault("checkpoint", {})
     storage = checkpoint.get("storage") or {}
     if "s3" in storage:
         storage["s3"]["prefix"] = f"{storage['s3'].get('prefix', '')}{tag}/"
     else:
         storage = {"local": {"path": str((home / "checkpoints").resolve())}}
     checkpoint["storage"] = storage
-    for sink in spec.get("model", {}).get("sinks", []):
+    for sink in _sinks(job):
         config = sink.setdefault("config", {})
         if sink.get("type") == "file":
             config["path"] = str((home / "out" / sink["id"]).resolve())
@@ -294,9 +293,14 @@ def drop_outputs(job: dict[str, Any]) -> None:
             kafka.delete_topic(sink["config"])
 
 
+def _spec(job: dict[str, Any]) -> dict[str, Any]:
+    """The spec of a StreamJob manifest, or a bare model itself."""
+    spec: dict[str, Any] = job["spec"] if "kind" in job or "apiVersion" in job else job
+    return spec
+
+
 def _sinks(job: dict[str, Any]) -> list[dict[str, Any]]:
-    spec = job["spec"] if "kind" in job or "apiVersion" in job else job
-    sinks: list[dict[str, Any]] = spec.get("model", {}).get("sinks", [])
+    sinks: list[dict[str, Any]] = _spec(job).get("model", {}).get("sinks", [])
     return sinks
 
 
