@@ -319,6 +319,8 @@ class Task:
     async def _run_source(self) -> None:
         assert self.source is not None
         reader, gen, ts_fn = self.source, self._generator, self._timestamps
+        # asked once: a protocol isinstance check is too slow for every batch
+        floor = reader.event_time_floor if gen is not None and isinstance(reader, SplitEventTime) else None
         size, idle = self.settings.batch_size, self.settings.idle_poll_ms / 1000
         while True:
             while self._pending_barriers:
@@ -331,7 +333,7 @@ class Task:
             if batch is None:
                 break
             if not batch.records:
-                await self._source_watermark(gen)
+                await self._source_watermark(gen, floor)
                 await self._tick()
                 await asyncio.sleep(idle)
                 continue
@@ -346,7 +348,7 @@ class Task:
             held = _LoopHold()
             await self._push(0, batch, 0)
             size = next_batch_size(size, len(batch.records), held.seconds(), self.settings)
-            await self._source_watermark(gen)
+            await self._source_watermark(gen, floor)
             await self._tick()
             await asyncio.sleep(0)
         await self._end_of_data(event_time=gen is not None)
@@ -377,9 +379,11 @@ class Task:
             self._data_ended = True
         await self._send_all(EndOfInput())
 
-    async def _source_watermark(self, gen: WatermarkGenerator | None) -> None:
-        floor = self.source.event_time_floor() if isinstance(self.source, SplitEventTime) else None
-        due = gen.due(floor) if gen is not None else None
+    async def _source_watermark(
+        self, gen: WatermarkGenerator | None, floor: Callable[[], int | None] | None
+    ) -> None:
+        """Emit the source's watermark when it moved (held to `floor()`, a reader's slowest split)."""
+        due = gen.due(floor() if floor is not None else None) if gen is not None else None
         if due is None:
             return
         wm, idle = due
