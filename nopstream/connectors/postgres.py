@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS nopstream_staged_rows (
     sink text NOT NULL, lineage integer NOT NULL, epoch bigint NOT NULL, seq bigserial, row jsonb NOT NULL,
     PRIMARY KEY (sink, lineage, epoch, seq));
 """
+_SCHEMA_LOCK = 0x6E6F7073747265  # the advisory lock under which sink subtasks create the tables above
 
 
 class PostgresSink(StagedSink):
@@ -96,7 +97,10 @@ class PostgresSink(StagedSink):
 
     def _check_server(self) -> None:
         """StartRefused, in the server's words, when the table or prepared transactions are missing."""
-        self.control.execute(_SCHEMA)
+        with self.control.transaction():
+            # CREATE TABLE IF NOT EXISTS races between sessions (pg_type's unique index): one at a time
+            self.control.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            self.control.execute(_SCHEMA)
         columns = sql.SQL(", ").join(map(sql.Identifier, self.config.columns))
         try:
             self.control.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(columns, self.table))

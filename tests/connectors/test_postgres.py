@@ -10,7 +10,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
@@ -241,3 +243,23 @@ def test_nested_fields_reach_json_columns_as_json_in_both_modes(postgres_server,
         sink.prepare(1)
         sink.commit(1)
         assert db.execute(f"SELECT id, body FROM {table}").fetchall() == [("a", {"n": [1, 2], "s": "x"})]
+
+
+def test_sink_subtasks_starting_together_on_a_fresh_database_all_start(postgres_server, database, db):
+    # CREATE TABLE IF NOT EXISTS is not safe under concurrency in PostgreSQL: two sessions can both
+    # miss the table and one then fails on pg_type's unique index. Every subtask of a sink starts at once.
+    sinks = [
+        PostgresSink(config(postgres_server, database), name=SinkName("job", "main", "out", i))
+        for i in range(8)
+    ]
+    barrier = threading.Barrier(len(sinks))
+
+    def start(sink: PostgresSink) -> None:
+        barrier.wait()
+        sink.recover(SinkStart(None))
+
+    with ThreadPoolExecutor(len(sinks)) as pool:
+        failures = [f.exception() for f in [pool.submit(start, s) for s in sinks]]
+    assert failures == [None] * len(sinks)
+    for sink in sinks:
+        dead(sink)
