@@ -80,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--etcd", metavar="HOST:PORT", help="the job runs with --etcd: ask its leading coordinator"
     )
+    p.add_argument(
+        "--secret-file",
+        metavar="FILE",
+        help="the job's secret with --etcd (default: the one `nopstream run --etcd` keeps in --workdir)",
+    )
     p = sub.add_parser("operator", help="run the Kubernetes operator (kopf) in this process, cluster-wide")
     p.add_argument(
         "--liveness", metavar="URL", help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz"
@@ -299,15 +304,22 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
     import urllib.request
 
     plans = compiler.compile_model(load_file(args.file))
+    from nopstream.node import guard
+
     job = plans.partitioned.identity.job_id
-    url = _coordinator_url(plans, args)
-    if url is None:
+    found = _coordinator(plans, args)
+    if found is None:
         print(f"job '{job}' is not running (no coordinator found)", file=sys.stderr)
         return EXIT_INVALID
+    url, secret_file = found
     try:
-        with urllib.request.urlopen(
-            urllib.request.Request(f"{url}/savepoint", method="POST"), timeout=10
-        ) as r:
+        secret = guard.read_secret(secret_file)
+    except guard.SecretError as err:
+        print(f"job '{job}': {err}", file=sys.stderr)
+        return EXIT_INVALID
+    request = urllib.request.Request(f"{url}/savepoint", method="POST", headers=guard.headers(secret))
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
             answer = json.loads(r.read())
     except (urllib.error.URLError, OSError) as err:
         print(f"job '{job}': the coordinator at {url} did not take the request: {err}", file=sys.stderr)
@@ -317,8 +329,13 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _coordinator_url(plans: compiler.CompiledPlans, args: argparse.Namespace) -> str | None:
-    """Where the job's coordinator listens: the leader in etcd, or the latest local run's control server."""
+def _coordinator(plans: compiler.CompiledPlans, args: argparse.Namespace) -> tuple[str, Path] | None:
+    """Where the job's coordinator listens and the file of the job's secret.
+
+    The leader in etcd (the secret of `nopstream run --etcd` in the working directory,
+    or `--secret-file`), or the latest local run's control server and its secret.
+    """
+    runs = Path(args.workdir) / "runs" / plans.partitioned.identity.job_id
     if args.etcd:
         import asyncio
 
@@ -336,11 +353,12 @@ def _coordinator_url(plans: compiler.CompiledPlans, args: argparse.Namespace) ->
             finally:
                 await backend.close()
 
-        return asyncio.run(leader())
-    runs = Path(args.workdir) / "runs" / plans.partitioned.identity.job_id
+        endpoint = asyncio.run(leader())
+        secret = Path(args.secret_file) if args.secret_file else runs / "cluster" / "secret"
+        return None if endpoint is None else (endpoint, secret)
     # the newest: run numbers start again at 1 with each command, and a killed one leaves its file
     found = sorted(runs.glob("run-*/control-url"), key=lambda p: p.stat().st_mtime)
-    return found[-1].read_text().strip() if found else None
+    return (found[-1].read_text().strip(), found[-1].parent / "secret") if found else None
 
 
 def cmd_operator(args: argparse.Namespace) -> int:

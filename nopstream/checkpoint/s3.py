@@ -4,17 +4,41 @@ Checkpoint storage, and the object access the s3 source and sink build on.
 
 An S3 PUT is atomic for readers, so segments and the manifest are single objects;
 writers put the manifest key last, as the commit point.
+
+Credentials (`credentials`): the files `accessKey` and `secretKey` in the directory
+NOPSTREAM_S3_CREDENTIALS names (a mounted Secret, on a cluster), else the variables
+NOPSTREAM_S3_ACCESS_KEY and NOPSTREAM_S3_SECRET_KEY (a machine of your own).
 """
 
 from __future__ import annotations
 
 import io
+import os
+from pathlib import Path
 
 from minio import Minio
 from minio.commonconfig import CopySource
 from minio.error import S3Error
 
 from nopstream.checkpoint.errors import StorageError
+
+CREDENTIALS_ENV = "NOPSTREAM_S3_CREDENTIALS"
+
+
+def credentials() -> tuple[str, str]:
+    """(access key, secret key): from the mounted files when NOPSTREAM_S3_CREDENTIALS names them."""
+    mounted = os.environ.get(CREDENTIALS_ENV, "").strip()
+    if not mounted:
+        return os.environ.get("NOPSTREAM_S3_ACCESS_KEY", ""), os.environ.get("NOPSTREAM_S3_SECRET_KEY", "")
+    keys = []
+    for name in ("accessKey", "secretKey"):
+        try:
+            keys.append((Path(mounted) / name).read_text().strip())
+        except OSError as err:
+            raise StorageError(
+                f"{CREDENTIALS_ENV}={mounted}: cannot read {name} ({err.strerror or err})"
+            ) from None
+    return keys[0], keys[1]
 
 
 class S3Storage:
@@ -27,20 +51,12 @@ class S3Storage:
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
 
     @classmethod
-    def connect(
-        cls,
-        endpoint: str,
-        bucket: str,
-        *,
-        access_key: str,
-        secret_key: str,
-        prefix: str = "",
-        secure: bool = False,
-    ) -> S3Storage:
-        """A storage on the S3 endpoint `host:port`."""
-        return cls(
-            Minio(endpoint, access_key=access_key, secret_key=secret_key, secure=secure), bucket, prefix
-        )
+    def connect(cls, endpoint: str, bucket: str, *, prefix: str = "") -> S3Storage:
+        """A storage on the S3 endpoint `http://host:port` (`https://`: TLS; no scheme: plain HTTP)."""
+        access_key, secret_key = credentials()
+        secure = endpoint.startswith("https://")
+        host = endpoint.removeprefix("http://").removeprefix("https://")
+        return cls(Minio(host, access_key=access_key, secret_key=secret_key, secure=secure), bucket, prefix)
 
     def put(self, path: str, data: bytes) -> None:
         """One PUT: readers see all of it or nothing."""

@@ -13,8 +13,7 @@ PUT returns; object names in `staged`). Committing publishes it by a server-side
 to `{prefix}{object}` and removes the staged object; a commit finds nothing to do
 when it already happened (idempotent), and never copies over a committed object with
 other contents (ETags differ). `recover` at every start: see `staged.StagedSink`.
-Credentials: NOPSTREAM_S3_ACCESS_KEY and NOPSTREAM_S3_SECRET_KEY (a Kubernetes Secret
-named by `secretRef` on a cluster).
+Credentials: those of checkpoint storage (`checkpoint.s3.credentials`).
 """
 
 from __future__ import annotations
@@ -34,15 +33,9 @@ _RULE = "an object being read must not change (docs/runtime.md)"
 
 
 def connect(config: dict[str, Any]) -> S3Storage:
-    """The bucket of a connector config, with credentials from the environment."""
+    """The bucket of a connector config (credentials: `checkpoint.s3.credentials`)."""
     endpoint = str(config.get("endpoint") or os.environ.get("NOPSTREAM_S3_ENDPOINT", ""))
-    return S3Storage.connect(
-        endpoint.removeprefix("http://").removeprefix("https://"),
-        config["bucket"],
-        access_key=os.environ.get("NOPSTREAM_S3_ACCESS_KEY", ""),
-        secret_key=os.environ.get("NOPSTREAM_S3_SECRET_KEY", ""),
-        secure=endpoint.startswith("https://"),
-    )
+    return S3Storage.connect(endpoint, config["bucket"])
 
 
 class S3Source:

@@ -1,16 +1,18 @@
 """The local runner's control server: where task processes register, report and find each other.
 
 JSON over HTTP on loopback:
-  POST /register {taskId, attempt, run, endpoint}    a task's server is up
+  POST /register {taskId, run, attempt, endpoint}    a task's server is up
   GET  /endpoint?task=ID                              that task's endpoint (waits until known)
-  POST /stats {taskId, recordsIn, recordsOut, watermark}
-  POST /done {taskId}  |  POST /failed {taskId, error, refused}   (refused: it cannot start at all,
-  "restore" when its restore point is refused, "start" when a connector cannot start)
+  POST /stats {taskId, run, recordsIn, recordsOut, watermark}
+  POST /done {taskId, run}  |  POST /failed {taskId, run, error, refused}   (refused: it cannot
+  start at all, "restore" when its restore point is refused, "start" when a connector cannot start)
   GET  /run                                           the current run
-  POST /ack {taskId, epoch, segments, sources, sinks} a task's checkpoint ACK
-  POST /source-finished {taskId}                      a source read all its input
+  POST /ack {taskId, run, epoch, segments, sources, sinks} a task's checkpoint ACK
+  POST /source-finished {taskId, run}                 a source read all its input
   GET  /metrics                                       the coordinator's Prometheus metrics
   POST /savepoint                                     make the next epoch a savepoint
+Everything but /metrics needs the run's secret (`node.guard`: 401); a task's message
+without its task id and run is refused with 400, one of another run with 409.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from nopstream.checkpoint.coordinator import EpochCoordinator
 from nopstream.checkpoint.metrics import CoordinatorCollector
+from nopstream.node.guard import Guard, GuardCollector, int_field, json_body
 from nopstream.node.taskserver import ack_of
 from nopstream.runtime.metrics import exposition
 
@@ -51,9 +54,10 @@ class TaskReport:
 class ControlServer:
     """Registry and reports of the task processes of one run."""
 
-    def __init__(self, task_ids: list[str], *, run: int) -> None:
-        """Expect these tasks, in run `run`."""
+    def __init__(self, task_ids: list[str], *, run: int, guard: Guard) -> None:
+        """Expect these tasks, in run `run`, admitting the clients `guard` admits."""
         self.run = run
+        self.guard = guard
         self.tasks = {t: TaskReport() for t in task_ids}
         self.changed = asyncio.Event()
         self.coordinator: EpochCoordinator | None = None
@@ -63,7 +67,7 @@ class ControlServer:
 
     async def start(self, sock: socket.socket) -> str:
         """Serve on a listening loopback socket; returns the base URL."""
-        app = web.Application()
+        app = self.guard.application()
         app.router.add_post("/register", self._register)
         app.router.add_get("/endpoint", self._endpoint)
         app.router.add_post("/stats", self._stats)
@@ -87,24 +91,29 @@ class ControlServer:
         if self._runner is not None:
             await self._runner.cleanup()
 
-    def _report(self, body: dict[str, Any]) -> TaskReport:
-        task = self.tasks.get(body.get("taskId", ""))
+    def _task(self, task_id: object) -> TaskReport:
+        task = self.tasks.get(task_id) if isinstance(task_id, str) else None
         if task is None:
-            raise web.HTTPNotFound(text=f"unknown task {body.get('taskId')!r}")
+            raise web.HTTPNotFound(text=f"unknown task {task_id!r}")
         return task
 
+    async def _message(self, request: web.Request, *required: str) -> tuple[TaskReport, dict[str, Any]]:
+        """The reporting task and the body of a message of a task of this run (400, 404, 409 otherwise)."""
+        body = await json_body(request, "taskId", "run", *required)
+        run = int_field(body, "run")
+        if run != self.run:
+            raise web.HTTPConflict(text=f"stale run {run}: the current run is {self.run}")
+        return self._task(body["taskId"]), body
+
     async def _register(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        if int(body["run"]) != self.run:
-            raise web.HTTPConflict(text=f"stale run {body['run']}: the current run is {self.run}")
-        task = self._report(body)
-        task.endpoint, task.attempt = body["endpoint"], body["attempt"]
+        task, body = await self._message(request, "endpoint", "attempt")
+        task.endpoint, task.attempt = str(body["endpoint"]), str(body["attempt"])
         task.registered_at = time.monotonic()
         task.registered.set()
         return web.json_response({"ok": True})
 
     async def _endpoint(self, request: web.Request) -> web.Response:
-        task = self._report({"taskId": request.query.get("task", "")})
+        task = self._task(request.query.get("task", ""))
         try:
             await asyncio.wait_for(task.registered.wait(), 60)
         except TimeoutError:
@@ -112,23 +121,20 @@ class ControlServer:
         return web.json_response({"endpoint": task.endpoint})
 
     async def _stats(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        task = self._report(body)
-        task.records_in, task.records_out = int(body["recordsIn"]), int(body["recordsOut"])
+        task, body = await self._message(request, "recordsIn", "recordsOut")
+        task.records_in, task.records_out = int_field(body, "recordsIn"), int_field(body, "recordsOut")
         task.watermark = body.get("watermark")
         task.channels = body.get("channels", {})
         return web.json_response({"ok": True})
 
     async def _done(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        report = self._report(body)
+        report, _ = await self._message(request)
         report.done, report.done_at = True, time.monotonic()
         self.changed.set()
         return web.json_response({"ok": True})
 
     async def _failed(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        report = self._report(body)
+        report, body = await self._message(request)
         report.error = str(body.get("error", "unknown error"))
         report.refused = str(body["refused"]) if body.get("refused") else None
         self.changed.set()
@@ -141,15 +147,13 @@ class ControlServer:
         return max(ends) - max(starts) if starts and ends else 0.0
 
     async def _ack(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self._report(body)
+        _, body = await self._message(request, "epoch", "segments")
         if self.coordinator is not None:
-            self.coordinator.ack(body["taskId"], int(body["epoch"]), ack_of(body))
+            self.coordinator.ack(body["taskId"], int_field(body, "epoch"), ack_of(body))
         return web.json_response({"ok": True})
 
     async def _source_finished(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self._report(body)
+        _, body = await self._message(request)
         if self.coordinator is not None:
             self.coordinator.source_finished(body["taskId"])
         return web.json_response({"ok": True})
@@ -164,6 +168,7 @@ class ControlServer:
         registry = CollectorRegistry()
         if self.coordinator is not None:
             registry.register(CoordinatorCollector(self.coordinator, recoveries=self.recoveries))
+        registry.register(GuardCollector(self.guard))
         return web.Response(body=exposition(registry), content_type="text/plain")
 
     async def _run(self, request: web.Request) -> web.Response:

@@ -37,7 +37,7 @@ from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.local import LocalBackend
 from nopstream.local import inprocess, ownership, processes, worker
 from nopstream.local.control import ControlServer
-from nopstream.node import checkpointing
+from nopstream.node import checkpointing, guard
 from nopstream.plan import compiler
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.runtime import faults
@@ -208,13 +208,14 @@ def _run_processes(plans: compiler.CompiledPlans, options: RunOptions, storage: 
     started = time.monotonic()
     plan = plans.partitioned
     lineage = new_lineage(options)  # started by the first run; its recoveries find it started
+    secret = guard.new_secret()  # one per command: every run of it is fenced by its number
     run = 1
     first: RestorePoint | None = None
     while True:
         point = restore.choose(storage, plan, new_lineage=lineage)
         first = first or point
         try:
-            control = _attempt(plans, options, run, point)
+            control = _attempt(plans, options, run, point, secret)
         except TaskDied as death:
             if run > options.max_restarts:
                 raise JobFailed(f"{death} (after {run - 1} recoveries)") from death
@@ -230,7 +231,7 @@ def _run_processes(plans: compiler.CompiledPlans, options: RunOptions, storage: 
 
 
 def _attempt(
-    plans: compiler.CompiledPlans, options: RunOptions, run: int, point: RestorePoint
+    plans: compiler.CompiledPlans, options: RunOptions, run: int, point: RestorePoint, secret: str
 ) -> ControlServer:
     """One run: fork every task (started from the restore point), coordinate epochs, supervise."""
     plan = plans.partitioned
@@ -244,6 +245,7 @@ def _attempt(
     # the children close their copy.
     sock = socket.create_server(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    guard.write_secret(run_dir / "secret", secret)  # for `nopstream savepoint`
     (run_dir / "control-url").write_text(url)  # where the coordinator's /metrics are
     procs = [
         processes.fork_task(
@@ -253,6 +255,7 @@ def _attempt(
                 url,
                 run,
                 f"r{run}-a{i}",
+                secret,
                 deployment_path=deployment_path,
                 restore=point,
             ),
@@ -262,11 +265,12 @@ def _attempt(
         for i, task_id in enumerate(plan.task_ids())
     ]
     try:
-        return asyncio.run(_control_run(plans, options, run, sock, procs, point))
+        return asyncio.run(_control_run(plans, options, run, sock, procs, point, secret))
     finally:
         processes.stop_all(procs)
         sock.close()
         (run_dir / "control-url").unlink(missing_ok=True)  # `nopstream savepoint` finds live runs only
+        (run_dir / "secret").unlink(missing_ok=True)
 
 
 async def _control_run(
@@ -276,9 +280,10 @@ async def _control_run(
     sock: socket.socket,
     procs: list[processes.TaskProcess],
     point: RestorePoint,
+    secret: str,
 ) -> ControlServer:
     plan = plans.partitioned
-    control = ControlServer(list(plan.task_ids()), run=run)
+    control = ControlServer(list(plan.task_ids()), run=run, guard=guard.Guard(secret))
     control.recoveries = run - 1
     await control.start(sock)
     storage = checkpointing.open_storage(plans.deployment)
@@ -291,7 +296,10 @@ async def _control_run(
     )
     ticker = asyncio.create_task(progress.loop(), name="progress")
     try:
-        async with aiohttp.ClientSession() as session, LeaseKeeper(backend, 30) as keeper:
+        async with (
+            aiohttp.ClientSession(headers=guard.headers(secret)) as session,
+            LeaseKeeper(backend, 30) as keeper,
+        ):
             leadership = await Election(backend, layout, f"local-runner-r{run}").campaign(keeper)
             fence = {"run": run, "token": leadership.token}
             sources = plan.source_task_ids()

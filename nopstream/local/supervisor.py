@@ -32,7 +32,7 @@ from nopstream.cluster.registry import Registry
 from nopstream.local import ownership
 from nopstream.local.processes import die_with_parent
 from nopstream.local.runner import JobFailed, RunOptions, RunResult, new_lineage
-from nopstream.node import checkpointing
+from nopstream.node import checkpointing, guard
 from nopstream.node.settings import DEPLOYMENT_FILE, PARTITIONED_FILE
 from nopstream.node.task import EXIT_REFUSED, EXIT_START_REFUSED
 from nopstream.plan import compiler
@@ -70,6 +70,7 @@ class Supervisor:
         self.layout = Layout(plans.deployment.namespace, ident.job_id, ident.pipeline_id)
         self.home = options.workdir / "runs" / ident.job_id / "cluster"
         self.plan_dir = self.home / "plans"
+        self.secret_file = self.home / "secret"
         self.coordinators: list[Child] = []
         self.tasks: list[Child] = []
         self.started_candidates = 0
@@ -86,6 +87,7 @@ class Supervisor:
         self.plan_dir.mkdir(parents=True, exist_ok=True)
         (self.plan_dir / PARTITIONED_FILE).write_text(compiler.dump_document(self.plans.partitioned))
         (self.plan_dir / DEPLOYMENT_FILE).write_text(compiler.dump_document(self.plans.deployment))
+        guard.write_secret(self.secret_file, guard.new_secret())  # one per command, as with `run`
         run = _advance_run(self.etcd, self.layout, None)
         lineage = new_lineage(self.options)
         self._request(run, lineage)
@@ -183,6 +185,7 @@ class Supervisor:
             "NOPSTREAM_ETCD": self.etcd,
             "NOPSTREAM_ATTEMPT": name,
             "NOPSTREAM_LEASE_TTL": str(LEASE_TTL),
+            "NOPSTREAM_SECRET_FILE": str(self.secret_file.resolve()),
             **extra,
         }
         with log.open("wb") as out:

@@ -20,7 +20,7 @@ import aiohttp
 
 from nopstream.checkpoint.errors import RestoreRefused, StartRefused
 from nopstream.checkpoint.restore import RestorePoint
-from nopstream.node import checkpointing
+from nopstream.node import checkpointing, guard
 from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task, load_deployment, load_plan
 from nopstream.runtime.task import Task
 
@@ -37,6 +37,7 @@ class WorkerSettings:
     control_url: str
     run: int
     attempt: str
+    secret: str
     deployment_path: Path | None = None
     restore: RestorePoint | None = None
     host: str = "127.0.0.1"
@@ -46,11 +47,12 @@ async def serve(settings: WorkerSettings) -> None:
     """Run one task to completion; report to the control server."""
     plan = load_plan(settings.plan_path)
     who = TaskIdentity(settings.task_id, settings.run, settings.attempt)
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=guard.headers(settings.secret)) as session:
         control = settings.control_url
+        me = {"taskId": settings.task_id, "run": settings.run}
 
         async def post(path: str, body: dict[str, Any]) -> None:
-            async with session.post(f"{control}{path}", json={"taskId": settings.task_id, **body}) as resp:
+            async with session.post(f"{control}{path}", json={**me, **body}) as resp:
                 resp.raise_for_status()
 
         async def resolve(task_id: str) -> str:
@@ -73,10 +75,10 @@ async def serve(settings: WorkerSettings) -> None:
         except Exception:
             await post("/failed", {"error": traceback.format_exc(limit=5)})
             raise
-        server = TaskServer(task, receiver, listener, run=settings.run)
+        server = TaskServer(task, receiver, listener, run=settings.run, guard=guard.Guard(settings.secret))
         endpoint = await server.start(settings.host, 0)
         try:
-            await post("/register", {"attempt": settings.attempt, "run": settings.run, "endpoint": endpoint})
+            await post("/register", {"attempt": settings.attempt, "endpoint": endpoint})
             log.info(
                 "task %s serves %s (run %d, attempt %s)",
                 settings.task_id,

@@ -8,7 +8,6 @@ point (`checkpoint.restore`) and recovers its sinks, whatever started the run.
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
 from nopstream.checkpoint import restore, snapshots
@@ -24,18 +23,10 @@ from nopstream.runtime.task import Task
 
 
 def open_storage(deployment: DeploymentPlan) -> Storage:
-    """The checkpoint storage a deployment plan binds (S3 credentials from the environment)."""
+    """The checkpoint storage a deployment plan binds (S3 credentials: `checkpoint.s3.credentials`)."""
     binding = deployment.storage
     if binding.kind == "s3":
-        endpoint = (binding.endpoint or "").removeprefix("http://").removeprefix("https://")
-        return S3Storage.connect(
-            endpoint,
-            binding.bucket or "",
-            access_key=os.environ.get("NOPSTREAM_S3_ACCESS_KEY", ""),
-            secret_key=os.environ.get("NOPSTREAM_S3_SECRET_KEY", ""),
-            prefix=binding.prefix or "",
-            secure=(binding.endpoint or "").startswith("https://"),
-        )
+        return S3Storage.connect(binding.endpoint or "", binding.bucket or "", prefix=binding.prefix or "")
     return LocalStorage(binding.path or ".nopstream/checkpoints")
 
 

@@ -13,8 +13,10 @@ running, and leads the new run. The job is over when the final epoch is committe
 a standby that wins after that finds it so in the log and exits 0 too. A lost
 lease or a refused fenced write ends the process non-zero (crash-only).
 
-HTTP: POST /ack, POST /source-finished (from tasks), POST /savepoint (`?stop=true`:
-stop with a savepoint, for an upgrade), GET /metrics, GET /healthz.
+HTTP: POST /ack, POST /source-finished (from tasks: taskId and run required, 409 when
+the run is not the one it leads), POST /savepoint (`?stop=true`: stop with a savepoint,
+for an upgrade), GET /metrics, GET /healthz; all but the last two need the job's secret
+(`node.guard`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.registry import Registry
-from nopstream.node import checkpointing
+from nopstream.node import checkpointing, guard
 from nopstream.node.settings import NodeSettings
 from nopstream.node.taskserver import ack_of, load_deployment, load_plan
 from nopstream.plan.deployment import DeploymentPlan
@@ -69,7 +71,8 @@ class CoordinatorProcess:
         self.storage: Storage = checkpointing.open_storage(deployment)
         self.current: EpochCoordinator | None = None
         self.leading_run = 0
-        self.app = web.Application()
+        self.guard = guard.Guard(settings.secret)
+        self.app = self.guard.application()
         self.app.router.add_post("/ack", self._ack)
         self.app.router.add_post("/source-finished", self._source_finished)
         self.app.router.add_post("/savepoint", self._savepoint)
@@ -88,7 +91,7 @@ class CoordinatorProcess:
             await _reachable(self.backend)
             async with (
                 LeaseKeeper(self.backend, self.settings.lease_ttl) as keeper,
-                aiohttp.ClientSession() as session,
+                aiohttp.ClientSession(headers=guard.headers(self.settings.secret)) as session,
             ):
                 leading = asyncio.create_task(self._lead(keeper, endpoint, session), name="lead")
                 lost = asyncio.create_task(keeper.lost.wait(), name="lease")
@@ -305,24 +308,30 @@ class CoordinatorProcess:
                 coordinator.leadership, last.epoch, EpochState.ABORTED, reason=f"run changed to {run}"
             )
 
-    def _for_current_run(self, body: dict[str, Any]) -> EpochCoordinator:
+    async def _for_current_run(
+        self, request: web.Request, *required: str
+    ) -> tuple[EpochCoordinator, str, dict[str, Any]]:
+        """The coordinator of the run a task's message is for, the task and the body (400, 404, 409, 503)."""
+        body = await guard.json_body(request, "taskId", "run", *required)
+        run = guard.int_field(body, "run")
         current = self.current
         if current is None:
             raise web.HTTPServiceUnavailable(text="not leading a run yet")
-        if int(body.get("run", 0)) != self.leading_run:
-            raise web.HTTPConflict(
-                text=f"run {body.get('run')} is over: this coordinator leads run {self.leading_run}"
-            )
-        return current
+        if run != self.leading_run:
+            raise web.HTTPConflict(text=f"run {run} is over: this coordinator leads run {self.leading_run}")
+        task_id = body["taskId"]
+        if task_id not in self.plan.task_ids():
+            raise web.HTTPNotFound(text=f"unknown task {task_id!r}")
+        return current, task_id, body
 
     async def _ack(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self._for_current_run(body).ack(body["taskId"], int(body["epoch"]), ack_of(body))
+        current, task_id, body = await self._for_current_run(request, "epoch", "segments")
+        current.ack(task_id, guard.int_field(body, "epoch"), ack_of(body))
         return web.json_response({"ok": True})
 
     async def _source_finished(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self._for_current_run(body).source_finished(body["taskId"])
+        current, task_id, _ = await self._for_current_run(request)
+        current.source_finished(task_id)
         return web.json_response({"ok": True})
 
     async def _savepoint(self, request: web.Request) -> web.Response:
@@ -336,12 +345,11 @@ class CoordinatorProcess:
         registry = CollectorRegistry()
         if self.current is not None:
             registry.register(CoordinatorCollector(self.current, recoveries=max(0, self.leading_run - 1)))
+        registry.register(guard.GuardCollector(self.guard))
         return web.Response(body=exposition(registry), content_type="text/plain")
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {"ok": True, "candidate": self.settings.attempt, "leading": self.current is not None}
-        )
+        return web.json_response({"ok": True})
 
 
 async def _reachable(backend: EtcdBackend) -> None:

@@ -10,7 +10,8 @@ The operator (and `nopstream run --etcd`) sets these on every pod (process):
   NOPSTREAM_ADVERTISE   address others reach this process at (the pod IP; default the host)
   NOPSTREAM_PORT        port to listen on (default 0: any free port)
   NOPSTREAM_LEASE_TTL   seconds of the process's etcd lease (default 10)
-S3 credentials come as NOPSTREAM_S3_ACCESS_KEY and NOPSTREAM_S3_SECRET_KEY.
+  NOPSTREAM_SECRET_FILE the file holding the job's secret (`node.guard`; default SECRET_FILE)
+S3 credentials: `checkpoint.s3.credentials`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,15 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from nopstream.node.guard import SecretError, read_secret
 
 PARTITIONED_FILE = "partitioned.json"
 DEPLOYMENT_FILE = "deployment.json"
+SECRET_FILE = "/var/run/nopstream/job-secret/secret"
+"""Where a pod finds its job's secret: the operator mounts the job's Secret there."""
 
 
 class SettingsError(ValueError):
@@ -41,6 +46,7 @@ class NodeSettings:
     advertise: str
     port: int
     lease_ttl: int
+    secret: str = field(repr=False)
     task_id: str | None = None
     run: int | None = None
 
@@ -77,6 +83,14 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None, *, minim
     return value
 
 
+def _secret(env: Mapping[str, str]) -> str:
+    path = env.get("NOPSTREAM_SECRET_FILE", "").strip() or SECRET_FILE
+    try:
+        return read_secret(Path(path))
+    except SecretError as err:
+        raise SettingsError(f"NOPSTREAM_SECRET_FILE: {err}") from None
+
+
 def from_env(role: str, env: Mapping[str, str] = os.environ) -> NodeSettings:
     """The settings of a `task` or `coordinator` process; SettingsError names a bad variable."""
     plan_dir = Path(_required(env, "NOPSTREAM_PLAN_DIR"))
@@ -97,6 +111,7 @@ def from_env(role: str, env: Mapping[str, str] = os.environ) -> NodeSettings:
         advertise=env.get("NOPSTREAM_ADVERTISE", "").strip() or listen,
         port=_int(env, "NOPSTREAM_PORT", 0),
         lease_ttl=_int(env, "NOPSTREAM_LEASE_TTL", 10, minimum=2),
+        secret=_secret(env),
     )
     if role == "task":
         return dataclasses.replace(

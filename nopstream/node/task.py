@@ -29,7 +29,7 @@ from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import ThreadedLeaseKeeper
 from nopstream.cluster.registry import Registration, Registry
-from nopstream.node import checkpointing
+from nopstream.node import checkpointing, guard
 from nopstream.node.settings import NodeSettings
 from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task, load_deployment, load_plan
 from nopstream.runtime.task import Task
@@ -120,7 +120,7 @@ async def serve(settings: NodeSettings) -> None:
             ThreadedLeaseKeeper(
                 lambda: EtcdBackend(settings.etcd_host, settings.etcd_port), settings.lease_ttl
             ) as keeper,
-            aiohttp.ClientSession() as session,
+            aiohttp.ClientSession(headers=guard.headers(settings.secret)) as session,
         ):
             link = CoordinatorLink(session, Election(backend, layout, who.attempt), who)
 
@@ -133,7 +133,7 @@ async def serve(settings: NodeSettings) -> None:
                 plan, deployment, who, session=session, resolve=resolve, send=link.send
             )
             assert listener is not None
-            server = TaskServer(task, receiver, listener, run=who.run)
+            server = TaskServer(task, receiver, listener, run=who.run, guard=guard.Guard(settings.secret))
             endpoint = await server.start(settings.host, settings.port, advertise=settings.advertise)
             try:
                 registration = Registration(who.task_id, who.attempt, endpoint)

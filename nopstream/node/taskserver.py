@@ -7,9 +7,10 @@ coordinator's commands, its status and its metrics:
   GET  /control/status                             run, sourceFinished, the last ACK
   GET  /metrics                                    Prometheus metrics
   GET  /healthz                                    200 while the process serves
-A command of another run, or with a fencing token lower than the highest this task
-has seen, is refused with 409 (and counted in the fenced-attempts metric): a deposed
-coordinator can no longer make a task act.
+Every route but the last two needs the job's secret (`node.guard`: 401). A command
+without its run and token is refused with 400, one of another run, or with a fencing
+token lower than the highest this task has seen, with 409 (both counted in the
+fenced-attempts metric): a deposed coordinator can no longer make a task act.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.fencing import TokenGate
 from nopstream.connectors.registry import Connectors
 from nopstream.node import checkpointing
+from nopstream.node.guard import Guard, GuardCollector, int_field, json_body
 from nopstream.plan import compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.partitioned import PartitionedPlan
@@ -137,14 +139,20 @@ class TaskServer:
     """Serves one task's channels, commands, status and metrics on one port."""
 
     def __init__(
-        self, task: Task, receiver: HttpReceiver, listener: ReportingListener | None, *, run: int
+        self,
+        task: Task,
+        receiver: HttpReceiver,
+        listener: ReportingListener | None,
+        *,
+        run: int,
+        guard: Guard,
     ) -> None:
-        """Serve `task` of run `run`."""
+        """Serve `task` of run `run` to clients that `guard` admits."""
         self.task = task
         self.listener = listener
         self.run = run
         self.gate = TokenGate()
-        self.app = web.Application()
+        self.app = guard.application()
         receiver.routes(self.app)
         self.app.router.add_post("/control/barrier", self._barrier)
         self.app.router.add_post("/control/commit", self._commit)
@@ -155,11 +163,14 @@ class TaskServer:
         self.registry.register(
             TaskCollector(lambda: [task], semantic_mode=task.plan.identity.semantic_mode.value)
         )
+        self.registry.register(GuardCollector(guard))
         self._runner: web.AppRunner | None = None
 
     async def start(self, host: str, port: int, *, advertise: str | None = None) -> str:
         """Listen on host:port (0: any free port); the endpoint others reach it at."""
-        self._runner = web.AppRunner(self.app, access_log=None)
+        # A task that stops (it cannot start, or fails) does not wait for the channels upstream
+        # tasks still hold open to it: aiohttp would give open handlers a minute.
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
@@ -172,12 +183,16 @@ class TaskServer:
             await self._runner.cleanup()
 
     async def _admitted(self, request: web.Request, command: str) -> dict[str, Any]:
-        body: dict[str, Any] = await request.json()
-        run = int(body.get("run", self.run))
+        try:
+            body = await json_body(request, "run", "token", "epoch")
+            run, token = int_field(body, "run"), int_field(body, "token")
+            int_field(body, "epoch")
+        except web.HTTPBadRequest:
+            self.task.metrics.refused_commands += 1
+            raise
         if run != self.run:
             self.task.metrics.refused_commands += 1
             raise web.HTTPConflict(text=f"{command} of run {run} refused: this task is in run {self.run}")
-        token = int(body.get("token", 0))
         if not self.gate.admit(token, command):
             self.task.metrics.refused_commands += 1
             raise web.HTTPConflict(
@@ -187,12 +202,12 @@ class TaskServer:
 
     async def _barrier(self, request: web.Request) -> web.Response:
         body = await self._admitted(request, "barrier")
-        injected = self.task.trigger_barrier(int(body["epoch"]), body.get("kind", "checkpoint"))
+        injected = self.task.trigger_barrier(body["epoch"], str(body.get("kind", "checkpoint")))
         return web.json_response({"ok": True, "injected": injected})
 
     async def _commit(self, request: web.Request) -> web.Response:
         body = await self._admitted(request, "commit")
-        self.task.commit(int(body["epoch"]))
+        self.task.commit(body["epoch"])
         return web.json_response({"ok": True})
 
     async def _status(self, request: web.Request) -> web.Response:
@@ -207,4 +222,4 @@ class TaskServer:
         return web.Response(body=exposition(self.registry), content_type="text/plain")
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "task": self.task.task_id, "run": self.run})
+        return web.json_response({"ok": True})

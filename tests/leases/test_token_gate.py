@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 
 from nopstream.model.load import load_data
+from nopstream.node import guard
 from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task
 from nopstream.plan import compiler
+from nopstream.runtime.codec import DEFAULT_CODEC
+from nopstream.runtime.frames import Hello, Welcome, decode, encode
 
 MODEL = {
     "sources": [{"id": "src", "type": "generator", "config": {"kind": "sequence", "count": 10}}],
     "sinks": [{"id": "out", "type": "file", "inputs": ["src"], "config": {"path": "out"}}],
 }
+SECRET = guard.new_secret()
 S3 = {"storage": {"s3": {"endpoint": "http://s3:9000", "bucket": "cp"}}}
 
 
@@ -23,7 +28,7 @@ def test_a_task_refuses_commands_of_a_deposed_coordinator_or_another_run(tmp_pat
     (task_id,) = plans.partitioned.task_ids()
 
     async def scenario() -> tuple[list[tuple[int, str]], str]:
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=guard.headers(SECRET)) as session:
 
             async def nowhere(task: str) -> str:
                 raise AssertionError("no channel is resolved in this test")
@@ -39,7 +44,7 @@ def test_a_task_refuses_commands_of_a_deposed_coordinator_or_another_run(tmp_pat
                 resolve=nowhere,
                 send=send,
             )
-            server = TaskServer(task, receiver, listener, run=7)
+            server = TaskServer(task, receiver, listener, run=7, guard=guard.Guard(SECRET))
             url = await server.start("127.0.0.1", 0)
             answers = []
             try:
@@ -82,9 +87,70 @@ def test_task_and_coordinator_name_the_missing_or_bad_variable(nopstream, tmp_pa
     (tmp_path / "partitioned.json").write_text(compiler.dump_document(plans.partitioned))
     (tmp_path / "deployment.json").write_text(compiler.dump_document(plans.deployment))
     good = {"NOPSTREAM_PLAN_DIR": str(tmp_path), "NOPSTREAM_ETCD": "etcd:2379", "NOPSTREAM_ATTEMPT": "pod-1"}
+    result = nopstream("coordinator", env={**good, "NOPSTREAM_SECRET_FILE": str(tmp_path / "nope")})
+    assert (result.code, result.err) == (
+        2,
+        f"nopstream coordinator: NOPSTREAM_SECRET_FILE: {tmp_path / 'nope'}: cannot read the job secret"
+        " (No such file or directory)\n",
+    )
+    (tmp_path / "short").write_text("abc\n")
+    result = nopstream("coordinator", env={**good, "NOPSTREAM_SECRET_FILE": str(tmp_path / "short")})
+    assert (result.code, result.err) == (
+        2,
+        f"nopstream coordinator: NOPSTREAM_SECRET_FILE: {tmp_path / 'short'}: the job secret must have"
+        " at least 32 characters\n",
+    )
+    guard.write_secret(tmp_path / "secret", SECRET)
+    good["NOPSTREAM_SECRET_FILE"] = str(tmp_path / "secret")
     result = nopstream("task", env={**good, "NOPSTREAM_TASK_ID": "env/main/src/0", "NOPSTREAM_RUN": "one"})
     assert (result.code, result.err) == (2, "nopstream task: NOPSTREAM_RUN='one' is not an integer\n")
     result = nopstream(
         "task", env={**good, "NOPSTREAM_ETCD": "etcd", "NOPSTREAM_TASK_ID": "x", "NOPSTREAM_RUN": "1"}
     )
     assert (result.code, result.err) == (2, "nopstream task: NOPSTREAM_ETCD='etcd' must be host:port\n")
+
+
+def test_a_task_server_closes_at_once_while_an_upstream_channel_is_open(tmp_path, monkeypatch):
+    # A task that cannot start exits while upstream tasks hold their channels to it open:
+    # its server must not wait for them (aiohttp waits 60 s for open handlers by default).
+    monkeypatch.chdir(tmp_path)
+    model = {
+        "sources": MODEL["sources"],
+        "operators": [{"id": "by", "type": "key_by", "inputs": ["src"], "key": {"fn": "builtins:str"}}],
+        "sinks": [{**MODEL["sinks"][0], "inputs": ["by"]}],
+    }
+    plans = compiler.compile_model(load_data({"jobId": "gate", "parallelism": 2, "model": model}))
+    plan = plans.partitioned
+    edge = plan.edges[0]
+    sink = plan.vertex(edge.target_vertex).subtasks[0].task_id
+    channel_id = next(edge.channel_id(c) for c in edge.channels if c.downstream == 0)
+
+    async def scenario() -> float:
+        async with aiohttp.ClientSession(headers=guard.headers(SECRET)) as session:
+
+            async def nowhere(task: str) -> str:
+                raise AssertionError("no channel is resolved in this test")
+
+            async def send(path: str, body: dict) -> None:
+                return None
+
+            task, receiver, listener = build_task(
+                plan,
+                plans.deployment,
+                TaskIdentity(sink, 1, "a1"),
+                session=session,
+                resolve=nowhere,
+                send=send,
+            )
+            server = TaskServer(task, receiver, listener, run=1, guard=guard.Guard(SECRET))
+            url = await server.start("127.0.0.1", 0)
+            ws = await session.ws_connect(f"{url}/channel")
+            await ws.send_bytes(encode(Hello("gate", "main", 1, "up", channel_id), DEFAULT_CODEC))
+            assert isinstance(decode((await ws.receive()).data, DEFAULT_CODEC), Welcome)
+            started = time.monotonic()
+            await server.close()
+            closed = time.monotonic() - started
+            await ws.close()
+            return closed
+
+    assert asyncio.run(scenario()) < 3

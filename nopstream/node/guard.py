@@ -1,0 +1,123 @@
+"""What every HTTP endpoint and data channel of a job admits: the job's secret, then a well-formed body.
+
+A job's processes share one secret (32 random bytes as hex): `nopstream run` makes one
+per command, the operator one per StreamJob (a Secret owned by it, mounted as a file).
+Every client session of a job sends it as `Authorization: Bearer <secret>`
+(`headers`); every server checks it in constant time before any handler runs
+(`Guard`) and answers 401 without it, counting the refusal. Only `/healthz` (which
+says nothing about the job) and `/metrics` (read-only counters, for scrapers) are
+open. A guarded request whose JSON body lacks a field a handler needs gets 400
+(`json_body`); whether its run and token are current is the handler's to say (409).
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from prometheus_client.core import CounterMetricFamily, Metric
+
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
+SECRET_BYTES = 32
+
+
+class SecretError(ValueError):
+    """A job secret file is missing or malformed; the message names the file."""
+
+
+def new_secret() -> str:
+    """A fresh job secret."""
+    return secrets.token_hex(SECRET_BYTES)
+
+
+def read_secret(path: Path) -> str:
+    """The job secret in `path` (surrounding whitespace ignored); SecretError naming the file."""
+    try:
+        value = path.read_text().strip()
+    except OSError as err:
+        raise SecretError(f"{path}: cannot read the job secret ({err.strerror or err})") from None
+    if len(value) < SECRET_BYTES:
+        raise SecretError(f"{path}: the job secret must have at least {SECRET_BYTES} characters")
+    return value
+
+
+def write_secret(path: Path, secret: str) -> None:
+    """Write a job secret readable by its owner only."""
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(secret)
+
+
+def headers(secret: str) -> dict[str, str]:
+    """The headers a client of the job sends with every request."""
+    return {"Authorization": f"Bearer {secret}"}
+
+
+class Guard:
+    """An aiohttp middleware admitting only requests that carry the job's secret."""
+
+    def __init__(self, secret: str) -> None:
+        """Admit `secret`."""
+        self._expected = f"Bearer {secret}".encode()
+        self.refused = 0
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """401 and counted unless the path is open or the Authorization header is the job's."""
+        if request.path not in OPEN_PATHS:
+            given = request.headers.get("Authorization", "").encode(errors="replace")
+            if not hmac.compare_digest(given, self._expected):
+                self.refused += 1
+                raise web.HTTPUnauthorized(
+                    text="this endpoint needs the job's secret (Authorization: Bearer ...)",
+                    headers={"WWW-Authenticate": 'Bearer realm="nopstream job"'},
+                )
+        return await handler(request)
+
+    def application(self) -> web.Application:
+        """A new application guarded by this guard."""
+        return web.Application(middlewares=[self.middleware])
+
+
+class GuardCollector:
+    """Prometheus view of a guard: `nopstream_unauthorized_requests_total`."""
+
+    def __init__(self, guard: Guard) -> None:
+        """Expose `guard`'s refusals."""
+        self.guard = guard
+
+    def collect(self) -> Iterator[Metric]:
+        """The counter of requests refused for a missing or wrong secret."""
+        refused = CounterMetricFamily(
+            "nopstream_unauthorized_requests",
+            "Requests refused with 401 for a missing or wrong job secret",
+        )
+        refused.add_metric([], self.guard.refused)
+        yield refused
+
+
+async def json_body(request: web.Request, *required: str) -> dict[str, Any]:
+    """The request's JSON object; 400 naming the rule when it is not one or lacks a required field."""
+    try:
+        body = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(text="the body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text="the body must be a JSON object")
+    missing = [name for name in required if name not in body]
+    if missing:
+        raise web.HTTPBadRequest(text=f"missing field(s): {', '.join(missing)}")
+    return body
+
+
+def int_field(body: dict[str, Any], name: str) -> int:
+    """An integer field of a body; 400 naming it otherwise."""
+    value = body.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise web.HTTPBadRequest(text=f"{name} must be an integer")
+    return value
