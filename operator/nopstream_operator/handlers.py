@@ -30,7 +30,9 @@ def pod_settings(env: dict[str, str] | None = None) -> PodSettings:
     """The pods' command, extra environment and etcd endpoint, from the operator's environment.
 
     NOPSTREAM_ETCD (host:port, required), NOPSTREAM_POD_COMMAND (JSON list, default
-    ["nopstream"]), NOPSTREAM_POD_ENV (JSON object), NOPSTREAM_POD_LEASE_TTL (seconds).
+    ["nopstream"]), NOPSTREAM_POD_ENV (JSON object), NOPSTREAM_POD_LEASE_TTL (seconds),
+    NOPSTREAM_NETWORK_POLICY ("false": no NetworkPolicy per job), NOPSTREAM_NETWORK_POLICY_FROM
+    (a JSON list of more NetworkPolicy peers), POD_NAMESPACE (the operator's own, admitted).
     """
     env = dict(os.environ) if env is None else env
     etcd = env.get("NOPSTREAM_ETCD", "").strip()
@@ -41,6 +43,9 @@ def pod_settings(env: dict[str, str] | None = None) -> PodSettings:
         command=tuple(json.loads(env.get("NOPSTREAM_POD_COMMAND") or '["nopstream"]')),
         extra_env=dict(json.loads(env.get("NOPSTREAM_POD_ENV") or "{}")),
         lease_ttl=int(env.get("NOPSTREAM_POD_LEASE_TTL") or 10),
+        network_policy=env.get("NOPSTREAM_NETWORK_POLICY", "true").strip().lower() != "false",
+        operator_namespace=env.get("POD_NAMESPACE") or None,
+        ingress_from=tuple(json.loads(env.get("NOPSTREAM_NETWORK_POLICY_FROM") or "[]")),
     )
 
 

@@ -7,8 +7,10 @@ object that already exists or is already gone is not an error (passes repeat).
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client, config
@@ -42,8 +44,21 @@ class Kube:
     def __init__(self) -> None:
         """Clients from the loaded configuration."""
         self.core = client.CoreV1Api()
+        self.networking = client.NetworkingV1Api()
         self.custom = client.CustomObjectsApi()
         self.writes = 0
+
+    def _calls(self, kind: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        """The (create, read) calls of a kind the operator creates."""
+        return {
+            "Pod": (self.core.create_namespaced_pod, self.core.read_namespaced_pod),
+            "ConfigMap": (self.core.create_namespaced_config_map, self.core.read_namespaced_config_map),
+            "Secret": (self.core.create_namespaced_secret, self.core.read_namespaced_secret),
+            "NetworkPolicy": (
+                self.networking.create_namespaced_network_policy,
+                self.networking.read_namespaced_network_policy,
+            ),
+        }[kind]
 
     def job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A StreamJob, or None when it is gone."""
@@ -62,10 +77,10 @@ class Kube:
         found = self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job_id}")
         return [self.core.api_client.sanitize_for_serialization(p) for p in found.items]
 
-    def configmap_exists(self, namespace: str, name: str) -> bool:
-        """Whether a ConfigMap exists."""
+    def exists(self, kind: str, namespace: str, name: str) -> bool:
+        """Whether an object of a kind the operator creates exists."""
         try:
-            self.core.read_namespaced_config_map(name, namespace)
+            self._calls(kind)[1](name, namespace)
             return True
         except ApiException as exc:
             if exc.status == 404:
@@ -81,26 +96,38 @@ class Kube:
                 return None
             raise
 
+    def owned_secret(self, namespace: str, name: str, key: str, owner_uid: str) -> str | None:
+        """One key of a Secret the object `owner_uid` owns, decoded; None when there is none.
+
+        NameTaken when a Secret of that name belongs to another owner.
+        """
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        if owner_uid not in {o.uid for o in secret.metadata.owner_references or []}:
+            raise NameTaken(f"Secret {namespace}/{name} exists and is not this job's")
+        data = secret.data or {}
+        return base64.b64decode(data[key]).decode() if key in data else None
+
     def create(self, manifest: dict[str, Any]) -> None:
-        """Create a Pod or ConfigMap; one that exists already is adopted only when the same StreamJob owns it.
+        """Create an object of a kind `_calls` knows; an existing one is adopted only if this job owns it.
 
         NameTaken when the name belongs to another owner (another StreamJob, or none).
         """
         self.writes += 1
         meta = manifest["metadata"]
-        ns, name, pod = meta["namespace"], meta["name"], manifest["kind"] == "Pod"
+        ns, name = meta["namespace"], meta["name"]
+        create, read = self._calls(manifest["kind"])
         try:
-            if pod:
-                self.core.create_namespaced_pod(ns, manifest)
-            else:
-                self.core.create_namespaced_config_map(ns, manifest)
+            create(ns, manifest)
             return
         except ApiException as exc:
             if exc.status != 409:
                 raise
-        existing = (
-            self.core.read_namespaced_pod(name, ns) if pod else self.core.read_namespaced_config_map(name, ns)
-        )
+        existing = read(name, ns)
         if existing.metadata.deletion_timestamp is not None:
             return  # going away (a StreamJob deleted and applied again): a later pass creates it
         owners = {o.uid: f"{o.kind} {o.name}" for o in existing.metadata.owner_references or []}
@@ -122,6 +149,19 @@ class Kube:
         """Delete the job's plan ConfigMaps."""
         self.writes += 1
         self.core.delete_collection_namespaced_config_map(namespace, label_selector=f"{LABEL_JOB}={job_id}")
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        """Delete a Secret or NetworkPolicy; one already gone is fine."""
+        self.writes += 1
+        call = {
+            "Secret": self.core.delete_namespaced_secret,
+            "NetworkPolicy": self.networking.delete_namespaced_network_policy,
+        }[kind]
+        try:
+            call(name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge-patch a StreamJob's status."""

@@ -26,17 +26,23 @@ from typing import Any
 from nopstream.cluster.layout import Layout
 from nopstream.model.errors import ModelError
 from nopstream.model.load import load_data
+from nopstream.node import guard
 from nopstream.plan import compat, compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream_operator.kube import EtcdView, Kube, NameTaken
 from nopstream_operator.resources import (
     ANNOTATION_FINGERPRINT,
+    JOB_SECRET_KEY,
     LABEL_ROLE,
     LABEL_RUN,
     LABEL_TASK,
     PodSettings,
     coordinator_pod,
+    job_secret,
+    job_secret_name,
+    network_policy,
+    network_policy_name,
     plan_configmap,
     plan_configmap_name,
     task_pod,
@@ -210,7 +216,7 @@ def _first_deploy(ctx: Context, seen: Observed, desired: compiler.CompiledPlans)
     """Store the plan, take the next run in etcd, and record both (the pods come next pass)."""
     deployment = desired.deployment
     name = plan_configmap_name(deployment.job_id, deployment.partitioned_fingerprint)
-    if not ctx.kube.configmap_exists(deployment.namespace, name):
+    if not ctx.kube.exists("ConfigMap", deployment.namespace, name):
         ctx.kube.create(plan_configmap(seen.job, desired.partitioned, deployment))
     layout = _layout(deployment)
     run = ctx.etcd.advance_run(layout, ctx.etcd.run(layout))
@@ -305,7 +311,7 @@ def _upgrade(
     if stop is None:
         return False
     ns = desired.deployment.namespace
-    if not ctx.kube.configmap_exists(ns, plan_configmap_name(desired.deployment.job_id, fp)):
+    if not ctx.kube.exists("ConfigMap", ns, plan_configmap_name(desired.deployment.job_id, fp)):
         ctx.kube.create(plan_configmap(seen.job, desired.partitioned, desired.deployment))
     ctx.etcd.set_restore(layout, run + 1, stop, deployment.partitioned_fingerprint)
     new_run = ctx.etcd.advance_run(layout, run)
@@ -361,18 +367,36 @@ def _stop_with_savepoint(
         _patch(ctx, seen, {**first, "stopping": stopping})
         ctx.emit(seen.job, "Normal", *event)
     stop = ctx.etcd.stopped_at(layout, after=int(stopping["after"]))
-    if stop is None and stopping.get("requestedInRun") != run and _request_savepoint(ctx, layout, stop=True):
+    if (
+        stop is None
+        and stopping.get("requestedInRun") != run
+        and _request_savepoint(ctx, seen, layout, stop=True)
+    ):
         _patch(ctx, seen, {"stopping": {**stopping, "requestedInRun": run}})
     return stop
 
 
-def _request_savepoint(ctx: Context, layout: Layout, *, stop: bool) -> bool:
+def _ensure_fences(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
+    """The job's Secret and NetworkPolicy exist (created, owned by the StreamJob, when missing)."""
+    ns, name = deployment.namespace, job_secret_name(deployment.job_id)
+    if ctx.kube.owned_secret(ns, name, JOB_SECRET_KEY, seen.job["metadata"]["uid"]) is None:
+        ctx.kube.create(job_secret(seen.job, deployment, guard.new_secret()))
+    policy = network_policy_name(deployment.job_id)
+    if ctx.pods.network_policy and not ctx.kube.exists("NetworkPolicy", ns, policy):
+        ctx.kube.create(network_policy(seen.job, deployment, ctx.pods))
+
+
+def _request_savepoint(ctx: Context, seen: Observed, layout: Layout, *, stop: bool) -> bool:
     """Ask the leading coordinator for a savepoint (`stop`: and stop at it); whether it took the request."""
     endpoint = ctx.etcd.leader_endpoint(layout)
-    if endpoint is None:
+    uid = seen.job["metadata"]["uid"]
+    secret = ctx.kube.owned_secret(layout.namespace, job_secret_name(layout.job_id), JOB_SECRET_KEY, uid)
+    if endpoint is None or secret is None:
         return False
     query = "?stop=true" if stop else ""
-    request = urllib.request.Request(f"{endpoint}/savepoint{query}", method="POST")
+    request = urllib.request.Request(
+        f"{endpoint}/savepoint{query}", method="POST", headers=guard.headers(secret)
+    )
     try:
         with urllib.request.urlopen(request, timeout=5) as resp:
             return bool(resp.status == 200)
@@ -455,7 +479,7 @@ def _savepoint_nonce(ctx: Context, seen: Observed, deployment: DeploymentPlan) -
         return
     layout = _layout(deployment)
     after = ctx.etcd.last_epoch(layout)
-    if _request_savepoint(ctx, layout, stop=False):
+    if _request_savepoint(ctx, seen, layout, stop=False):
         _patch(ctx, seen, {"savepointNonce": nonce, "savepointRequest": {"nonce": nonce, "after": after}})
         ctx.emit(seen.job, "Normal", "SavepointRequested", f"nonce {nonce}")
 
@@ -480,10 +504,11 @@ def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) ->
     if seen.status.get("phase") == "Failed":
         return  # its pods are gone; a spec change or a new StreamJob starts it again
     ns, run = deployment.namespace, int(seen.status["run"])
-    if not ctx.kube.configmap_exists(
-        ns, plan_configmap_name(deployment.job_id, deployment.partitioned_fingerprint)
+    if not ctx.kube.exists(
+        "ConfigMap", ns, plan_configmap_name(deployment.job_id, deployment.partitioned_fingerprint)
     ):
         raise RuntimeError("the deployed plan's ConfigMap is gone")
+    _ensure_fences(ctx, seen, deployment)  # before any pod mounts the secret or listens
     for name in deployment.coordinators:
         pod = seen.pods.get(name)
         if pod is None:
@@ -598,8 +623,10 @@ def _refresh(
 
 
 def cleanup(kube: Kube, namespace: str, job_id: str) -> None:
-    """The job is deleted: remove its pods and plan ConfigMaps (checkpoints stay in storage)."""
+    """The job is deleted: remove its pods, plan ConfigMaps, Secret and NetworkPolicy (checkpoints stay)."""
     for pod in map(pod_view, kube.pods(namespace, job_id)):
         if not pod.deleting:
             kube.delete_pod(namespace, pod.name, grace=0)
     kube.delete_configmaps(namespace, job_id)
+    kube.delete("Secret", namespace, job_secret_name(job_id))
+    kube.delete("NetworkPolicy", namespace, network_policy_name(job_id))

@@ -1,9 +1,12 @@
 """The Kubernetes objects of a job, built from its plans: pure functions, no API calls.
 
 A job's plans live in an immutable ConfigMap per plan (`{jobId}-plan-{fingerprint}`),
-mounted into every pod at PLAN_MOUNT. Task pods are named `{task name}-r{run}` and
-never restart (a task failure is a global recovery); coordinator pods are named by
-the DeploymentPlan and restart on failure (the standby leads meanwhile).
+mounted into every pod at PLAN_MOUNT; its secret (`node.guard`) in a Secret
+(`{jobId}-secret`) mounted at JOB_SECRET_MOUNT, the checkpoint storage's credentials
+(its `secretRef`) at STORAGE_CREDENTIALS_MOUNT: files, never environment variables.
+Task pods are named `{task name}-r{run}` and never restart (a task failure is a
+global recovery); coordinator pods are named by the DeploymentPlan and restart on
+failure (the standby leads meanwhile).
 """
 
 from __future__ import annotations
@@ -11,15 +14,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from nopstream.checkpoint.s3 import CREDENTIALS_ENV
 from nopstream.model.connectors import SECRETS_DIR
+from nopstream.node.settings import SECRET_FILE
 from nopstream.plan import compiler
-from nopstream.plan.deployment import TASK_PORT, DeploymentPlan, TaskDeployment
+from nopstream.plan.deployment import TASK_PORT, DeploymentPlan, TaskDeployment, resource_name
 from nopstream.plan.partitioned import PartitionedPlan
 
 GROUP = "nopstream.io"
 VERSION = "v1alpha1"
 PLURAL = "streamjobs"
 PLAN_MOUNT = "/etc/nopstream/plan"
+JOB_SECRET_MOUNT = SECRET_FILE.rpartition("/")[0]
+JOB_SECRET_KEY = SECRET_FILE.rpartition("/")[2]
+STORAGE_CREDENTIALS_MOUNT = "/var/run/nopstream/storage"
 LABEL_JOB = "nopstream.io/job"
 LABEL_ROLE = "nopstream.io/role"
 LABEL_RUN = "nopstream.io/run"
@@ -38,6 +46,9 @@ class PodSettings:
     command: tuple[str, ...] = ("nopstream",)
     extra_env: dict[str, str] = field(default_factory=dict)
     lease_ttl: int = 10
+    network_policy: bool = True
+    operator_namespace: str | None = None
+    ingress_from: tuple[dict[str, Any], ...] = ()  # more NetworkPolicy peers (a Prometheus, say)
 
 
 def plan_configmap_name(job_id: str, fingerprint: str) -> str:
@@ -81,6 +92,67 @@ def plan_configmap(
     }
 
 
+def job_secret_name(job_id: str) -> str:
+    """The Secret holding a job's secret."""
+    return resource_name(job_id, "secret")
+
+
+def job_secret(job: dict[str, Any], deployment: DeploymentPlan, secret: str) -> dict[str, Any]:
+    """The Secret of a job's secret, owned by its StreamJob (deleted with it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": job_secret_name(deployment.job_id),
+            "namespace": deployment.namespace,
+            "labels": {**MANAGED, LABEL_JOB: deployment.job_id, LABEL_ROLE: "secret"},
+            "ownerReferences": [owner_reference(job)],
+        },
+        "type": "Opaque",
+        "immutable": True,
+        "stringData": {JOB_SECRET_KEY: secret},
+    }
+
+
+def network_policy_name(job_id: str) -> str:
+    """The NetworkPolicy that fences a job's pods."""
+    return resource_name(job_id, "peers")
+
+
+def network_policy(job: dict[str, Any], deployment: DeploymentPlan, settings: PodSettings) -> dict[str, Any]:
+    """Ingress to the job's pods only from pods of the same job and from the operator (and `ingress_from`).
+
+    One per job: a NetworkPolicy selects peers by label values and within its own
+    namespace, so "the same job" cannot be written once for every job.
+    """
+    peers: list[dict[str, Any]] = [{"podSelector": {"matchLabels": {LABEL_JOB: deployment.job_id}}}]
+    if settings.operator_namespace:
+        peers.append(
+            {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}
+                },
+                "podSelector": {"matchLabels": {"app.kubernetes.io/component": "operator"}},
+            }
+        )
+    peers += settings.ingress_from
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": network_policy_name(deployment.job_id),
+            "namespace": deployment.namespace,
+            "labels": {**MANAGED, LABEL_JOB: deployment.job_id, LABEL_ROLE: "network-policy"},
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {**MANAGED, LABEL_JOB: deployment.job_id}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": TASK_PORT}]}],
+        },
+    }
+
+
 def _env(deployment: DeploymentPlan, settings: PodSettings, extra: dict[str, str]) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "NOPSTREAM_PLAN_DIR", "value": PLAN_MOUNT},
@@ -92,10 +164,9 @@ def _env(deployment: DeploymentPlan, settings: PodSettings, extra: dict[str, str
         {"name": "NOPSTREAM_LEASE_TTL", "value": str(settings.lease_ttl)},
     ]
     env += [{"name": k, "value": v} for k, v in sorted(extra.items())]
-    secret = deployment.storage.secret_ref
-    if secret:
-        for name, key in (("NOPSTREAM_S3_ACCESS_KEY", "accessKey"), ("NOPSTREAM_S3_SECRET_KEY", "secretKey")):
-            env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+    env.append({"name": "NOPSTREAM_SECRET_FILE", "value": SECRET_FILE})
+    if deployment.storage.secret_ref:
+        env.append({"name": CREDENTIALS_ENV, "value": STORAGE_CREDENTIALS_MOUNT})
     env += [{"name": k, "value": v} for k, v in sorted(settings.extra_env.items())]
     return env
 
@@ -120,6 +191,28 @@ def _pod(
         if v
     }
     secrets = connector_secrets(job)
+    storage = deployment.storage.secret_ref
+    credentials = {"name": "storage-credentials", "mountPath": STORAGE_CREDENTIALS_MOUNT, "readOnly": True}
+    mounts = [
+        {"name": "scratch", "mountPath": "/tmp"},  # the root filesystem is read-only
+        {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
+        {"name": "job-secret", "mountPath": JOB_SECRET_MOUNT, "readOnly": True},
+        *([credentials] if storage else []),
+        *(
+            {"name": f"secret-{i}", "mountPath": f"{SECRETS_DIR}/{s}", "readOnly": True}
+            for i, s in enumerate(secrets)
+        ),
+    ]
+    volumes = [
+        {
+            "name": "plan",
+            "configMap": {"name": plan_configmap_name(deployment.job_id, deployment.partitioned_fingerprint)},
+        },
+        {"name": "job-secret", "secret": {"secretName": job_secret_name(deployment.job_id)}},
+        *([{"name": "storage-credentials", "secret": {"secretName": storage}}] if storage else []),
+        {"name": "scratch", "emptyDir": {"sizeLimit": "256Mi"}},
+        *({"name": f"secret-{i}", "secret": {"secretName": s}} for i, s in enumerate(secrets)),
+    ]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -133,7 +226,11 @@ def _pod(
         "spec": {
             "restartPolicy": restart,
             "automountServiceAccountToken": False,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 10001,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
             "containers": [
                 {
                     "name": role,
@@ -144,24 +241,15 @@ def _pod(
                     "readinessProbe": {**probe, "initialDelaySeconds": 1},
                     "livenessProbe": {**probe, "initialDelaySeconds": 10},
                     "resources": resources,
-                    "volumeMounts": [
-                        {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
-                        *(
-                            {"name": f"secret-{i}", "mountPath": f"{SECRETS_DIR}/{s}", "readOnly": True}
-                            for i, s in enumerate(secrets)
-                        ),
-                    ],
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                        "readOnlyRootFilesystem": True,
+                    },
+                    "volumeMounts": mounts,
                 }
             ],
-            "volumes": [
-                {
-                    "name": "plan",
-                    "configMap": {
-                        "name": plan_configmap_name(deployment.job_id, deployment.partitioned_fingerprint)
-                    },
-                },
-                *({"name": f"secret-{i}", "secret": {"secretName": s}} for i, s in enumerate(secrets)),
-            ],
+            "volumes": volumes,
         },
     }
 

@@ -98,6 +98,7 @@ def test_helm_lint_and_template(tmp_path):
         "Deployment/rel-etcd",
         "Deployment/rel-minio",
         "Deployment/rel-operator",
+        "NetworkPolicy/rel-operator",
         "Secret/nopstream-storage",
         "Service/rel-etcd",
         "Service/rel-minio",
@@ -107,9 +108,26 @@ def test_helm_lint_and_template(tmp_path):
     env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["NOPSTREAM_ETCD"] == "rel-etcd.ns1.svc:2379"
     assert env["NOPSTREAM_OPERATOR_PEERING"] == "rel"
+    assert (env["NOPSTREAM_NETWORK_POLICY"], env["NOPSTREAM_NETWORK_POLICY_FROM"]) == ("true", "[]")
+    pod = operator["spec"]["template"]["spec"]
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+    }
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080}]}]
     role = next(d for d in docs if d["kind"] == "ClusterRole")
-    secrets = [r for r in role["rules"] if "secrets" in r["resources"]]
-    assert secrets == []  # least privilege: the operator never reads Secrets
+    # least privilege: each job's own Secret and NetworkPolicy, nothing else of either
+    assert [r for r in role["rules"] if {"secrets", "networkpolicies"} & set(r["resources"])] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "delete"]},
+        {
+            "apiGroups": ["networking.k8s.io"],
+            "resources": ["networkpolicies"],
+            "verbs": ["get", "create", "delete"],
+        },
+    ]
     bad = template(tmp_path, "--set", "etcd.endpoint=nohost")
     assert bad.returncode == 1
     assert "at '/etcd/endpoint': 'nohost' does not match pattern" in bad.stderr

@@ -6,7 +6,14 @@ import json
 
 import yaml
 from nopstream_operator.reconcile import with_condition
-from nopstream_operator.resources import PodSettings, coordinator_pod, plan_configmap, task_pod
+from nopstream_operator.resources import (
+    PodSettings,
+    coordinator_pod,
+    job_secret,
+    network_policy,
+    plan_configmap,
+    task_pod,
+)
 
 from nopstream.model.load import load_data
 from nopstream.plan import compiler
@@ -62,11 +69,86 @@ def test_a_task_pod_has_its_identity_run_plan_and_probes():
         "NOPSTREAM_LEASE_TTL": "7",
         "NOPSTREAM_TASK_ID": "wordcount/main/lines/1",
         "NOPSTREAM_RUN": "4",
+        "NOPSTREAM_SECRET_FILE": "/var/run/nopstream/job-secret/secret",
         "A": "1",
     }
     assert c["readinessProbe"]["tcpSocket"] == {"port": 7700}
     fp = p.deployment.partitioned_fingerprint
-    assert spec["volumes"] == [{"name": "plan", "configMap": {"name": f"wordcount-plan-{fp[7:17]}"}}]
+    assert spec["volumes"] == [
+        {"name": "plan", "configMap": {"name": f"wordcount-plan-{fp[7:17]}"}},
+        {"name": "job-secret", "secret": {"secretName": "wordcount-secret"}},
+        {"name": "scratch", "emptyDir": {"sizeLimit": "256Mi"}},
+    ]
+    assert c["volumeMounts"] == [
+        {"name": "scratch", "mountPath": "/tmp"},
+        {"name": "plan", "mountPath": "/etc/nopstream/plan", "readOnly": True},
+        {"name": "job-secret", "mountPath": "/var/run/nopstream/job-secret", "readOnly": True},
+    ]
+    assert spec["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+    }
+
+
+def test_storage_credentials_reach_pods_as_files_and_the_job_secret_is_owned_by_the_job():
+    job = {**JOB, "spec": {**JOB["spec"], "checkpoint": {**JOB["spec"]["checkpoint"]}}}
+    job["spec"]["checkpoint"]["storage"] = {
+        "s3": {"endpoint": "http://s3:9000", "bucket": "cp", "secretRef": "s3-cred"}
+    }
+    p = compiler.compile_model(load_data(job), backend="kubernetes", namespace="prod")
+    pod = coordinator_pod(job, p.deployment, "c-0", SETTINGS)
+    (c,) = pod["spec"]["containers"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+    assert env["NOPSTREAM_S3_CREDENTIALS"] == "/var/run/nopstream/storage"
+    assert not any("S3_ACCESS" in name or "S3_SECRET" in name for name in env)
+    assert {"name": "storage-credentials", "secret": {"secretName": "s3-cred"}} in pod["spec"]["volumes"]
+    assert {"name": "storage-credentials", "mountPath": "/var/run/nopstream/storage", "readOnly": True} in c[
+        "volumeMounts"
+    ]
+    secret = job_secret(job, p.deployment, "s" * 64)
+    assert secret["metadata"]["name"] == "wordcount-secret"
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert (secret["immutable"], secret["stringData"]) == (True, {"secret": "s" * 64})
+
+
+def test_a_jobs_pods_accept_only_its_own_pods_the_operator_and_named_peers():
+    p = plans()
+    scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    settings = PodSettings(etcd="etcd:2379", operator_namespace="nopstream-system", ingress_from=(scraper,))
+    policy = network_policy(JOB, p.deployment, settings)
+    assert policy["metadata"]["name"] == "wordcount-peers"
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert policy["spec"] == {
+        "podSelector": {
+            "matchLabels": {
+                "app.kubernetes.io/name": "nopstream",
+                "app.kubernetes.io/managed-by": "nopstream-operator",
+                "nopstream.io/job": "wordcount",
+            }
+        },
+        "policyTypes": ["Ingress"],
+        "ingress": [
+            {
+                "from": [
+                    {"podSelector": {"matchLabels": {"nopstream.io/job": "wordcount"}}},
+                    {
+                        "namespaceSelector": {
+                            "matchLabels": {"kubernetes.io/metadata.name": "nopstream-system"}
+                        },
+                        "podSelector": {"matchLabels": {"app.kubernetes.io/component": "operator"}},
+                    },
+                    scraper,
+                ],
+                "ports": [{"protocol": "TCP", "port": 7700}],
+            }
+        ],
+    }
 
 
 def test_the_plan_configmap_round_trips_both_plans_and_coordinators_restart_on_failure():
@@ -115,8 +197,8 @@ def test_the_secrets_that_connectors_name_are_mounted_read_only_in_every_pod():
         coordinator_pod(job, p.deployment, "c-0", SETTINGS),
     ):
         spec = pod["spec"]
-        assert spec["volumes"][1:] == [{"name": "secret-0", "secret": {"secretName": "pg-cred"}}]
+        assert spec["volumes"][-1:] == [{"name": "secret-0", "secret": {"secretName": "pg-cred"}}]
         mounts = spec["containers"][0]["volumeMounts"]
-        assert mounts[1:] == [
+        assert mounts[-1:] == [
             {"name": "secret-0", "mountPath": "/var/run/secrets/nopstream/pg-cred", "readOnly": True}
         ]
