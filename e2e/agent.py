@@ -217,10 +217,16 @@ class PodRunner(threading.Thread):
                 (target / key).write_text(text)
 
     def _mounts(self, spec: dict[str, Any]) -> dict[str, str]:
-        """A container's mount paths and the pod directories standing in for them."""
+        """A container's ConfigMap and Secret mount paths and the pod directories standing in for them.
+
+        An emptyDir (a scratch `/tmp`) is left to the process's own filesystem: rewriting
+        paths under it would move files the test itself passes in (a KUBECONFIG in /tmp).
+        """
+        scratch = {v["name"] for v in self.pod["spec"].get("volumes") or [] if "emptyDir" in v}
         return {
             m["mountPath"].rstrip("/"): str(self.dir / "volumes" / m["name"])
             for m in spec.get("volumeMounts") or []
+            if m["name"] not in scratch
         }
 
     def _field(self, path: str) -> str:
@@ -346,6 +352,14 @@ class PodRunner(threading.Thread):
                 return False
         return True
 
+    @staticmethod
+    def _termination_message(c: Container, code: int) -> dict[str, str]:
+        """The kubelet's FallbackToLogsOnError: a failed container's last log lines (at most 2 KiB)."""
+        if code == 0 or c.spec.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+            return {}
+        lines = c.log_path.read_text(errors="replace").splitlines()[-80:]
+        return {"message": "\n".join(lines)[-2048:]}
+
     def _supervise(self) -> None:
         policy = self.pod["spec"].get("restartPolicy", "Always")
         next_probe: dict[tuple[str, str], float] = {}
@@ -364,6 +378,7 @@ class PodRunner(threading.Thread):
                             "reason": "Completed" if code == 0 else "Error",
                             "startedAt": c.last_exit[1],
                             "finishedAt": c.last_exit[2],
+                            **self._termination_message(c, code),
                         }
                     }
                     c.ready = False

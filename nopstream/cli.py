@@ -259,7 +259,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from nopstream.node import coordinator, settings, task
+    from nopstream.node import coordinator, recovery, settings, task
 
     try:
         config = settings.from_env(args.command)
@@ -278,7 +278,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         return EXIT_JOB_FAILED
     except RestoreRefused as refused:  # the same for every attempt: not a failure to recover from
         print(f"nopstream task: cannot start: {refused}", file=sys.stderr)
-        return task.EXIT_START_REFUSED if isinstance(refused, StartRefused) else task.EXIT_REFUSED
+        return recovery.EXIT_START_REFUSED if isinstance(refused, StartRefused) else recovery.EXIT_REFUSED
     return EXIT_OK
 
 

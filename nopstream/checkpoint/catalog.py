@@ -22,9 +22,7 @@ from nopstream.checkpoint.formats import (
     manifest_path,
 )
 from nopstream.checkpoint.storage import Storage
-
-SAVEPOINT_KINDS = ("savepoint", "stop")
-"""Epoch kinds retention never deletes: savepoints, and savepoints a job stopped at."""
+from nopstream.plan.epochs import EpochKind
 
 
 @dataclass(frozen=True)
@@ -104,7 +102,8 @@ def apply_retention(storage: Storage, namespace: str, *, keep: int) -> list[str]
         return []
     kept = set(durable[-keep:]) if keep > 0 else set()
     for epoch in durable:
-        if epoch not in kept and read_manifest(storage, namespace, epoch).get("kind") in SAVEPOINT_KINDS:
+        kind = EpochKind(read_manifest(storage, namespace, epoch).get("kind", EpochKind.CHECKPOINT))
+        if epoch not in kept and kind.is_savepoint:
             kept.add(epoch)
     newest = durable[-1]
     deleted = []

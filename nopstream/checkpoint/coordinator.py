@@ -23,48 +23,53 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nopstream.checkpoint.catalog import SAVEPOINT_KINDS, apply_retention
+from nopstream.checkpoint.catalog import apply_retention
 from nopstream.checkpoint.formats import encode_manifest, manifest_path
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.election import Leadership
 from nopstream.cluster.epochlog import EpochLog, EpochState
 from nopstream.plan.canonical import fingerprint
+from nopstream.plan.deployment import CheckpointSettings
+from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.runtime import faults
 
 log = logging.getLogger(__name__)
 
-Trigger = Callable[[int, str], Awaitable[None]]
+Trigger = Callable[[int, EpochKind], Awaitable[None]]
 """Ask every source task to inject barrier (epoch, kind)."""
 Notify = Callable[[int], Awaitable[None]]
 """Tell every task that epochs up to this one are durable (sinks commit)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Ack:
-    """What one task reported for an epoch."""
+    """What one task reported for an epoch: its segments, source positions and pending sink transactions."""
 
     segments: list[dict[str, Any]]
     sources: dict[str, Any]
     sinks: list[dict[str, Any]]
 
+    def to_json(self, epoch: int) -> dict[str, Any]:
+        """The ACK of `epoch` as the JSON body a task sends."""
+        return {"epoch": epoch, "segments": self.segments, "sources": self.sources, "sinks": self.sinks}
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> Ack:
+        """An ACK from its JSON body; ValueError when a part has the wrong shape."""
+        segments, sources, sinks = body.get("segments"), body.get("sources", {}), body.get("sinks", [])
+        if not (isinstance(segments, list) and isinstance(sources, dict) and isinstance(sinks, list)):
+            raise ValueError("an ACK has a list of segments, an object of sources and a list of sinks")
+        return cls(segments, sources, sinks)
+
 
 @dataclass
 class _Epoch:
     epoch: int
-    kind: str
+    kind: EpochKind
     started: float
     acks: dict[str, Ack] = field(default_factory=dict)
     complete: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-@dataclass(frozen=True)
-class CoordinatorSettings:
-    """Pacing and retention of epochs."""
-
-    interval_ms: int
-    timeout_ms: int
-    retain: int
 
 
 class EpochCoordinator:
@@ -77,7 +82,7 @@ class EpochCoordinator:
         epoch_log: EpochLog,
         leadership: Leadership,
         *,
-        settings: CoordinatorSettings,
+        settings: CheckpointSettings,
         trigger: Trigger,
         notify: Notify,
         first_epoch: int = 1,
@@ -113,13 +118,13 @@ class EpochCoordinator:
         self.latest_committed: int | None = None
         self.last_duration_ms = 0
         self.savepoints: list[int] = []
-        self._savepoint_requested: str | None = None  # "savepoint", or "stop" (stop with a savepoint)
+        self._savepoint_requested: EpochKind | None = None  # SAVEPOINT, or STOP (stop with a savepoint)
         self.stopped = False
         self._adopted: _Epoch | None = None
         self._manifest_write: asyncio.Future[None] | None = None
         self.on_fault: Callable[[], None] | None = None  # what a fault point does here (tests)
 
-    def adopt(self, epoch: int, kind: str, acks: dict[str, Ack]) -> None:
+    def adopt(self, epoch: int, kind: EpochKind, acks: dict[str, Ack]) -> None:
         """Take over an epoch a previous coordinator left in flight, with the ACKs the tasks still hold.
 
         `run` then starts with it: it is triggered again (sources that injected it
@@ -144,7 +149,7 @@ class EpochCoordinator:
         is committed: the state and the output stand still at that savepoint, ready
         for a redeployment (an upgrade or rescale) to go on from it.
         """
-        self._savepoint_requested = "stop" if stop else "savepoint"
+        self._savepoint_requested = EpochKind.STOP if stop else EpochKind.SAVEPOINT
 
     def source_finished(self, task_id: str) -> None:
         """A source task has read everything."""
@@ -186,12 +191,12 @@ class EpochCoordinator:
     async def _take(self, final: bool) -> None:
         if self._adopted is not None:
             current, self._adopted = self._adopted, None
-            epoch, kind, final = current.epoch, current.kind, current.kind == "final"
+            epoch, kind, final = current.epoch, current.kind, current.kind == EpochKind.FINAL
             detail = {"kind": kind, "run": self.run_number, "adopted": True}
         else:
             epoch = self.next_epoch
             self.next_epoch += 1
-            kind = "final" if final else self._savepoint_requested or "checkpoint"
+            kind = EpochKind.FINAL if final else self._savepoint_requested or EpochKind.CHECKPOINT
             current = _Epoch(epoch, kind, self.clock())
             detail = {"kind": kind, "run": self.run_number}
         self.in_flight = current
@@ -215,11 +220,11 @@ class EpochCoordinator:
                 self.next_epoch = epoch  # the final epoch must still happen
             return
         await self._make_durable(current)
-        if kind in SAVEPOINT_KINDS:
+        if kind.is_savepoint:
             self._savepoint_requested = None
             self.savepoints.append(epoch)
         self.in_flight = None
-        if kind == "stop":
+        if kind == EpochKind.STOP:
             self.stopped = True
         if final or self.stopped:
             self.done.set()
@@ -266,5 +271,5 @@ class EpochCoordinator:
         self.latest_committed = current.epoch
         self.last_duration_ms = int((self.clock() - current.started) * 1000)
         await asyncio.to_thread(
-            apply_retention, self.storage, ident.checkpoint_namespace, keep=self.settings.retain
+            apply_retention, self.storage, ident.checkpoint_namespace, keep=self.settings.retain_latest
         )

@@ -22,6 +22,7 @@ from nopstream.checkpoint.errors import RestoreRefused
 from nopstream.checkpoint.formats import manifest_path
 from nopstream.checkpoint.storage import Storage
 from nopstream.plan.canonical import fingerprint
+from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
 
 
@@ -42,7 +43,7 @@ class RestorePoint:
     """
 
     epoch: int | None
-    kind: str | None
+    kind: EpochKind | None
     lineage: int
     next_epoch: int
     from_plan: str | None = None
@@ -50,7 +51,7 @@ class RestorePoint:
     @property
     def finished(self) -> bool:
         """Whether the restored epoch is the job's final one: the job is over."""
-        return self.kind == "final"
+        return self.kind == EpochKind.FINAL
 
     def to_json(self) -> bytes:
         """Canonical JSON (the run's restore point in etcd, a worker's settings)."""
@@ -63,12 +64,52 @@ class RestorePoint:
         }
         return json.dumps(body, sort_keys=True).encode()
 
+    @staticmethod
+    def refusal_json(reason: str) -> bytes:
+        """What the run's coordinator records instead of a point when the run cannot start."""
+        return json.dumps({"refused": reason}).encode()
+
     @classmethod
     def from_json(cls, data: bytes | str) -> RestorePoint:
+        """Parse `to_json`'s output; RestoreRefused with the reason `refusal_json` recorded."""
+        raw: dict[str, Any] = json.loads(data)
+        if "refused" in raw:
+            raise RestoreRefused(str(raw["refused"]))
+        epoch = None if raw["epoch"] is None else int(raw["epoch"])
+        kind = None if raw["kind"] is None else EpochKind(raw["kind"])
+        return cls(epoch, kind, int(raw["lineage"]), int(raw["nextEpoch"]), raw.get("fromPlan"))
+
+
+@dataclass(frozen=True)
+class RestoreRequest:
+    """What a run's coordinator is asked before it chooses the run's restore point.
+
+    The operator or `nopstream run --etcd` writes it before the run starts: a new
+    lineage (`spec.restartNonce`, `--fresh`, `--restore-from`), or the plan a stop
+    savepoint was taken with (an upgrade or rescale). The coordinator alone writes the
+    point, fenced.
+    """
+
+    new_lineage: NewLineage | None = None
+    from_plan: str | None = None
+
+    def to_json(self) -> bytes:
+        """Canonical JSON (`runs/{run}/restore-request` in etcd)."""
+        fresh = self.new_lineage
+        body = {
+            "restartNonce": fresh.nonce if fresh else None,
+            "base": fresh.base if fresh else None,
+            "fromPlan": self.from_plan,
+        }
+        return json.dumps(body, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> RestoreRequest:
         """Parse `to_json`'s output."""
         raw: dict[str, Any] = json.loads(data)
-        epoch = None if raw["epoch"] is None else int(raw["epoch"])
-        return cls(epoch, raw["kind"], int(raw["lineage"]), int(raw["nextEpoch"]), raw.get("fromPlan"))
+        nonce, base = raw.get("restartNonce"), raw.get("base")
+        fresh = NewLineage(str(nonce), None if base is None else int(base)) if nonce else None
+        return cls(fresh, raw.get("fromPlan"))
 
 
 def choose(
@@ -108,9 +149,9 @@ def choose(
     kind = None
     if chosen is not None:
         manifest = catalog.read_manifest(storage, namespace, chosen)
-        kind = str(manifest.get("kind", "checkpoint"))
+        kind = EpochKind(manifest.get("kind", EpochKind.CHECKPOINT))
         taken_with = manifest.get("planFingerprint")
-        if from_plan is None and kind == "stop" and taken_with != fingerprint(plan):
+        if from_plan is None and kind == EpochKind.STOP and taken_with != fingerprint(plan):
             from_plan = str(taken_with)
         catalog.load_checkpoint(storage, namespace, chosen, plan_fingerprint=from_plan or fingerprint(plan))
     highest = max(

@@ -16,6 +16,7 @@ from typing import Any
 from nopstream.cluster.backend import Backend
 from nopstream.cluster.election import Leadership
 from nopstream.cluster.layout import Layout
+from nopstream.plan.epochs import EpochKind
 
 
 class EpochState(StrEnum):
@@ -36,6 +37,11 @@ class EpochEntry:
     token: int
     writer: str
     detail: dict[str, Any]
+
+    @property
+    def kind(self) -> EpochKind:
+        """The epoch's kind (entries that name none are checkpoints)."""
+        return EpochKind(self.detail.get("kind", EpochKind.CHECKPOINT))
 
 
 class EpochLog:

@@ -46,8 +46,12 @@ class Layout:
         return self.tasks(run) + task_id
 
     def restore(self, run: int) -> str:
-        """The run's restore point, chosen by the coordinator before the run's first epoch."""
+        """The run's restore point, chosen by the coordinator before the run's first epoch (fenced)."""
         return f"{self.prefix}runs/{run}/restore"
+
+    def restore_request(self, run: int) -> str:
+        """What the operator or `nopstream run --etcd` asks the run's coordinator to restore from."""
+        return f"{self.prefix}runs/{run}/restore-request"
 
     @property
     def epochs(self) -> str:

@@ -1,16 +1,13 @@
 """The local runner's control server: where task processes register, report and find each other.
 
-JSON over HTTP on loopback:
+JSON over HTTP on loopback, beside the coordinator's own routes (`node.coordinator_api`:
+/ack, /source-finished, /savepoint, /metrics):
   POST /register {taskId, run, attempt, endpoint}    a task's server is up
   GET  /endpoint?task=ID                              that task's endpoint (waits until known)
   POST /stats {taskId, run, recordsIn, recordsOut, watermark}
   POST /done {taskId, run}  |  POST /failed {taskId, run, error, refused}   (refused: it cannot
   start at all, "restore" when its restore point is refused, "start" when a connector cannot start)
   GET  /run                                           the current run
-  POST /ack {taskId, run, epoch, segments, sources, sinks} a task's checkpoint ACK
-  POST /source-finished {taskId, run}                 a source read all its input
-  GET  /metrics                                       the coordinator's Prometheus metrics
-  POST /savepoint                                     make the next epoch a savepoint
 Everything but /metrics needs the run's secret (`node.guard`: 401); a task's message
 without its task id and run is refused with 400, one of another run with 409.
 """
@@ -24,13 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
-from nopstream.checkpoint.coordinator import EpochCoordinator
-from nopstream.checkpoint.metrics import CoordinatorCollector
-from nopstream.node.guard import Guard, GuardCollector, int_field, json_body
-from nopstream.node.taskserver import ack_of
-from nopstream.runtime.metrics import exposition
+from nopstream.node.coordinator_api import CoordinatorRoutes
+from nopstream.node.guard import Guard, int_field
 
 
 @dataclass
@@ -60,8 +53,8 @@ class ControlServer:
         self.guard = guard
         self.tasks = {t: TaskReport() for t in task_ids}
         self.changed = asyncio.Event()
-        self.coordinator: EpochCoordinator | None = None
-        self.recoveries = 0
+        self.routes = CoordinatorRoutes(tuple(task_ids), guard)
+        self.routes.lead(None, run, recoveries=run - 1)
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -74,10 +67,7 @@ class ControlServer:
         app.router.add_post("/done", self._done)
         app.router.add_post("/failed", self._failed)
         app.router.add_get("/run", self._run)
-        app.router.add_post("/ack", self._ack)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_post("/savepoint", self._savepoint)
-        app.router.add_post("/source-finished", self._source_finished)
+        self.routes.add_to(app)
         # A run that ends or fails does not wait for requests still waiting on a task
         # that will never register (GET /endpoint waits up to a minute).
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
@@ -99,11 +89,8 @@ class ControlServer:
 
     async def _message(self, request: web.Request, *required: str) -> tuple[TaskReport, dict[str, Any]]:
         """The reporting task and the body of a message of a task of this run (400, 404, 409 otherwise)."""
-        body = await json_body(request, "taskId", "run", *required)
-        run = int_field(body, "run")
-        if run != self.run:
-            raise web.HTTPConflict(text=f"stale run {run}: the current run is {self.run}")
-        return self._task(body["taskId"]), body
+        task_id, body = await self.routes.message(request, *required)
+        return self.tasks[task_id], body
 
     async def _register(self, request: web.Request) -> web.Response:
         task, body = await self._message(request, "endpoint", "attempt")
@@ -145,31 +132,6 @@ class ControlServer:
         starts = [t.registered_at for t in self.tasks.values() if t.registered_at is not None]
         ends = [t.done_at for t in self.tasks.values() if t.done_at is not None]
         return max(ends) - max(starts) if starts and ends else 0.0
-
-    async def _ack(self, request: web.Request) -> web.Response:
-        _, body = await self._message(request, "epoch", "segments")
-        if self.coordinator is not None:
-            self.coordinator.ack(body["taskId"], int_field(body, "epoch"), ack_of(body))
-        return web.json_response({"ok": True})
-
-    async def _source_finished(self, request: web.Request) -> web.Response:
-        _, body = await self._message(request)
-        if self.coordinator is not None:
-            self.coordinator.source_finished(body["taskId"])
-        return web.json_response({"ok": True})
-
-    async def _savepoint(self, request: web.Request) -> web.Response:
-        if self.coordinator is None:
-            raise web.HTTPServiceUnavailable(text="no coordinator yet")
-        self.coordinator.request_savepoint()
-        return web.json_response({"requested": True, "savepoints": self.coordinator.savepoints})
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        registry = CollectorRegistry()
-        if self.coordinator is not None:
-            registry.register(CoordinatorCollector(self.coordinator, recoveries=self.recoveries))
-        registry.register(GuardCollector(self.guard))
-        return web.Response(body=exposition(registry), content_type="text/plain")
 
     async def _run(self, request: web.Request) -> web.Response:
         return web.json_response({"run": self.run})

@@ -26,7 +26,7 @@ from typing import Any, TextIO
 import aiohttp
 
 from nopstream.checkpoint import restore
-from nopstream.checkpoint.coordinator import CoordinatorSettings, EpochCoordinator, Notify, Trigger
+from nopstream.checkpoint.coordinator import EpochCoordinator, Notify, Trigger
 from nopstream.checkpoint.errors import RestoreRefused, StartRefused, StorageError
 from nopstream.checkpoint.restore import NewLineage, RestorePoint
 from nopstream.checkpoint.storage import Storage
@@ -37,8 +37,10 @@ from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.local import LocalBackend
 from nopstream.local import inprocess, ownership, processes, worker
 from nopstream.local.control import ControlServer
-from nopstream.node import checkpointing, guard
+from nopstream.node import checkpointing, guard, recovery
+from nopstream.node.coordinator_api import TaskCommands
 from nopstream.plan import compiler
+from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.runtime import faults
 from nopstream.runtime.task import Task
@@ -51,10 +53,36 @@ class JobFailed(RuntimeError):
 class TaskDied(RuntimeError):
     """A task process failed or died: the run is over and a global recovery may follow."""
 
-    def __init__(self, message: str, short: str) -> None:
-        """`message` with the task's error; `short` in a few words."""
-        super().__init__(message)
+    def __init__(self, short: str, detail: str) -> None:
+        """`short` in a few words, `detail` the task's error or the end of its log."""
+        super().__init__(f"{short}:\n{detail}")
         self.short = short
+        self.detail = detail
+
+
+class _ProcessSteps:
+    """A recovery of `nopstream run`'s task processes (`node.recovery`).
+
+    Runs are numbered by this command alone; a run's processes are stopped as its
+    attempt ends, and the next attempt starts the new run's.
+    """
+
+    def __init__(self, options: RunOptions) -> None:
+        self.quiet = options.quiet
+
+    def advance(self, run: int) -> int:
+        return run + 1
+
+    def record(self, recovered: recovery.Recovery) -> None:
+        if not self.quiet:
+            print(f"recovering: {recovered.message}", file=sys.stderr)
+        os.environ.pop(faults.ENV, None)  # fault points fire in the first run only
+
+    def stop(self, run: int) -> None:
+        """Nothing left: `_attempt` stopped the run's processes as it ended."""
+
+    def start(self, run: int) -> None:
+        """Nothing yet: the next attempt starts the run's processes."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +138,7 @@ class _InProcessListener:
         self.storage = storage
         self.coordinator = coordinator
 
-    async def on_snapshot(self, task: Task, epoch: int, kind: str, state: dict[str, Any]) -> None:
+    async def on_snapshot(self, task: Task, epoch: int, kind: EpochKind, state: dict[str, Any]) -> None:
         ack = await checkpointing.write_snapshot_async(self.storage, task, epoch, state)
         self.coordinator.ack(task.task_id, epoch, ack)
 
@@ -129,7 +157,7 @@ async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions, st
             leadership = await Election(backend, layout, "local-runner").campaign(keeper)
             tasks: list[Task] = []
 
-            async def trigger(epoch: int, kind: str) -> None:
+            async def trigger(epoch: int, kind: EpochKind) -> None:
                 for t in tasks:
                     if t.source is not None:
                         t.trigger_barrier(epoch, kind)
@@ -188,13 +216,12 @@ def _coordinator(
     point: RestorePoint,
 ) -> EpochCoordinator:
     """The coordinator of one run, numbering epochs from the restore point's next epoch."""
-    cp = plans.deployment.checkpoint
     return EpochCoordinator(
         plans.partitioned,
         storage,
         epoch_log,
         leadership,
-        settings=CoordinatorSettings(cp.interval_ms, cp.timeout_ms, cp.retain_latest),
+        settings=plans.deployment.checkpoint,
         trigger=trigger,
         notify=notify,
         first_epoch=point.next_epoch,
@@ -209,7 +236,7 @@ def _run_processes(plans: compiler.CompiledPlans, options: RunOptions, storage: 
     plan = plans.partitioned
     lineage = new_lineage(options)  # started by the first run; its recoveries find it started
     secret = guard.new_secret()  # one per command: every run of it is fenced by its number
-    run = 1
+    run, recoveries = 1, 0
     first: RestorePoint | None = None
     while True:
         point = restore.choose(storage, plan, new_lineage=lineage)
@@ -217,12 +244,17 @@ def _run_processes(plans: compiler.CompiledPlans, options: RunOptions, storage: 
         try:
             control = _attempt(plans, options, run, point, secret)
         except TaskDied as death:
-            if run > options.max_restarts:
-                raise JobFailed(f"{death} (after {run - 1} recoveries)") from death
-            if not options.quiet:
-                print(f"recovering: {death.short} (run {run} -> {run + 1})", file=sys.stderr)
-            run += 1
-            os.environ.pop(faults.ENV, None)  # fault points fire in the first run only
+            try:
+                recovered = recovery.recover(
+                    _ProcessSteps(options),
+                    run=run,
+                    recoveries=recoveries,
+                    limit=options.max_restarts,
+                    cause=death.short,
+                )
+            except recovery.TooManyRecoveries as failed:
+                raise JobFailed(f"{failed}:\n{death.detail}") from death
+            run, recoveries = recovered.run, recovered.recoveries
             continue
         counts = {t: (r.records_in, r.records_out) for t, r in control.tasks.items()}
         channels = [r.channels for r in control.tasks.values()]
@@ -284,7 +316,6 @@ async def _control_run(
 ) -> ControlServer:
     plan = plans.partitioned
     control = ControlServer(list(plan.task_ids()), run=run, guard=guard.Guard(secret))
-    control.recoveries = run - 1
     await control.start(sock)
     storage = checkpointing.open_storage(plans.deployment)
     backend = LocalBackend()
@@ -301,34 +332,33 @@ async def _control_run(
             LeaseKeeper(backend, 30) as keeper,
         ):
             leadership = await Election(backend, layout, f"local-runner-r{run}").campaign(keeper)
-            fence = {"run": run, "token": leadership.token}
-            sources = plan.source_task_ids()
 
-            async def post(task_id: str, path: str, body: dict[str, Any]) -> None:
+            async def endpoint(task_id: str) -> str:
                 report = control.tasks[task_id]
                 await report.registered.wait()
-                async with session.post(f"{report.endpoint}{path}", json=body) as resp:
-                    resp.raise_for_status()
+                assert report.endpoint is not None  # set before `registered`
+                return report.endpoint
 
-            async def trigger(epoch: int, kind: str) -> None:
-                await asyncio.gather(
-                    *(post(t, "/control/barrier", {"epoch": epoch, "kind": kind, **fence}) for t in sources)
-                )
+            commands = TaskCommands(
+                session,
+                endpoint,
+                run=run,
+                token=leadership.token,
+                finished=lambda t: control.tasks[t].done,  # its process exits: its sinks committed
+            )
+            sources = plan.source_task_ids()
+
+            async def trigger(epoch: int, kind: EpochKind) -> None:
+                await commands.barrier(sources, epoch, kind)
 
             async def notify(epoch: int) -> None:
-                await asyncio.gather(
-                    *(
-                        post(t, "/control/commit", {"epoch": epoch, **fence})
-                        for t in plan.task_ids()
-                        if not control.tasks[t].done
-                    )
-                )
+                await commands.commit(plan.task_ids(), epoch)
 
             coordinator = _coordinator(
                 plans, storage, EpochLog(backend, layout), leadership, trigger, notify, point
             )
             coordinator.on_fault = lambda: _kill_a_task(procs)
-            control.coordinator = coordinator
+            control.routes.lead(coordinator, run, recoveries=run - 1)
             async with asyncio.TaskGroup() as group:
                 group.create_task(coordinator.run(), name="coordinator")
                 group.create_task(_supervise(procs, control), name="supervisor")
@@ -354,7 +384,7 @@ def _run_failure(group: BaseExceptionGroup) -> BaseException:
     broken = group.subgroup((aiohttp.ClientError, ConnectionError))
     if broken is not None:
         first = broken.exceptions[0]
-        return TaskDied(f"a task stopped answering: {first!r}", "a task stopped answering")
+        return TaskDied("a task stopped answering", repr(first))
     return group
 
 
@@ -372,15 +402,12 @@ async def _supervise(procs: list[processes.TaskProcess], control: ControlServer)
                 refused = StartRefused if report.refused == "start" else RestoreRefused
                 raise refused(f"task {task_id}: {report.error}")
             if report.error is not None:
-                raise TaskDied(f"task {task_id} failed:\n{report.error.rstrip()}", f"task {task_id} failed")
+                raise TaskDied(f"task {task_id} failed", report.error.rstrip())
         for proc in procs:
             code = proc.poll()
             if code is not None and code != 0:
                 tail = "\n".join(proc.log.read_text(errors="replace").splitlines()[-15:])
-                raise TaskDied(
-                    f"task {proc.task_id} exited with {code}:\n{tail}",
-                    f"task {proc.task_id} exited with {code}",
-                )
+                raise TaskDied(f"task {proc.task_id} exited with {code}", tail)
         if all(p.poll() == 0 for p in procs) and all(r.done for r in control.tasks.values()):
             return
         control.changed.clear()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from nopstream.checkpoint.errors import RestoreRefused, StartRefused
-from nopstream.checkpoint.restore import NewLineage, RestorePoint
+from nopstream.checkpoint.restore import NewLineage, RestorePoint, RestoreRequest
 from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
@@ -32,15 +31,14 @@ from nopstream.cluster.registry import Registry
 from nopstream.local import ownership
 from nopstream.local.processes import die_with_parent
 from nopstream.local.runner import JobFailed, RunOptions, RunResult, new_lineage
-from nopstream.node import checkpointing, guard
+from nopstream.node import checkpointing, guard, recovery
+from nopstream.node.recovery import EXIT_START_REFUSED, REFUSALS
 from nopstream.node.settings import DEPLOYMENT_FILE, PARTITIONED_FILE
-from nopstream.node.task import EXIT_REFUSED, EXIT_START_REFUSED
 from nopstream.plan import compiler
 from nopstream.plan.deployment import resource_name
 
 LEASE_TTL = 4
 CANDIDATES = 2
-_REFUSALS = (EXIT_REFUSED, EXIT_START_REFUSED)
 _SETTLE = 0.5  # seconds a task death waits for a refusal of another task to show
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 
@@ -74,6 +72,7 @@ class Supervisor:
         self.coordinators: list[Child] = []
         self.tasks: list[Child] = []
         self.started_candidates = 0
+        self.lineage: NewLineage | None = None
 
     def run(self) -> RunResult:
         """Run the job to its end, holding its checkpoint namespace; JobFailed after too many failures."""
@@ -89,8 +88,8 @@ class Supervisor:
         (self.plan_dir / DEPLOYMENT_FILE).write_text(compiler.dump_document(self.plans.deployment))
         guard.write_secret(self.secret_file, guard.new_secret())  # one per command, as with `run`
         run = _advance_run(self.etcd, self.layout, None)
-        lineage = new_lineage(self.options)
-        self._request(run, lineage)
+        self.lineage = new_lineage(self.options)
+        self._request(run, self.lineage)
         recoveries = 0
         try:
             self.coordinators = [self._candidate() for _ in range(CANDIDATES)]
@@ -101,31 +100,24 @@ class Supervisor:
                 dead = self._dead_tasks()
                 if not dead:
                     continue
-                if not any(code in _REFUSALS for _, code in dead):
+                if not any(code in REFUSALS for _, code in dead):
                     # a task whose peer refused to start may die of it first: let the refusal show
                     time.sleep(_SETTLE)
                     dead = self._dead_tasks()
-                child, code = next(((t, c) for t, c in dead if c in _REFUSALS), dead[0])
-                if code in _REFUSALS:  # it cannot start at all: the same in every run
+                child, code = next(((t, c) for t, c in dead if c in REFUSALS), dead[0])
+                if code in REFUSALS:  # it cannot start at all: the same in every run
                     refused = StartRefused if code == EXIT_START_REFUSED else RestoreRefused
                     raise refused(
                         f"task {child.name}: " + child.tail(1).removeprefix("nopstream task: cannot start: ")
                     )
-                if recoveries >= self.options.max_restarts:
-                    raise JobFailed(
-                        f"task {child.name} exited with {code}"
-                        f" (after {recoveries} recoveries):\n{child.tail()}"
+                cause = f"task {child.name} exited with {code}"
+                try:
+                    recovered = recovery.recover(
+                        self, run=run, recoveries=recoveries, limit=self.options.max_restarts, cause=cause
                     )
-                recoveries += 1
-                if not self.options.quiet:
-                    print(
-                        f"recovering: {child.name} exited with {code} (run {run} -> {run + 1})",
-                        file=sys.stderr,
-                    )
-                _stop(self.tasks)
-                self._request(run + 1, lineage)  # before the run moves: its coordinator reads it at once
-                run = _advance_run(self.etcd, self.layout, run)
-                self.tasks = self._start_tasks(run)
+                except recovery.TooManyRecoveries as failed:
+                    raise JobFailed(f"{failed}:\n{child.tail()}") from None
+                run, recoveries = recovered.run, recovered.recoveries
             _wait(self.coordinators, 15)
             entry = _etcd(self.etcd, lambda b: b.get(self.layout.restore(run)))
         finally:
@@ -135,6 +127,23 @@ class Supervisor:
         finished = point.epoch if point is not None and point.finished else None
         return RunResult(seconds, seconds, {}, {}, {}, runs=recoveries + 1, finished_before=finished)
 
+    # the steps of a recovery (`node.recovery`)
+
+    def advance(self, run: int) -> int:
+        """Ask the next run for this command's lineage, then move the run in etcd."""
+        self._request(run + 1, self.lineage)  # before the run moves: its coordinator reads it at once
+        return _advance_run(self.etcd, self.layout, run)
+
+    def record(self, recovered: recovery.Recovery) -> None:
+        if not self.options.quiet:
+            print(f"recovering: {recovered.message}", file=sys.stderr)
+
+    def stop(self, run: int) -> None:
+        _stop(self.tasks)
+
+    def start(self, run: int) -> None:
+        self.tasks = self._start_tasks(run)
+
     def _request(self, run: int, lineage: NewLineage | None) -> None:
         """Ask run `run`'s coordinator to start the command's new lineage (once per nonce).
 
@@ -142,8 +151,8 @@ class Supervisor:
         restore point must not leave its successor in the old lineage.
         """
         if lineage is not None:
-            request = json.dumps({"restartNonce": lineage.nonce, "base": lineage.base}).encode()
-            _etcd(self.etcd, lambda b: b.put(self.layout.restore(run), request))
+            request = RestoreRequest(new_lineage=lineage).to_json()
+            _etcd(self.etcd, lambda b: b.put(self.layout.restore_request(run), request))
 
     def _dead_tasks(self) -> list[tuple[Child, int]]:
         """Task processes that exited with an error, with their exit codes."""

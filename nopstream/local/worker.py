@@ -21,6 +21,7 @@ import aiohttp
 from nopstream.checkpoint.errors import RestoreRefused, StartRefused
 from nopstream.checkpoint.restore import RestorePoint
 from nopstream.node import checkpointing, guard
+from nopstream.node.coordinator_api import CoordinatorLink
 from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task, load_deployment, load_plan
 from nopstream.runtime.task import Task
 
@@ -55,6 +56,11 @@ async def serve(settings: WorkerSettings) -> None:
             async with session.post(f"{control}{path}", json={**me, **body}) as resp:
                 resp.raise_for_status()
 
+        async def leader() -> str:
+            return control
+
+        link = CoordinatorLink(session, leader, who)  # ACKs and source-finished, retried
+
         async def resolve(task_id: str) -> str:
             async with session.get(f"{control}/endpoint", params={"task": task_id}) as resp:
                 resp.raise_for_status()
@@ -64,7 +70,7 @@ async def serve(settings: WorkerSettings) -> None:
         try:
             deployment = load_deployment(settings.deployment_path) if settings.deployment_path else None
             task, receiver, listener = build_task(
-                plan, deployment, who, session=session, resolve=resolve, send=post
+                plan, deployment, who, session=session, resolve=resolve, send=link.send
             )
             if listener is not None and settings.restore is not None:
                 checkpointing.start_task(task, listener.storage, settings.restore)
@@ -95,6 +101,7 @@ async def serve(settings: WorkerSettings) -> None:
                 stats.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await stats
+            await link.flush()  # the coordinator has every ACK before this process may exit
             await post("/stats", _stats_body(task))
             await post("/done", {})
             log.info(
@@ -108,6 +115,7 @@ async def serve(settings: WorkerSettings) -> None:
                 await post("/failed", {"error": traceback.format_exc(limit=8)})
             raise
         finally:
+            await link.close()
             await server.close()
 
 

@@ -13,29 +13,24 @@ running, and leads the new run. The job is over when the final epoch is committe
 a standby that wins after that finds it so in the log and exits 0 too. A lost
 lease or a refused fenced write ends the process non-zero (crash-only).
 
-HTTP: POST /ack, POST /source-finished (from tasks: taskId and run required, 409 when
-the run is not the one it leads), POST /savepoint (`?stop=true`: stop with a savepoint,
-for an upgrade), GET /metrics, GET /healthz; all but the last two need the job's secret
-(`node.guard`).
+HTTP: the coordinator's routes (`node.coordinator_api`) and GET /healthz; all but
+/metrics and /healthz need the job's secret (`node.guard`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
 from nopstream.checkpoint import catalog, restore
-from nopstream.checkpoint.coordinator import Ack, CoordinatorSettings, EpochCoordinator
+from nopstream.checkpoint.coordinator import Ack, EpochCoordinator
 from nopstream.checkpoint.errors import RestoreRefused
-from nopstream.checkpoint.metrics import CoordinatorCollector
-from nopstream.checkpoint.restore import NewLineage, RestorePoint
+from nopstream.checkpoint.restore import RestorePoint, RestoreRequest
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.election import Election, Leadership
@@ -46,11 +41,12 @@ from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.registry import Registry
 from nopstream.node import checkpointing, guard
+from nopstream.node.coordinator_api import CoordinatorRoutes, TaskCommands
 from nopstream.node.settings import NodeSettings
-from nopstream.node.taskserver import ack_of, load_deployment, load_plan
+from nopstream.node.taskserver import load_deployment, load_plan
 from nopstream.plan.deployment import DeploymentPlan
+from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
-from nopstream.runtime.metrics import exposition
 
 log = logging.getLogger(__name__)
 RETRY = 0.2
@@ -69,14 +65,10 @@ class CoordinatorProcess:
         self.registry = Registry(self.backend, self.layout)
         self.epoch_log = EpochLog(self.backend, self.layout)
         self.storage: Storage = checkpointing.open_storage(deployment)
-        self.current: EpochCoordinator | None = None
-        self.leading_run = 0
         self.guard = guard.Guard(settings.secret)
+        self.routes = CoordinatorRoutes(plan.task_ids(), self.guard)
         self.app = self.guard.application()
-        self.app.router.add_post("/ack", self._ack)
-        self.app.router.add_post("/source-finished", self._source_finished)
-        self.app.router.add_post("/savepoint", self._savepoint)
-        self.app.router.add_get("/metrics", self._metrics)
+        self.routes.add_to(self.app)
         self.app.router.add_get("/healthz", self._healthz)
 
     async def serve(self) -> int:
@@ -153,47 +145,31 @@ class CoordinatorProcess:
         if (
             last is not None
             and last.state is EpochState.COMMITTED
-            and last.detail.get("kind") == "final"
+            and last.kind == EpochKind.FINAL
             and last.detail.get("run") == run
         ):
             return  # a standby that won after the end
         tasks = await self._registered(run)
-        fence = {"run": run, "token": leadership.token}
 
-        async def post(task_id: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-            while True:
-                try:
-                    async with session.request(
-                        "GET" if path == "/control/status" else "POST", f"{tasks[task_id]}{path}", json=body
-                    ) as resp:
-                        if resp.status == 409:
-                            raise Fenced(f"task {task_id} refused {path}: {await resp.text()}")
-                        resp.raise_for_status()
-                        answer: dict[str, Any] = await resp.json()
-                        return answer
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    log.info("task %s unreachable for %s (%s); retrying", task_id, path, exc)
-                    await asyncio.sleep(RETRY)
+        async def endpoint(task_id: str) -> str:
+            return tasks[task_id]
 
-        sources = self.plan.source_task_ids()
+        commands = TaskCommands(session, endpoint, run=run, token=leadership.token)
+        sources, every = self.plan.source_task_ids(), tuple(tasks)
 
-        async def trigger(epoch: int, kind: str) -> None:
-            body = {"epoch": epoch, "kind": kind, **fence}
-            await asyncio.gather(*(post(t, "/control/barrier", body) for t in sources))
+        async def trigger(epoch: int, kind: EpochKind) -> None:
+            await commands.barrier(sources, epoch, kind)
 
         async def notify(epoch: int) -> None:
-            await asyncio.gather(*(post(t, "/control/commit", {"epoch": epoch, **fence}) for t in tasks))
+            await commands.commit(every, epoch)
 
-        statuses = dict(
-            zip(tasks, await asyncio.gather(*(post(t, "/control/status", {}) for t in tasks)), strict=True)
-        )
-        cp = self.deployment.checkpoint
+        statuses = await commands.status(every)
         coordinator = EpochCoordinator(
             self.plan,
             self.storage,
             self.epoch_log,
             leadership,
-            settings=CoordinatorSettings(cp.interval_ms, cp.timeout_ms, cp.retain_latest),
+            settings=self.deployment.checkpoint,
             trigger=trigger,
             notify=notify,
             first_epoch=max(point.next_epoch, (last.epoch if last else 0) + 1),
@@ -204,12 +180,12 @@ class CoordinatorProcess:
             if status["sourceFinished"]:
                 coordinator.source_finished(task_id)
         await self._settle_log(coordinator, last, run, statuses, notify)
-        self.current, self.leading_run = coordinator, run
+        self.routes.lead(coordinator, run, recoveries=run - 1)
         try:
             if not _stopped_at(last, run):
                 await coordinator.run()
         finally:
-            self.current = None
+            self.routes.lead(None, run, recoveries=run - 1)
             await coordinator.settle()
         if coordinator.stopped or _stopped_at(last, run):
             log.info("run %d stands at a stop savepoint: no more epochs until the run changes", run)
@@ -218,18 +194,19 @@ class CoordinatorProcess:
     async def _restore_point(self, leadership: Leadership, run: int) -> RestorePoint | None:
         """The run's restore point: chosen once per run from storage (`checkpoint.restore`), then read back.
 
-        The operator or `nopstream run --etcd` may have left a request there first: the
-        plan a stop savepoint was taken with (`fromPlan`: an upgrade or rescale), or a new
-        lineage (`restartNonce`, with a `base` epoch for `--restore-from`). A refusal
-        is recorded in its place (tasks exit with it) and None returned.
+        The operator or `nopstream run --etcd` may have asked for a new lineage or an
+        upgrade's plan first (`RestoreRequest`). A refusal is recorded in the point's
+        place (tasks exit with it) and None returned.
         """
         key = self.layout.restore(run)
         entry = await self.backend.get(key)
-        request: dict[str, Any] = json.loads(entry.value) if entry is not None else {}
-        if "refused" in request:
-            return None
-        if "nextEpoch" in request:
-            return RestorePoint.from_json(entry.value if entry is not None else b"")
+        if entry is not None:
+            try:
+                return RestorePoint.from_json(entry.value)
+            except RestoreRefused:
+                return None
+        asked = await self.backend.get(self.layout.restore_request(run))
+        request = RestoreRequest.from_json(asked.value) if asked is not None else RestoreRequest()
         entries = await self.epoch_log.entries()
         log_latest = await self.epoch_log.latest_durable()
         if log_latest is not None and await asyncio.to_thread(self._storage_is_empty):
@@ -239,21 +216,19 @@ class CoordinatorProcess:
             log.warning("the epoch log names durable epoch %d but %s: replacing it", log_latest, reason)
             await self.epoch_log.disown_latest(leadership, reason)
             log_latest = None
-        fresh = request.get("restartNonce")
-        base = request.get("base")
         try:
             point = await asyncio.to_thread(
                 restore.choose,
                 self.storage,
                 self.plan,
-                new_lineage=NewLineage(str(fresh), None if base is None else int(base)) if fresh else None,
-                from_plan=request.get("fromPlan"),
+                new_lineage=request.new_lineage,
+                from_plan=request.from_plan,
                 log_latest=log_latest,
                 log_highest=max((e.epoch for e in entries), default=0),
             )
         except RestoreRefused as refused:
             log.error("run %d cannot start: %s", run, refused)
-            await leadership.write({key: json.dumps({"refused": str(refused)}).encode()})
+            await leadership.write({key: RestorePoint.refusal_json(str(refused))})
             return None
         await leadership.write({key: point.to_json()})
         log.info("run %d restores %s", run, point)
@@ -284,7 +259,7 @@ class CoordinatorProcess:
         if last is None:
             return
         same_run = last.detail.get("run") == run
-        kind = str(last.detail.get("kind", "checkpoint"))
+        kind = last.kind
         if last.state is EpochState.DURABLE:
             if same_run:  # tasks of another run re-committed it when they restored
                 await notify(last.epoch)
@@ -297,7 +272,7 @@ class CoordinatorProcess:
             )
         elif last.state is EpochState.CREATED and same_run:
             acks: dict[str, Ack] = {
-                t: ack_of(s["ack"])
+                t: Ack.from_json(s["ack"])
                 for t, s in statuses.items()
                 if s["ack"] is not None and int(s["ack"]["epoch"]) == last.epoch
             }
@@ -307,46 +282,6 @@ class CoordinatorProcess:
             await self.epoch_log.record(
                 coordinator.leadership, last.epoch, EpochState.ABORTED, reason=f"run changed to {run}"
             )
-
-    async def _for_current_run(
-        self, request: web.Request, *required: str
-    ) -> tuple[EpochCoordinator, str, dict[str, Any]]:
-        """The coordinator of the run a task's message is for, the task and the body (400, 404, 409, 503)."""
-        body = await guard.json_body(request, "taskId", "run", *required)
-        run = guard.int_field(body, "run")
-        current = self.current
-        if current is None:
-            raise web.HTTPServiceUnavailable(text="not leading a run yet")
-        if run != self.leading_run:
-            raise web.HTTPConflict(text=f"run {run} is over: this coordinator leads run {self.leading_run}")
-        task_id = body["taskId"]
-        if task_id not in self.plan.task_ids():
-            raise web.HTTPNotFound(text=f"unknown task {task_id!r}")
-        return current, task_id, body
-
-    async def _ack(self, request: web.Request) -> web.Response:
-        current, task_id, body = await self._for_current_run(request, "epoch", "segments")
-        current.ack(task_id, guard.int_field(body, "epoch"), ack_of(body))
-        return web.json_response({"ok": True})
-
-    async def _source_finished(self, request: web.Request) -> web.Response:
-        current, task_id, _ = await self._for_current_run(request)
-        current.source_finished(task_id)
-        return web.json_response({"ok": True})
-
-    async def _savepoint(self, request: web.Request) -> web.Response:
-        current = self.current
-        if current is None:
-            raise web.HTTPServiceUnavailable(text="not leading a run")
-        current.request_savepoint(stop=request.query.get("stop") == "true")
-        return web.json_response({"requested": True, "savepoints": current.savepoints})
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        registry = CollectorRegistry()
-        if self.current is not None:
-            registry.register(CoordinatorCollector(self.current, recoveries=max(0, self.leading_run - 1)))
-        registry.register(guard.GuardCollector(self.guard))
-        return web.Response(body=exposition(registry), content_type="text/plain")
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
@@ -367,7 +302,7 @@ def _stopped_at(last: EpochEntry | None, run: int) -> bool:
     """Whether the run already stopped at a savepoint (durable or committed)."""
     return (
         last is not None
-        and last.detail.get("kind") == "stop"
+        and last.kind == EpochKind.STOP
         and last.state in (EpochState.DURABLE, EpochState.COMMITTED)
         and last.detail.get("run") == run
     )

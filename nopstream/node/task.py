@@ -4,7 +4,7 @@ It serves its channels and commands (`node.taskserver`), registers under its run
 with its endpoint bound to its own lease, waits for the run's restore point (chosen
 by the coordinator), restores, connects its outputs (peers found in the registry),
 runs, and exits 0 once the final epoch is committed. ACKs and source-finished go to
-whichever coordinator leads, retried through a failover (`CoordinatorLink`). When
+whichever coordinator leads, retried through a failover (`node.coordinator_api`). When
 its lease is lost the process exits non-zero (crash-only): its pod's failure is what
 triggers the global recovery.
 """
@@ -20,7 +20,6 @@ from typing import Any
 
 import aiohttp
 
-from nopstream.checkpoint.errors import RestoreRefused
 from nopstream.checkpoint.restore import RestorePoint
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.backend import Backend, StoreUnavailable
@@ -30,16 +29,13 @@ from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import ThreadedLeaseKeeper
 from nopstream.cluster.registry import Registration, Registry
 from nopstream.node import checkpointing, guard
+from nopstream.node.coordinator_api import CoordinatorLink
 from nopstream.node.settings import NodeSettings
 from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task, load_deployment, load_plan
 from nopstream.runtime.task import Task
 
 log = logging.getLogger(__name__)
 POLL = 0.05
-EXIT_REFUSED = 4
-"""The exit code of `nopstream task` when its run cannot start (its restore was refused): not retried."""
-EXIT_START_REFUSED = 5
-"""The exit code of `nopstream task` when a connector cannot start as configured: not retried."""
 
 
 class LeaseLost(RuntimeError):
@@ -54,57 +50,6 @@ async def poll_key(backend: Backend, key: str) -> bytes:
             if entry is not None:
                 return entry.value
         await asyncio.sleep(POLL)
-
-
-class CoordinatorLink:
-    """Messages from a task to the leading coordinator, in order, each retried until delivered.
-
-    The leader is found through the election key (its value names the leader's
-    endpoint); through a failover the message waits for the new leader. A 409 says
-    the coordinator leads another run: the message is obsolete and dropped.
-    """
-
-    def __init__(self, session: aiohttp.ClientSession, election: Election, who: TaskIdentity) -> None:
-        """Send as task `who`."""
-        self.session = session
-        self.election = election
-        self.who = who
-        self.queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
-        self._sender: asyncio.Task[None] | None = None
-
-    async def send(self, path: str, body: dict[str, Any]) -> None:
-        """Queue a message; it is delivered in the background."""
-        if self._sender is None:
-            self._sender = asyncio.create_task(self._deliver(), name="coordinator link")
-        self.queue.put_nowait((path, {"taskId": self.who.task_id, "run": self.who.run, **body}))
-
-    async def close(self) -> None:
-        """Stop sending."""
-        if self._sender is not None:
-            self._sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sender
-
-    async def _deliver(self) -> None:
-        while True:
-            path, body = await self.queue.get()
-            while not await self._post_once(path, body):
-                await asyncio.sleep(0.2)
-
-    async def _post_once(self, path: str, body: dict[str, Any]) -> bool:
-        """Whether the message is done with (delivered, or obsolete)."""
-        try:
-            endpoint = await self.election.leader_endpoint()
-            if endpoint is None:
-                return False
-            async with self.session.post(f"{endpoint}{path}", json=body) as resp:
-                if resp.status == 409:
-                    log.info("coordinator dropped %s: %s", path, await resp.text())
-                    return True
-                return resp.status < 300
-        except (aiohttp.ClientError, StoreUnavailable, TimeoutError) as exc:
-            log.info("coordinator unreachable for %s (%s); retrying", path, exc)
-            return False
 
 
 async def serve(settings: NodeSettings) -> None:
@@ -122,7 +67,7 @@ async def serve(settings: NodeSettings) -> None:
             ) as keeper,
             aiohttp.ClientSession(headers=guard.headers(settings.secret)) as session,
         ):
-            link = CoordinatorLink(session, Election(backend, layout, who.attempt), who)
+            link = CoordinatorLink(session, Election(backend, layout, who.attempt).leader_endpoint, who)
 
             async def resolve(task_id: str) -> str:
                 value = await poll_key(backend, layout.task(who.run, task_id))
@@ -151,13 +96,7 @@ async def serve(settings: NodeSettings) -> None:
 
 async def restore_point(backend: Backend, layout: Layout, run: int) -> RestorePoint:
     """The run's restore point once its coordinator has chosen it; RestoreRefused when it refused."""
-    while True:
-        value = json.loads(await poll_key(backend, layout.restore(run)))
-        if "refused" in value:
-            raise RestoreRefused(value["refused"])
-        if "nextEpoch" in value:  # not the operator's request it is chosen from
-            return RestorePoint.from_json(json.dumps(value))
-        await asyncio.sleep(POLL)
+    return RestorePoint.from_json(await poll_key(backend, layout.restore(run)))
 
 
 async def _work(task: Task, backend: Backend, layout: Layout, who: TaskIdentity, storage: Storage) -> None:

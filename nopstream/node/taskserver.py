@@ -33,6 +33,7 @@ from nopstream.node import checkpointing
 from nopstream.node.guard import Guard, GuardCollector, int_field, json_body
 from nopstream.plan import compiler
 from nopstream.plan.deployment import DeploymentPlan
+from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.runtime.metrics import TaskCollector, exposition
 from nopstream.runtime.task import Task
@@ -86,24 +87,14 @@ class ReportingListener:
         self.source_finished = False
         self.last_ack: tuple[int, Ack] | None = None
 
-    async def on_snapshot(self, task: Task, epoch: int, kind: str, state: dict[str, Any]) -> None:
+    async def on_snapshot(self, task: Task, epoch: int, kind: EpochKind, state: dict[str, Any]) -> None:
         ack = await checkpointing.write_snapshot_async(self.storage, task, epoch, state)
         self.last_ack = (epoch, ack)
-        await self.send("/ack", ack_body(epoch, ack))
+        await self.send("/ack", ack.to_json(epoch))
 
     async def on_source_finished(self, task: Task) -> None:
         self.source_finished = True
         await self.send("/source-finished", {})
-
-
-def ack_body(epoch: int, ack: Ack) -> dict[str, Any]:
-    """An ACK as JSON."""
-    return {"epoch": epoch, "segments": ack.segments, "sources": ack.sources, "sinks": ack.sinks}
-
-
-def ack_of(body: dict[str, Any]) -> Ack:
-    """An ACK from its JSON."""
-    return Ack(body["segments"], body.get("sources", {}), body.get("sinks", []))
 
 
 @dataclass(frozen=True)
@@ -202,7 +193,11 @@ class TaskServer:
 
     async def _barrier(self, request: web.Request) -> web.Response:
         body = await self._admitted(request, "barrier")
-        injected = self.task.trigger_barrier(body["epoch"], str(body.get("kind", "checkpoint")))
+        try:
+            kind = EpochKind(body.get("kind", EpochKind.CHECKPOINT))
+        except ValueError:
+            raise web.HTTPBadRequest(text=f"kind must be one of {', '.join(EpochKind)}") from None
+        injected = self.task.trigger_barrier(body["epoch"], kind)
         return web.json_response({"ok": True, "injected": injected})
 
     async def _commit(self, request: web.Request) -> web.Response:
@@ -215,7 +210,8 @@ class TaskServer:
         if self.listener is not None:
             status["sourceFinished"] = self.listener.source_finished
             if self.listener.last_ack is not None:
-                status["ack"] = ack_body(*self.listener.last_ack)
+                epoch, ack = self.listener.last_ack
+                status["ack"] = ack.to_json(epoch)
         return web.json_response(status)
 
     async def _metrics(self, request: web.Request) -> web.Response:

@@ -21,10 +21,11 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from nopstream.plan.epochs import EpochKind
 from nopstream.runtime.codec import Codec
 
 BATCH, WATERMARK, BARRIER, END, CREDIT, HELLO, WELCOME, REFUSED, CLOSE = range(1, 10)
-BARRIER_KINDS = ("checkpoint", "savepoint", "final", "stop")
+BARRIER_KINDS = tuple(EpochKind)  # their index is the byte in a BARRIER frame
 MIN_TIMESTAMP = -(2**63)
 MAX_TIMESTAMP = 2**63 - 1
 
@@ -54,7 +55,7 @@ class Barrier:
     """Epoch `epoch`'s cut on this channel."""
 
     epoch: int
-    kind: str = "checkpoint"
+    kind: EpochKind = EpochKind.CHECKPOINT
 
 
 @dataclass(frozen=True, slots=True)

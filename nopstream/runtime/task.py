@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import Edge, PartitionedPlan
 from nopstream.plan.streamgraph import StreamNode
 from nopstream.runtime import faults
@@ -75,7 +76,7 @@ class TaskListener(Protocol):
     of the runtime alone), sinks publish what they hold at end of input.
     """
 
-    async def on_snapshot(self, task: Task, epoch: int, kind: str, state: dict[str, Any]) -> None:
+    async def on_snapshot(self, task: Task, epoch: int, kind: EpochKind, state: dict[str, Any]) -> None:
         """The task snapshotted its chain at barrier `epoch` (state is a private copy)."""
         ...
 
@@ -249,7 +250,7 @@ class Task:
         self.watermarks.restore(state.get("watermarks", {}))
         self._data_ended = bool(state.get("dataEnded", False))
 
-    def trigger_barrier(self, epoch: int, kind: str = "checkpoint") -> bool:
+    def trigger_barrier(self, epoch: int, kind: EpochKind = EpochKind.CHECKPOINT) -> bool:
         """Ask a source task to inject barrier `epoch` at its next safe point; False if it already has.
 
         A coordinator that takes over an epoch in flight triggers it again: sources
@@ -526,9 +527,9 @@ class Task:
     async def _snapshot_and_forward(self, barrier: Barrier) -> None:
         for sink in self.sinks:
             sink.prepare(barrier.epoch)
-        if barrier.kind == "final":
+        if barrier.kind == EpochKind.FINAL:
             self.final_epoch = barrier.epoch
-        elif barrier.kind == "stop":
+        elif barrier.kind == EpochKind.STOP:
             self._stopped = True
         state = self.snapshot()
         self.metrics.barriers += 1

@@ -16,11 +16,12 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from nopstream.checkpoint.catalog import SAVEPOINT_KINDS
+from nopstream.checkpoint.restore import RestoreRequest
 from nopstream.cluster.epochlog import EpochEntry, EpochLog, EpochState
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
+from nopstream.plan.epochs import EpochKind
 from nopstream_operator.resources import GROUP, LABEL_JOB, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
@@ -202,7 +203,7 @@ class EtcdView:
         entries = self._entries(layout)
         durable = self.loop.run_until_complete(EpochLog(self.backend, layout).latest_durable())
         committed = [e for e in entries if e.state is EpochState.COMMITTED]
-        savepoints = [e.epoch for e in committed if e.detail.get("kind") in SAVEPOINT_KINDS]
+        savepoints = [e.epoch for e in committed if e.kind.is_savepoint]
         return durable, (committed[-1].epoch if committed else None), savepoints
 
     def _entries(self, layout: Layout) -> list[EpochEntry]:
@@ -216,23 +217,13 @@ class EtcdView:
     def stopped_at(self, layout: Layout, *, after: int) -> int | None:
         """The stop savepoint committed after epoch `after`, if there is one."""
         for entry in self._entries(layout):
-            if (
-                entry.epoch > after
-                and entry.state is EpochState.COMMITTED
-                and entry.detail.get("kind") == "stop"
-            ):
+            if entry.epoch > after and entry.state is EpochState.COMMITTED and entry.kind == EpochKind.STOP:
                 return entry.epoch
         return None
 
-    def set_restore(self, layout: Layout, run: int, epoch: int, from_plan: str) -> None:
-        """Fix a run's restore point before the run starts: a stop savepoint of another plan."""
-        value = json.dumps({"epoch": epoch, "fromPlan": from_plan}).encode()
-        self.loop.run_until_complete(self.backend.put(layout.restore(run), value))
-
-    def request_restart(self, layout: Layout, run: int, nonce: str) -> None:
-        """Ask run `run`'s coordinator to start a new lineage (once per nonce) before the run starts."""
-        value = json.dumps({"restartNonce": nonce}).encode()
-        self.loop.run_until_complete(self.backend.put(layout.restore(run), value))
+    def request_restore(self, layout: Layout, run: int, request: RestoreRequest) -> None:
+        """Ask run `run`'s coordinator, before the run starts, for a new lineage or an upgrade's plan."""
+        self.loop.run_until_complete(self.backend.put(layout.restore_request(run), request.to_json()))
 
     def leader_endpoint(self, layout: Layout) -> str | None:
         """The leading coordinator's endpoint."""

@@ -23,10 +23,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nopstream.checkpoint.restore import NewLineage, RestoreRequest
 from nopstream.cluster.layout import Layout
 from nopstream.model.errors import ModelError
 from nopstream.model.load import load_data
-from nopstream.node import guard
+from nopstream.model.status import (
+    Condition,
+    ConditionStatus,
+    Savepoint,
+    SavepointRequest,
+    Stopping,
+    StreamJobStatus,
+)
+from nopstream.node import guard, recovery
 from nopstream.plan import compat, compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.partitioned import PartitionedPlan
@@ -65,6 +74,8 @@ class PodView:
     ready: bool
     deleting: bool
     fingerprint: str | None = None
+    exit_code: int | None = None  # of its container, once terminated
+    message: str = ""  # the container's termination message (the end of its log, when it failed)
 
 
 def pod_view(pod: dict[str, Any]) -> PodView:
@@ -73,6 +84,14 @@ def pod_view(pod: dict[str, Any]) -> PodView:
     labels = meta.get("labels") or {}
     conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
     run = labels.get(LABEL_RUN)
+    terminated: dict[str, Any] = next(
+        (
+            c["state"]["terminated"]
+            for c in status.get("containerStatuses") or []
+            if "terminated" in c.get("state", {})
+        ),
+        {},
+    )
     return PodView(
         name=meta["name"],
         role=labels.get(LABEL_ROLE, ""),
@@ -82,6 +101,8 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         ready=conditions.get("Ready") == "True",
         deleting=bool(meta.get("deletionTimestamp")),
         fingerprint=(meta.get("annotations") or {}).get(ANNOTATION_FINGERPRINT),
+        exit_code=terminated.get("exitCode"),
+        message=terminated.get("message") or "",
     )
 
 
@@ -93,9 +114,16 @@ class Observed:
     pods: dict[str, PodView]
 
     @property
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StreamJobStatus:
         """The job's status (empty before the first pass)."""
-        return dict(self.job.get("status") or {})
+        return StreamJobStatus.read(self.job.get("status"))
+
+    @property
+    def run(self) -> int:
+        """The run the job's pods belong to (recorded by the first pass)."""
+        run = self.status.run
+        assert run is not None, "a deployed job has a run"
+        return run
 
 
 @dataclass
@@ -136,14 +164,14 @@ def reconcile_once(ctx: Context, namespace: str, name: str) -> None:
     except ModelError as err:
         _invalid(ctx, seen, [str(i) for i in err.issues])
         return
-    if seen.status.get("planFingerprint") is None:
+    if seen.status.plan_fingerprint is None:
         _first_deploy(ctx, seen, desired)
         return
     partitioned, deployment = _deployed_plans(ctx, seen)
     if (seen.job.get("spec") or {}).get("suspend"):
         _suspend(ctx, seen, deployment)
         return
-    if seen.status.get("phase") == "Suspended":
+    if seen.status.phase == "Suspended":
         _resume(ctx, seen, deployment)
         return
     if _restart_nonce(ctx, seen, deployment):
@@ -156,11 +184,11 @@ def reconcile_once(ctx: Context, namespace: str, name: str) -> None:
         _reconcile_pods(ctx, seen, deployment)
     except NameTaken as taken:  # nothing of the other owner's is touched; this job waits for the name
         message = f"{taken}: remove it or rename this job"
-        ready = next((c for c in _conditions(seen) if c.get("type") == "Ready"), {})
-        if ready.get("reason") != "NameConflict":
+        ready = next((c for c in seen.status.conditions if c.type == "Ready"), None)
+        if ready is None or ready.reason != "NameConflict":
             ctx.emit(seen.job, "Warning", "NameConflict", message)
-        conditions = with_condition(_conditions(seen), "Ready", "False", "NameConflict", message)
-        _patch(ctx, seen, {"phase": "Pending", "conditions": conditions})
+        conditions = with_condition(seen.status.conditions, "Ready", "False", "NameConflict", message)
+        _patch(ctx, seen, phase="Pending", conditions=conditions)
 
 
 def _now() -> str:
@@ -168,48 +196,41 @@ def _now() -> str:
 
 
 def with_condition(
-    conditions: list[dict[str, Any]], kind: str, status: str, reason: str, message: str
-) -> list[dict[str, Any]]:
+    conditions: list[Condition], kind: str, status: ConditionStatus, reason: str, message: str
+) -> list[Condition]:
     """The conditions with one set; its transition time moves only when its status does."""
-    out = [c for c in conditions if c.get("type") != kind]
-    before = next((c for c in conditions if c.get("type") == kind), None)
-    moved = before is None or before.get("status") != status
-    since = _now() if moved or before is None else before.get("lastTransitionTime", _now())
-    out.append(
-        {"type": kind, "status": status, "reason": reason, "message": message, "lastTransitionTime": since}
+    before = next((c for c in conditions if c.type == kind), None)
+    kept = before is not None and before.status == status and before.last_transition_time
+    since = before.last_transition_time if kept and before is not None else None
+    condition = Condition(
+        type=kind, status=status, reason=reason, message=message, last_transition_time=since or _now()
     )
-    return sorted(out, key=lambda c: c["type"])
+    return sorted([*(c for c in conditions if c.type != kind), condition], key=lambda c: c.type)
 
 
-def _patch(ctx: Context, seen: Observed, changes: dict[str, Any]) -> None:
-    """Patch only what differs from the observed status (a settled pass writes nothing)."""
-    status = seen.status
-    diff = {k: v for k, v in changes.items() if status.get(k) != v}
-    conditions = changes.get("conditions")
-    if conditions is not None and [_timeless(c) for c in conditions] == [
-        _timeless(c) for c in status.get("conditions", [])
-    ]:
-        diff.pop("conditions", None)
+def _patch(ctx: Context, seen: Observed, **changes: Any) -> None:
+    """Patch these StreamJobStatus fields where they differ from the observed status (settled: no write)."""
+    held = dict(seen.job.get("status") or {})
+    diff = {k: v for k, v in StreamJobStatus.patch(**changes).items() if held.get(k) != v}
+    if "conditions" in diff and _timeless(diff["conditions"]) == _timeless(held.get("conditions") or []):
+        del diff["conditions"]
     if diff:
         meta = seen.job["metadata"]
         ctx.kube.patch_status(meta["namespace"], meta["name"], diff)
-        seen.job["status"] = {**status, **diff}
+        seen.job["status"] = {**held, **diff}
 
 
-def _timeless(condition: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in condition.items() if k != "lastTransitionTime"}
-
-
-def _conditions(seen: Observed) -> list[dict[str, Any]]:
-    return list(seen.status.get("conditions") or [])
+def _timeless(conditions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Conditions as the status holds them, without their transition times."""
+    return [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in conditions]
 
 
 def _invalid(ctx: Context, seen: Observed, messages: list[str]) -> None:
     text = "; ".join(messages)
-    if seen.status.get("phase") != "Invalid":
+    if seen.status.phase != "Invalid":
         ctx.emit(seen.job, "Warning", "Invalid", text)
-    conditions = with_condition(_conditions(seen), "Valid", "False", "ValidationFailed", text)
-    _patch(ctx, seen, {"phase": "Invalid", "conditions": conditions})
+    conditions = with_condition(seen.status.conditions, "Valid", "False", "ValidationFailed", text)
+    _patch(ctx, seen, phase="Invalid", conditions=conditions)
 
 
 def _first_deploy(ctx: Context, seen: Observed, desired: compiler.CompiledPlans) -> None:
@@ -222,26 +243,23 @@ def _first_deploy(ctx: Context, seen: Observed, desired: compiler.CompiledPlans)
     run = ctx.etcd.advance_run(layout, ctx.etcd.run(layout))
     nonce = (seen.job.get("spec") or {}).get("restartNonce")
     if nonce:  # a new lineage unless storage's lineage was started by this nonce already
-        ctx.etcd.request_restart(layout, run, nonce)
+        ctx.etcd.request_restore(layout, run, RestoreRequest(NewLineage(nonce)))
     conditions = with_condition(
-        _conditions(seen), "Valid", "True", "Compiled", deployment.partitioned_fingerprint
+        seen.status.conditions, "Valid", "True", "Compiled", deployment.partitioned_fingerprint
     )
     _patch(
         ctx,
         seen,
-        {
-            "phase": "Pending",
-            "run": run,
-            "recoveries": 0,
-            "planFingerprint": deployment.partitioned_fingerprint,
-            "semanticMode": desired.partitioned.identity.semantic_mode.value,
-            "restartNonce": nonce,
-            "tasksTotal": len(deployment.tasks),
-            "tasksReady": 0,
-            "lastStableSpec": seen.job.get("spec"),
-            "observedGeneration": seen.job["metadata"].get("generation"),
-            "conditions": conditions,
-        },
+        phase="Pending",
+        run=run,
+        recoveries=0,
+        plan_fingerprint=deployment.partitioned_fingerprint,
+        semantic_mode=desired.partitioned.identity.semantic_mode.value,
+        restart_nonce=nonce,
+        tasks_total=len(deployment.tasks),
+        tasks_ready=0,
+        observed_generation=seen.job["metadata"].get("generation"),
+        conditions=conditions,
     )
     ctx.emit(seen.job, "Normal", "Deploying", f"plan {deployment.partitioned_fingerprint[:19]}, run {run}")
 
@@ -252,7 +270,8 @@ def _layout(deployment: DeploymentPlan) -> Layout:
 
 def _deployed_plans(ctx: Context, seen: Observed) -> tuple[PartitionedPlan, DeploymentPlan]:
     """The plans the running pods use, from their ConfigMap (read once per fingerprint)."""
-    fp = seen.status["planFingerprint"]
+    fp = seen.status.plan_fingerprint
+    assert fp is not None, "a deployed job has a plan"
     if fp not in ctx.plans:
         meta = seen.job["metadata"]
         job_id = (seen.job.get("spec") or {}).get("jobId") or meta["name"]
@@ -284,10 +303,10 @@ def _spec_change(
     reasons = "; ".join(str(r) for r in verdict.reasons)
     if verdict.change is compat.ChangeKind.REFUSED:
         message = f"the change to plan {fp[:19]} is refused: {reasons}"
-        conditions = with_condition(_conditions(seen), "SpecChange", "False", "Refused", message)
-        if seen.status.get("rejectedFingerprint") != fp:
+        conditions = with_condition(seen.status.conditions, "SpecChange", "False", "Refused", message)
+        if seen.status.rejected_fingerprint != fp:
             ctx.emit(seen.job, "Warning", "SpecChangeRefused", message)
-        _patch(ctx, seen, {"conditions": conditions, "rejectedFingerprint": fp})
+        _patch(ctx, seen, conditions=conditions, rejected_fingerprint=fp)
         return False
     return _upgrade(ctx, seen, deployment, desired, f"{verdict.change.name}: {reasons}")
 
@@ -298,8 +317,8 @@ def _upgrade(
     """Stop with a savepoint, then redeploy the new plan from it; each step recorded in status first."""
     layout = _layout(deployment)
     fp = desired.deployment.partitioned_fingerprint
-    run = int(seen.status["run"])
-    conditions = with_condition(_conditions(seen), "SpecChange", "True", "StoppingWithSavepoint", why)
+    run = seen.run
+    conditions = with_condition(seen.status.conditions, "SpecChange", "True", "StoppingWithSavepoint", why)
     stop = _stop_with_savepoint(
         ctx,
         seen,
@@ -313,25 +332,22 @@ def _upgrade(
     ns = desired.deployment.namespace
     if not ctx.kube.exists("ConfigMap", ns, plan_configmap_name(desired.deployment.job_id, fp)):
         ctx.kube.create(plan_configmap(seen.job, desired.partitioned, desired.deployment))
-    ctx.etcd.set_restore(layout, run + 1, stop, deployment.partitioned_fingerprint)
+    ctx.etcd.request_restore(layout, run + 1, RestoreRequest(from_plan=deployment.partitioned_fingerprint))
     new_run = ctx.etcd.advance_run(layout, run)
     conditions = with_condition(
-        _conditions(seen), "SpecChange", "True", "Redeployed", f"from savepoint {stop}"
+        seen.status.conditions, "SpecChange", "True", "Redeployed", f"from savepoint {stop}"
     )
     _patch(
         ctx,
         seen,
-        {
-            "phase": "Upgrading",
-            "run": new_run,
-            "planFingerprint": fp,
-            "stopping": None,
-            "tasksTotal": len(desired.deployment.tasks),
-            "tasksReady": 0,
-            "lastStableSpec": seen.job.get("spec"),
-            "observedGeneration": seen.job["metadata"].get("generation"),
-            "conditions": conditions,
-        },
+        phase="Upgrading",
+        run=new_run,
+        plan_fingerprint=fp,
+        stopping=None,
+        tasks_total=len(desired.deployment.tasks),
+        tasks_ready=0,
+        observed_generation=seen.job["metadata"].get("generation"),
+        conditions=conditions,
     )
     ctx.emit(
         seen.job,
@@ -360,19 +376,15 @@ def _stop_with_savepoint(
     (with `first`, and the event posted once); the leading coordinator is asked, and
     asked again when a recovery changed the run since.
     """
-    run = int(seen.status["run"])
-    stopping = dict(seen.status.get("stopping") or {})
-    if stopping.get("for") != purpose:
-        stopping = {"for": purpose, "after": ctx.etcd.last_epoch(layout), "requestedInRun": None}
-        _patch(ctx, seen, {**first, "stopping": stopping})
+    run = seen.run
+    stopping = seen.status.stopping
+    if stopping is None or stopping.purpose != purpose:
+        stopping = Stopping(purpose=purpose, after=ctx.etcd.last_epoch(layout))
+        _patch(ctx, seen, **first, stopping=stopping)
         ctx.emit(seen.job, "Normal", *event)
-    stop = ctx.etcd.stopped_at(layout, after=int(stopping["after"]))
-    if (
-        stop is None
-        and stopping.get("requestedInRun") != run
-        and _request_savepoint(ctx, seen, layout, stop=True)
-    ):
-        _patch(ctx, seen, {"stopping": {**stopping, "requestedInRun": run}})
+    stop = ctx.etcd.stopped_at(layout, after=stopping.after)
+    if stop is None and stopping.requested_in_run != run and _request_savepoint(ctx, seen, layout, stop=True):
+        _patch(ctx, seen, stopping=stopping.model_copy(update={"requested_in_run": run}))
     return stop
 
 
@@ -406,7 +418,7 @@ def _request_savepoint(ctx: Context, seen: Observed, layout: Layout, *, stop: bo
 
 def _suspend(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
     """spec.suspend: stop with a savepoint, then remove every pod; phase Suspended."""
-    if seen.status.get("phase") != "Suspended":
+    if seen.status.phase != "Suspended":
         stop = _stop_with_savepoint(
             ctx,
             seen,
@@ -418,10 +430,10 @@ def _suspend(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
         if stop is None:
             _reconcile_pods(ctx, seen, deployment)  # recoveries go on until the savepoint
             return
-        conditions = with_condition(_conditions(seen), "Ready", "False", "Suspended", f"at savepoint {stop}")
-        _patch(
-            ctx, seen, {"phase": "Suspended", "suspendedAt": stop, "stopping": None, "conditions": conditions}
+        conditions = with_condition(
+            seen.status.conditions, "Ready", "False", "Suspended", f"at savepoint {stop}"
         )
+        _patch(ctx, seen, phase="Suspended", suspended_at=stop, stopping=None, conditions=conditions)
         ctx.emit(seen.job, "Normal", "Suspended", f"at savepoint {stop}; the pods are removed")
     for pod in seen.pods.values():
         if not pod.deleting:
@@ -430,11 +442,10 @@ def _suspend(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
 
 def _resume(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
     """spec.suspend back to false: a new run, which restores the savepoint it stopped at."""
-    new_run = ctx.etcd.advance_run(_layout(deployment), int(seen.status["run"]))
-    _patch(ctx, seen, {"phase": "Pending", "run": new_run, "suspendedAt": None, "tasksReady": 0})
-    ctx.emit(
-        seen.job, "Normal", "Resumed", f"run {new_run} restores savepoint {seen.status.get('suspendedAt')}"
-    )
+    stop = seen.status.suspended_at
+    new_run = ctx.etcd.advance_run(_layout(deployment), seen.run)
+    _patch(ctx, seen, phase="Pending", run=new_run, suspended_at=None, tasks_ready=0)
+    ctx.emit(seen.job, "Normal", "Resumed", f"run {new_run} restores savepoint {stop}")
 
 
 def _restart_nonce(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> bool:
@@ -445,25 +456,25 @@ def _restart_nonce(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> 
     then every pod goes, coordinators too (a finished job's have completed).
     """
     nonce = (seen.job.get("spec") or {}).get("restartNonce")
-    if not nonce or nonce == seen.status.get("restartNonce"):
+    if not nonce or nonce == seen.status.restart_nonce:
         return False
     layout = _layout(deployment)
-    run = int(seen.status["run"])
-    ctx.etcd.request_restart(layout, run + 1, nonce)
+    run = seen.run
+    ctx.etcd.request_restore(layout, run + 1, RestoreRequest(NewLineage(nonce)))
     new_run = ctx.etcd.advance_run(layout, run)
-    conditions = with_condition(_conditions(seen), "Ready", "False", "Restarting", f"restart nonce {nonce}")
+    conditions = with_condition(
+        seen.status.conditions, "Ready", "False", "Restarting", f"restart nonce {nonce}"
+    )
     _patch(
         ctx,
         seen,
-        {
-            "phase": "Pending",
-            "run": new_run,
-            "restartNonce": nonce,
-            "recoveries": 0,
-            "tasksReady": 0,
-            "stopping": None,
-            "conditions": conditions,
-        },
+        phase="Pending",
+        run=new_run,
+        restart_nonce=nonce,
+        recoveries=0,
+        tasks_ready=0,
+        stopping=None,
+        conditions=conditions,
     )
     ctx.emit(seen.job, "Normal", "Restarted", f"run {new_run} starts a new lineage (restart nonce {nonce})")
     for pod in seen.pods.values():
@@ -475,35 +486,36 @@ def _restart_nonce(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> 
 def _savepoint_nonce(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
     """A new spec.savepointNonce asks for a savepoint; the next committed one carries the nonce."""
     nonce = (seen.job.get("spec") or {}).get("savepointNonce")
-    if not nonce or nonce == seen.status.get("savepointNonce"):
+    if not nonce or nonce == seen.status.savepoint_nonce:
         return
     layout = _layout(deployment)
     after = ctx.etcd.last_epoch(layout)
     if _request_savepoint(ctx, seen, layout, stop=False):
-        _patch(ctx, seen, {"savepointNonce": nonce, "savepointRequest": {"nonce": nonce, "after": after}})
+        _patch(ctx, seen, savepoint_nonce=nonce, savepoint_request=SavepointRequest(nonce=nonce, after=after))
         ctx.emit(seen.job, "Normal", "SavepointRequested", f"nonce {nonce}")
 
 
-def _savepoints(ctx: Context, seen: Observed, epochs: list[int]) -> dict[str, Any]:
-    """Status of the committed savepoints, with the nonces that asked for them; a matched request is done."""
-    known = {int(s["epoch"]): s.get("nonce") for s in seen.status.get("savepoints") or []}
-    request = seen.status.get("savepointRequest")
+def _savepoints(
+    ctx: Context, seen: Observed, epochs: list[int]
+) -> tuple[list[Savepoint], SavepointRequest | None]:
+    """The committed savepoints, with the nonces that asked for them; the request still open (if any)."""
+    known = {s.epoch: s.nonce for s in seen.status.savepoints}
+    request = seen.status.savepoint_request
     out = []
     for epoch in epochs:
         nonce = known.get(epoch)
-        if nonce is None and request and epoch > int(request["after"]):
-            nonce = request["nonce"]
-            request = None
+        if nonce is None and request is not None and epoch > request.after:
+            nonce, request = request.nonce, None
             ctx.emit(seen.job, "Normal", "Savepoint", f"savepoint {epoch} (nonce {nonce})")
-        out.append({"epoch": epoch, "nonce": nonce} if nonce else {"epoch": epoch})
-    return {"savepoints": out, "savepointRequest": request}
+        out.append(Savepoint(epoch=epoch, nonce=nonce))
+    return out, request
 
 
 def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
     """Coordinators present, old runs gone, the current run whole (or recovered), status current."""
-    if seen.status.get("phase") == "Failed":
+    if seen.status.phase == "Failed":
         return  # its pods are gone; a spec change or a new StreamJob starts it again
-    ns, run = deployment.namespace, int(seen.status["run"])
+    ns, run = deployment.namespace, seen.run
     if not ctx.kube.exists(
         "ConfigMap", ns, plan_configmap_name(deployment.job_id, deployment.partitioned_fingerprint)
     ):
@@ -522,19 +534,78 @@ def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) ->
         if pod.run != run and not pod.deleting:
             ctx.kube.delete_pod(ns, pod.name, grace=0)
     current = {p.task: p for p in tasks if p.run == run}
-    if seen.status.get("phase") == "Succeeded":
+    if seen.status.phase == "Succeeded":
         return
     lost = [p.name for p in current.values() if p.phase == "Failed" or p.deleting]
-    if seen.status.get("deployedRun") == run:
+    if seen.status.deployed_run == run:
         lost += [task_pod_name(t, run) + " (gone)" for t in deployment.tasks if t.name not in current]
+    refused = next((p for p in current.values() if p.exit_code in recovery.REFUSALS), None)
+    if refused is not None:  # the same in every run: not recovered
+        last = (refused.message.strip().splitlines() or [f"exit code {refused.exit_code}"])[-1]
+        _fail(
+            ctx, seen, deployment, "CannotStart", f"{refused.name}: {last.removeprefix('nopstream task: ')}"
+        )
+        return
     if lost:
         _recover(ctx, seen, deployment, run, lost, current)
         return
     for t in deployment.tasks:
         if t.name not in current:
             ctx.kube.create(task_pod(seen.job, deployment, t, run, ctx.pods))
-    changes: dict[str, Any] = {"deployedRun": run}
-    _refresh(ctx, seen, deployment, current, changes)
+    _refresh(ctx, seen, deployment, current)
+
+
+def _fail(ctx: Context, seen: Observed, deployment: DeploymentPlan, reason: str, message: str) -> None:
+    """Phase Failed for `reason`: its pods go, its checkpoints stay (a spec change can start it again)."""
+    conditions = with_condition(seen.status.conditions, "Ready", "False", reason, message)
+    _patch(ctx, seen, phase="Failed", tasks_ready=0, conditions=conditions)
+    ctx.emit(seen.job, "Warning", "Failed", message)
+    for pod in seen.pods.values():
+        if not pod.deleting:
+            ctx.kube.delete_pod(deployment.namespace, pod.name, grace=0)
+
+
+@dataclass
+class _PodSteps:
+    """A global recovery of a job's pods (`node.recovery`).
+
+    The new run goes into etcd and the status first, then the old run's pods are
+    deleted; the next pass creates the new run's.
+    """
+
+    ctx: Context
+    seen: Observed
+    deployment: DeploymentPlan
+    current: dict[str | None, PodView]
+
+    def advance(self, run: int) -> int:
+        nonce = self.seen.status.restart_nonce
+        layout = _layout(self.deployment)
+        if nonce:  # a lineage the failed run may not have started yet (once per nonce: harmless after)
+            self.ctx.etcd.request_restore(layout, run + 1, RestoreRequest(NewLineage(nonce)))
+        return self.ctx.etcd.advance_run(layout, run)
+
+    def record(self, recovered: recovery.Recovery) -> None:
+        message = f"{recovered.message}: restoring the latest durable epoch"
+        conditions = with_condition(self.seen.status.conditions, "Ready", "False", "Recovering", message)
+        _patch(
+            self.ctx,
+            self.seen,
+            run=recovered.run,
+            phase="Recovering",
+            recoveries=recovered.recoveries,
+            tasks_ready=0,
+            conditions=conditions,
+        )
+        self.ctx.emit(self.seen.job, "Warning", "Recovery", message)
+
+    def stop(self, run: int) -> None:
+        for pod in self.current.values():
+            if not pod.deleting:
+                self.ctx.kube.delete_pod(self.deployment.namespace, pod.name, grace=0)
+
+    def start(self, run: int) -> None:
+        """Nothing yet: the next pass creates the run's pods."""
 
 
 def _recover(
@@ -545,43 +616,17 @@ def _recover(
     lost: list[str],
     current: dict[str | None, PodView],
 ) -> None:
-    """A global recovery: the next run recorded first, then the old run's pods deleted.
-
-    Past spec.maxRecoveries the job is Failed instead: its task pods go, its
-    checkpoints stay (a spec change or a new StreamJob can start from them).
-    """
-    recoveries = int(seen.status.get("recoveries") or 0) + 1
-    limit = int((seen.job.get("spec") or {}).get("maxRecoveries", 10))
-    if recoveries > limit:
-        message = f"{', '.join(sorted(lost))} failed after {limit} recoveries: the job has failed"
-        conditions = with_condition(_conditions(seen), "Ready", "False", "TooManyRecoveries", message)
-        _patch(ctx, seen, {"phase": "Failed", "tasksReady": 0, "conditions": conditions})
-        ctx.emit(seen.job, "Warning", "Failed", message)
-        for pod in seen.pods.values():
-            if not pod.deleting:
-                ctx.kube.delete_pod(deployment.namespace, pod.name, grace=0)
-        return
-    nonce = seen.status.get("restartNonce")
-    if nonce:  # a lineage the failed run may not have started yet (once per nonce: harmless after)
-        ctx.etcd.request_restart(_layout(deployment), run + 1, nonce)
-    new_run = ctx.etcd.advance_run(_layout(deployment), run)
-    message = f"{', '.join(sorted(lost))} failed: run {run} -> {new_run}, restoring the latest durable epoch"
-    conditions = with_condition(_conditions(seen), "Ready", "False", "Recovering", message)
-    _patch(
-        ctx,
-        seen,
-        {
-            "run": new_run,
-            "phase": "Recovering",
-            "recoveries": recoveries,
-            "tasksReady": 0,
-            "conditions": conditions,
-        },
-    )
-    ctx.emit(seen.job, "Warning", "Recovery", message)
-    for pod in current.values():
-        if not pod.deleting:
-            ctx.kube.delete_pod(deployment.namespace, pod.name, grace=0)
+    """A global recovery (`node.recovery`); past spec.maxRecoveries the job is Failed instead."""
+    try:
+        recovery.recover(
+            _PodSteps(ctx, seen, deployment, current),
+            run=run,
+            recoveries=seen.status.recoveries or 0,
+            limit=int((seen.job.get("spec") or {}).get("maxRecoveries", 10)),
+            cause=f"{', '.join(sorted(lost))} failed",
+        )
+    except recovery.TooManyRecoveries as failed:
+        _fail(ctx, seen, deployment, "TooManyRecoveries", f"{failed}: the job has failed")
 
 
 def _refresh(
@@ -589,37 +634,38 @@ def _refresh(
     seen: Observed,
     deployment: DeploymentPlan,
     current: dict[str | None, PodView],
-    changes: dict[str, Any],
 ) -> None:
-    """Phase, readiness and epochs from what was observed."""
+    """The run's pods all created: phase, readiness and epochs from what was observed."""
     total = len(deployment.tasks)
     ready = sum(1 for p in current.values() if p.ready and p.phase == "Running")
     succeeded = len(current) == total and all(p.phase == "Succeeded" for p in current.values())
-    phase = seen.status.get("phase")
-    conditions = _conditions(seen)
+    phase = seen.status.phase
+    conditions = seen.status.conditions
     if succeeded:
         phase = "Succeeded"
         conditions = with_condition(conditions, "Ready", "False", "Succeeded", "the final epoch is committed")
-    elif ready == total and not seen.status.get("stopping"):  # stopping: still Upgrading
+    elif ready == total and seen.status.stopping is None:  # stopping: still Upgrading
         phase = "Running"
         conditions = with_condition(
             conditions, "Ready", "True", "AllTasksReady", f"{ready}/{total} tasks ready"
         )
-    durable, committed, savepoints = ctx.etcd.epochs(_layout(deployment))
-    changes.update(
-        {
-            "phase": phase,
-            "tasksReady": ready,
-            "tasksTotal": total,
-            "latestDurableEpoch": durable,
-            "latestCommittedEpoch": committed,
-            **_savepoints(ctx, seen, savepoints),
-            "conditions": conditions,
-        }
+    durable, committed, epochs = ctx.etcd.epochs(_layout(deployment))
+    savepoints, request = _savepoints(ctx, seen, epochs)
+    if phase != seen.status.phase and phase in ("Running", "Succeeded"):
+        ctx.emit(seen.job, "Normal", phase, f"run {seen.run}: {ready}/{total} tasks ready")
+    _patch(
+        ctx,
+        seen,
+        deployed_run=seen.run,
+        phase=phase,
+        tasks_ready=ready,
+        tasks_total=total,
+        latest_durable_epoch=durable,
+        latest_committed_epoch=committed,
+        savepoints=savepoints,
+        savepoint_request=request,
+        conditions=conditions,
     )
-    if phase != seen.status.get("phase") and phase in ("Running", "Succeeded"):
-        ctx.emit(seen.job, "Normal", phase, f"run {seen.status['run']}: {ready}/{total} tasks ready")
-    _patch(ctx, seen, changes)
 
 
 def cleanup(kube: Kube, namespace: str, job_id: str) -> None:

@@ -78,17 +78,24 @@ def plan_configmap(
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": plan_configmap_name(deployment.job_id, fp),
-            "namespace": deployment.namespace,
-            "labels": {**MANAGED, LABEL_JOB: deployment.job_id, LABEL_ROLE: "plan"},
+            **_metadata(job, deployment, plan_configmap_name(deployment.job_id, fp), "plan"),
             "annotations": {ANNOTATION_FINGERPRINT: fp},
-            "ownerReferences": [owner_reference(job)],
         },
         "immutable": True,
         "data": {
             "partitioned.json": compiler.dump_document(partitioned),
             "deployment.json": compiler.dump_document(deployment),
         },
+    }
+
+
+def _metadata(job: dict[str, Any], deployment: DeploymentPlan, name: str, role: str) -> dict[str, Any]:
+    """Name, namespace, labels and the StreamJob as owner of one of the job's objects."""
+    return {
+        "name": name,
+        "namespace": deployment.namespace,
+        "labels": {**MANAGED, LABEL_JOB: deployment.job_id, LABEL_ROLE: role},
+        "ownerReferences": [owner_reference(job)],
     }
 
 
@@ -102,12 +109,7 @@ def job_secret(job: dict[str, Any], deployment: DeploymentPlan, secret: str) -> 
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {
-            "name": job_secret_name(deployment.job_id),
-            "namespace": deployment.namespace,
-            "labels": {**MANAGED, LABEL_JOB: deployment.job_id, LABEL_ROLE: "secret"},
-            "ownerReferences": [owner_reference(job)],
-        },
+        "metadata": _metadata(job, deployment, job_secret_name(deployment.job_id), "secret"),
         "type": "Opaque",
         "immutable": True,
         "stringData": {JOB_SECRET_KEY: secret},
@@ -139,12 +141,7 @@ def network_policy(job: dict[str, Any], deployment: DeploymentPlan, settings: Po
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {
-            "name": network_policy_name(deployment.job_id),
-            "namespace": deployment.namespace,
-            "labels": {**MANAGED, LABEL_JOB: deployment.job_id, LABEL_ROLE: "network-policy"},
-            "ownerReferences": [owner_reference(job)],
-        },
+        "metadata": _metadata(job, deployment, network_policy_name(deployment.job_id), "network-policy"),
         "spec": {
             "podSelector": {"matchLabels": {**MANAGED, LABEL_JOB: deployment.job_id}},
             "policyTypes": ["Ingress"],
@@ -238,6 +235,8 @@ def _pod(
                     "command": [*settings.command, role],
                     "env": _env(deployment, settings, env),
                     "ports": [{"name": "http", "containerPort": TASK_PORT}],
+                    # a refused start tells why in its last log line: the operator reads it there
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
                     "readinessProbe": {**probe, "initialDelaySeconds": 1},
                     "livenessProbe": {**probe, "initialDelaySeconds": 10},
                     "resources": resources,

@@ -7,10 +7,11 @@ import pytest
 from nopstream.checkpoint import lineage, restore
 from nopstream.checkpoint.errors import RestoreRefused
 from nopstream.checkpoint.formats import encode_manifest, manifest_path
-from nopstream.checkpoint.restore import NewLineage, RestorePoint
+from nopstream.checkpoint.restore import NewLineage, RestorePoint, RestoreRequest
 from nopstream.model.load import load_data
 from nopstream.plan import compiler
 from nopstream.plan.canonical import fingerprint
+from nopstream.plan.epochs import EpochKind
 
 NS = "job/main"
 
@@ -92,3 +93,17 @@ def test_a_damaged_lineage_record_is_refused_naming_it(storage, plan):
     storage.put(lineage.lineage_path(NS), b"{not json")
     with pytest.raises(RestoreRefused, match=f"lineage record {lineage.lineage_path(NS)} is damaged"):
         restore.choose(storage, plan)
+
+
+def test_a_restore_point_a_refusal_and_a_request_round_trip_through_their_codecs():
+    point = RestorePoint(3, EpochKind.STOP, lineage=2, next_epoch=7, from_plan="sha256:ab")
+    assert RestorePoint.from_json(point.to_json()) == point
+    with pytest.raises(RestoreRefused) as refused:
+        RestorePoint.from_json(RestorePoint.refusal_json("the manifest of epoch 4 is missing"))
+    assert str(refused.value) == "the manifest of epoch 4 is missing"
+    for request in (
+        RestoreRequest(),
+        RestoreRequest(new_lineage=NewLineage("n1", base=5)),
+        RestoreRequest(from_plan="sha256:cd"),
+    ):
+        assert RestoreRequest.from_json(request.to_json()) == request

@@ -289,7 +289,7 @@ def test_forged_requests_to_the_coordinators_and_tasks_on_etcd_are_refused(
             for c in ("no secret", "wrong secret")
         },
         **{
-            f"{p} old run": (409, f"run {run - 1} is over: this coordinator leads run {run}")
+            f"{p} old run": (409, f"stale run {run - 1}: the current run is {run}")
             for p in ("/ack", "/source-finished")
         },
         **{f"{p} no run": 400 for p in ("/ack", "/source-finished")},

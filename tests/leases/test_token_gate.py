@@ -22,6 +22,29 @@ SECRET = guard.new_secret()
 S3 = {"storage": {"s3": {"endpoint": "http://s3:9000", "bucket": "cp"}}}
 
 
+async def serve_task(
+    session: aiohttp.ClientSession, plans: compiler.CompiledPlans, task_id: str, run: int
+) -> tuple[TaskServer, str]:
+    """One task of the plans served on loopback (no channel of its own is resolved)."""
+
+    async def nowhere(task: str) -> str:
+        raise AssertionError("no channel is resolved in this test")
+
+    async def send(path: str, body: dict) -> None:
+        return None
+
+    task, receiver, listener = build_task(
+        plans.partitioned,
+        plans.deployment,
+        TaskIdentity(task_id, run, "a1"),
+        session=session,
+        resolve=nowhere,
+        send=send,
+    )
+    server = TaskServer(task, receiver, listener, run=run, guard=guard.Guard(SECRET))
+    return server, await server.start("127.0.0.1", 0)
+
+
 def test_a_task_refuses_commands_of_a_deposed_coordinator_or_another_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     plans = compiler.compile_model(load_data({"jobId": "gate", "model": MODEL}), backend="local")
@@ -29,23 +52,7 @@ def test_a_task_refuses_commands_of_a_deposed_coordinator_or_another_run(tmp_pat
 
     async def scenario() -> tuple[list[tuple[int, str]], str]:
         async with aiohttp.ClientSession(headers=guard.headers(SECRET)) as session:
-
-            async def nowhere(task: str) -> str:
-                raise AssertionError("no channel is resolved in this test")
-
-            async def send(path: str, body: dict) -> None:
-                return None
-
-            task, receiver, listener = build_task(
-                plans.partitioned,
-                plans.deployment,
-                TaskIdentity(task_id, 7, "a1"),
-                session=session,
-                resolve=nowhere,
-                send=send,
-            )
-            server = TaskServer(task, receiver, listener, run=7, guard=guard.Guard(SECRET))
-            url = await server.start("127.0.0.1", 0)
+            server, url = await serve_task(session, plans, task_id, 7)
             answers = []
             try:
                 for body in (
@@ -127,23 +134,7 @@ def test_a_task_server_closes_at_once_while_an_upstream_channel_is_open(tmp_path
 
     async def scenario() -> float:
         async with aiohttp.ClientSession(headers=guard.headers(SECRET)) as session:
-
-            async def nowhere(task: str) -> str:
-                raise AssertionError("no channel is resolved in this test")
-
-            async def send(path: str, body: dict) -> None:
-                return None
-
-            task, receiver, listener = build_task(
-                plan,
-                plans.deployment,
-                TaskIdentity(sink, 1, "a1"),
-                session=session,
-                resolve=nowhere,
-                send=send,
-            )
-            server = TaskServer(task, receiver, listener, run=1, guard=guard.Guard(SECRET))
-            url = await server.start("127.0.0.1", 0)
+            server, url = await serve_task(session, plans, sink, 1)
             ws = await session.ws_connect(f"{url}/channel")
             await ws.send_bytes(encode(Hello("gate", "main", 1, "up", channel_id), DEFAULT_CODEC))
             assert isinstance(decode((await ws.receive()).data, DEFAULT_CODEC), Welcome)

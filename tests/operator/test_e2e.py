@@ -648,3 +648,30 @@ def test_a_kafka_job_on_the_cluster_counts_every_committed_line_once_through_pod
     got = kafka.committed(out)
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
     w.kubectl("delete", "streamjob", "kafka-wc", "--wait=true", "--timeout=60s")
+
+
+def test_a_job_whose_sink_cannot_start_fails_at_once_naming_why(world, bucket, kafka):
+    # A refused start is the same in every run: no recovery, the task and the cause in the status.
+    w = world
+    source = kafka.create("lines", partitions=1)
+    job = wordcount("no-topic", bucket, w.s3_url, "unused", parallelism=1)
+    model = job["spec"]["model"]
+    model["sources"] = [
+        {"id": "lines", "type": "kafka", "config": {"bootstrapServers": kafka.bootstrap, "topic": source}}
+    ]
+    model["sinks"] = [
+        {"id": "out", "type": "kafka", "config": {"bootstrapServers": kafka.bootstrap, "topic": "nowhere"}}
+    ]
+    w.kubectl("apply", "-f", "-", input=json.dumps(job))
+    w.wait("Failed", lambda: w.job("no-topic").get("status", {}).get("phase") == "Failed", timeout=120)
+    status = w.job("no-topic")["status"]
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (status.get("recoveries"), status["run"], ready["reason"]) == (0, 1, "CannotStart")
+    pod, _, why = ready["message"].partition(": ")
+    assert pod.startswith("no-topic-") and pod.endswith("-0-r1"), ready["message"]
+    assert why == (
+        "cannot start: kafka sink 'out': topic 'nowhere' does not exist on"
+        f" {kafka.bootstrap} (create it first)"
+    )
+    w.wait("no pods", lambda: w.pods("no-topic") == [])
+    w.kubectl("delete", "streamjob", "no-topic", "--wait=true", "--timeout=60s")

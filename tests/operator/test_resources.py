@@ -169,8 +169,8 @@ def test_the_plan_configmap_round_trips_both_plans_and_coordinators_restart_on_f
 def test_a_condition_keeps_its_transition_time_while_its_status_holds():
     first = with_condition([], "Ready", "True", "AllTasksReady", "3/3")
     again = with_condition(first, "Ready", "True", "AllTasksReady", "3/3 tasks")
-    assert again[0]["lastTransitionTime"] == first[0]["lastTransitionTime"]
-    assert again[0]["message"] == "3/3 tasks"
+    assert again[0].last_transition_time == first[0].last_transition_time
+    assert again[0].message == "3/3 tasks"
 
 
 def test_operator_replicas_get_distinct_stable_peering_priorities():

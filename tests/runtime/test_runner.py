@@ -35,7 +35,9 @@ def test_a_failing_task_fails_the_run_with_its_error(tmp_path, mode):
     result = run_nopstream(*args, cwd=tmp_path)
     assert result.code == 3
     failed = next(line for line in result.err.splitlines() if line.startswith("job 'test' failed: "))
-    assert failed.startswith("job 'test' failed: task test/main/src/") and failed.endswith(" failed:")
+    # with task processes the count of recoveries comes with the cause, the error below it
+    ending = " failed (after 2 recoveries):" if mode == "processes" else " failed:"
+    assert failed.startswith("job 'test' failed: task test/main/src/") and failed.endswith(ending), failed
     assert "ValueError: record 1234 is cursed" in result.err
     # with task processes, each failure is a global recovery until the restarts run out
     expected_recoveries = 2 if mode == "processes" else 0

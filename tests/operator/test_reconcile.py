@@ -1,0 +1,263 @@
+"""`reconcile_once`, one phase at a time, against fakes of its two adapters.
+
+The fakes stand in for the Kubernetes API (`Kube`: objects in dicts, pods whose phase
+the test sets) and the operator's view of etcd (`EtcdView`: a run counter and an epoch
+list). They are fakes by design: what a pass decides is tested here in milliseconds,
+and the same passes run against a real API server, etcd and pods in `test_e2e.py`.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import yaml
+from nopstream_operator.kube import NameTaken
+from nopstream_operator.reconcile import Context, reconcile_once
+from nopstream_operator.resources import PodSettings
+
+from nopstream.checkpoint.restore import RestoreRequest
+from tests.conftest import EXAMPLES
+
+JOB = yaml.safe_load((EXAMPLES / "wordcount.yaml").read_text())
+JOB["metadata"] = {**JOB["metadata"], "namespace": "prod", "uid": "u-1", "generation": 1}
+JOB["spec"]["checkpoint"]["storage"] = {"s3": {"endpoint": "http://s3:9000", "bucket": "cp"}}
+NAME = JOB["metadata"]["name"]
+
+
+class FakeKube:
+    """The API objects of one namespace, in dicts; every write counted."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.streamjob = copy.deepcopy(job)
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.writes: list[str] = []
+
+    def job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.streamjob)
+
+    def pods(self, namespace: str, job_id: str) -> list[dict[str, Any]]:
+        return [copy.deepcopy(o) for (kind, _), o in sorted(self.objects.items()) if kind == "Pod"]
+
+    def exists(self, kind: str, namespace: str, name: str) -> bool:
+        return (kind, name) in self.objects
+
+    def configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        found = self.objects.get(("ConfigMap", name))
+        return None if found is None else dict(found["data"])
+
+    def owned_secret(self, namespace: str, name: str, key: str, owner_uid: str) -> str | None:
+        found = self.objects.get(("Secret", name))
+        if found is None:
+            return None
+        if owner_uid not in {o["uid"] for o in found["metadata"].get("ownerReferences", [])}:
+            raise NameTaken(f"Secret {namespace}/{name} exists and is not this job's")
+        return str(found["stringData"][key])
+
+    def create(self, manifest: dict[str, Any]) -> None:
+        self.writes.append(f"create {manifest['kind']} {manifest['metadata']['name']}")
+        self.objects[(manifest["kind"], manifest["metadata"]["name"])] = copy.deepcopy(manifest)
+
+    def delete_pod(self, namespace: str, name: str, *, grace: int = 5) -> None:
+        self.writes.append(f"delete Pod {name}")
+        self.objects.pop(("Pod", name), None)
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.writes.append("patch status")
+        held = dict(self.streamjob.get("status") or {})
+        for key, value in status.items():  # a JSON merge patch: null removes
+            if value is None:
+                held.pop(key, None)
+            else:
+                held[key] = value
+        self.streamjob["status"] = held
+
+    def set_pods(
+        self, role: str, phase: str, *, ready: bool = True, exit_code: int | None = None, log: str = ""
+    ):
+        """Give every pod of a role a phase, as a kubelet would report it."""
+        for (kind, _), pod in self.objects.items():
+            if kind != "Pod" or pod["metadata"]["labels"]["nopstream.io/role"] != role:
+                continue
+            state = {"terminated": {"exitCode": exit_code, "message": log}} if exit_code is not None else {}
+            pod["status"] = {
+                "phase": phase,
+                "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+                "containerStatuses": [{"state": state}],
+            }
+
+
+class FakeEtcd:
+    """The job's run counter, epoch log summary and restore requests."""
+
+    def __init__(self) -> None:
+        self.current_run = 0
+        self.durable: int | None = None
+        self.requests: dict[int, RestoreRequest] = {}
+
+    def run(self, layout: Any) -> int:
+        return self.current_run
+
+    def advance_run(self, layout: Any, expected: int) -> int:
+        if self.current_run == expected:
+            self.current_run += 1
+        return self.current_run
+
+    def epochs(self, layout: Any) -> tuple[int | None, int | None, list[int]]:
+        return self.durable, self.durable, []
+
+    def last_epoch(self, layout: Any) -> int:
+        return self.durable or 0
+
+    def stopped_at(self, layout: Any, *, after: int) -> int | None:
+        return None
+
+    def request_restore(self, layout: Any, run: int, request: RestoreRequest) -> None:
+        self.requests[run] = request
+
+    def leader_endpoint(self, layout: Any) -> str | None:
+        return None
+
+
+@pytest.fixture
+def world():
+    kube, etcd = FakeKube(JOB), FakeEtcd()
+    events: list[tuple[str, str]] = []
+    ctx = Context(
+        kube=kube,  # type: ignore[arg-type]
+        etcd=etcd,  # type: ignore[arg-type]
+        pods=PodSettings(etcd="etcd:2379", operator_namespace="nopstream-system"),
+        emit=lambda job, kind, reason, message: events.append((reason, message)),
+    )
+    return ctx, kube, etcd, events
+
+
+def passes(ctx: Context, n: int = 1) -> None:
+    for _ in range(n):
+        reconcile_once(ctx, "prod", NAME)
+
+
+def status(kube: FakeKube) -> dict[str, Any]:
+    return kube.streamjob.get("status") or {}
+
+
+def kinds(kube: FakeKube) -> list[str]:
+    return sorted(f"{k} {n}" for k, n in kube.objects)
+
+
+def test_a_first_pass_records_the_run_and_plan_before_any_pod_then_the_pods_follow(world):
+    ctx, kube, etcd, events = world
+    passes(ctx)
+    assert (status(kube)["phase"], status(kube)["run"], etcd.current_run) == ("Pending", 1, 1)
+    assert [k.split()[0] for k in kinds(kube)] == ["ConfigMap"]  # the plan, no pod yet
+    passes(ctx)
+    pods = [k for k in kinds(kube) if k.startswith("Pod")]
+    assert len(pods) == 2 + status(kube)["tasksTotal"]  # two coordinators and the tasks
+    assert "Secret wordcount-secret" in kinds(kube) and "NetworkPolicy wordcount-peers" in kinds(kube)
+    first = kube.writes.index("create Secret wordcount-secret")
+    assert all(
+        w.startswith(("create Secret", "create NetworkPolicy")) for w in kube.writes[first : first + 2]
+    )
+    assert all(not w.startswith("create Pod") for w in kube.writes[:first])  # fences before any pod
+    assert status(kube)["deployedRun"] == 1 and events[0][0] == "Deploying"
+
+
+def test_ready_pods_make_the_job_running_and_a_settled_pass_writes_nothing(world):
+    ctx, kube, etcd, _events = world
+    passes(ctx, 2)
+    kube.set_pods("task", "Running")
+    kube.set_pods("coordinator", "Running")
+    etcd.durable = 4
+    passes(ctx)
+    got = status(kube)
+    assert (got["phase"], got["tasksReady"], got["latestDurableEpoch"]) == ("Running", got["tasksTotal"], 4)
+    ready = next(c for c in got["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "AllTasksReady")
+    before = list(kube.writes)
+    passes(ctx, 3)
+    assert kube.writes == before
+
+
+def test_a_failed_task_pod_is_a_global_recovery_recorded_before_its_pods_go(world):
+    ctx, kube, etcd, events = world
+    passes(ctx, 2)
+    kube.set_pods("coordinator", "Running")
+    kube.set_pods("task", "Failed", ready=False, exit_code=1, log="Traceback ...\nValueError: boom")
+    before = len(kube.writes)
+    passes(ctx)
+    got = status(kube)
+    assert (got["phase"], got["run"], got["recoveries"], etcd.current_run) == ("Recovering", 2, 1, 2)
+    writes = kube.writes[before:]
+    assert writes[0] == "patch status" and writes[1:] and all(w.startswith("delete Pod") for w in writes[1:])
+    assert [r for r, _ in events].count("Recovery") == 1
+    passes(ctx)  # the new run's pods
+    assert all(n.endswith("-r2") for k, n in kube.objects if k == "Pod" and "coordinator" not in n)
+
+
+def test_past_its_recoveries_the_job_fails_and_its_pods_go(world):
+    ctx, kube, _etcd, _events = world
+    kube.streamjob["spec"]["maxRecoveries"] = 1
+    passes(ctx, 2)
+    for _ in range(2):
+        kube.set_pods("task", "Failed", ready=False, exit_code=1)
+        passes(ctx, 2)
+    got = status(kube)
+    ready = next(c for c in got["conditions"] if c["type"] == "Ready")
+    assert (got["phase"], got["recoveries"], ready["reason"]) == ("Failed", 1, "TooManyRecoveries")
+    assert ready["message"].endswith("failed (after 1 recoveries): the job has failed")
+    assert not [k for k in kinds(kube) if k.startswith("Pod")]
+
+
+def test_a_refused_start_fails_the_job_at_once_with_the_reason(world):
+    ctx, kube, etcd, _events = world
+    passes(ctx, 2)
+    reason = (
+        "nopstream task: cannot start: kafka sink 'out': topic 'x' does not exist on k:9092 (create it first)"
+    )
+    kube.set_pods("task", "Failed", ready=False, exit_code=5, log=f"2026 INFO serves\n{reason}\n")
+    passes(ctx)
+    got = status(kube)
+    ready = next(c for c in got["conditions"] if c["type"] == "Ready")
+    assert (got["phase"], got.get("recoveries"), etcd.current_run, ready["reason"]) == (
+        "Failed",
+        0,
+        1,
+        "CannotStart",
+    )
+    pod, _, why = ready["message"].partition(": ")
+    assert pod.endswith("-r1") and why == reason.removeprefix("nopstream task: ")
+    assert not [k for k in kinds(kube) if k.startswith("Pod")]
+
+
+def test_an_invalid_spec_is_invalid_and_creates_nothing(world):
+    ctx, kube, _etcd, _events = world
+    kube.streamjob["spec"]["parallelism"] = 0
+    passes(ctx, 2)
+    assert status(kube)["phase"] == "Invalid" and kube.objects == {}
+    assert kube.writes == ["patch status"]  # the second pass found nothing to change
+
+
+def test_a_secret_of_the_jobs_name_held_by_another_owner_stops_the_job_before_any_pod(world):
+    ctx, kube, _etcd, events = world
+    passes(ctx)
+    kube.objects[("Secret", "wordcount-secret")] = {"metadata": {"ownerReferences": []}, "stringData": {}}
+    passes(ctx, 2)
+    ready = next(c for c in status(kube)["conditions"] if c["type"] == "Ready")
+    assert (status(kube)["phase"], ready["reason"]) == ("Pending", "NameConflict")
+    assert (
+        ready["message"]
+        == "Secret prod/wordcount-secret exists and is not this job's: remove it or rename this job"
+    )
+    assert not [k for k in kinds(kube) if k.startswith("Pod")]
+    assert [r for r, _ in events].count("NameConflict") == 1
+
+
+def test_a_new_restart_nonce_starts_a_new_lineage_in_the_next_run(world):
+    ctx, kube, etcd, _events = world
+    passes(ctx, 2)
+    kube.streamjob["spec"]["restartNonce"] = "again"
+    passes(ctx)
+    assert (status(kube)["run"], status(kube)["restartNonce"]) == (2, "again")
+    assert etcd.requests[2].new_lineage is not None and etcd.requests[2].new_lineage.nonce == "again"
+    assert not [k for k in kinds(kube) if k.startswith("Pod")]
