@@ -400,13 +400,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  latest manifest refused: {refused}")
             code = EXIT_INVALID
             continue
-        segments = [s for t in m["tasks"].values() for s in t["segments"]]
-        pending = sum(len(v) for v in m.get("sinks", {}).values())
-        print(f"  latest: epoch {m['epoch']} ({m['kind']}) at {m['createdAt']}, plan {m['planFingerprint']}")
-        size = sum(s["bytes"] for s in segments)
+        segments = m.segments()
+        pending = sum(len(v) for v in m.sinks.values())
+        print(f"  latest: epoch {m.epoch} ({m.kind}) at {m.created_at}, plan {m.plan_fingerprint}")
+        size = sum(s.bytes for s in segments)
         print(
-            f"  {len(m['tasks'])} tasks, {len(segments)} segments, {size:,} bytes,"
-            f" {pending} pending sink transactions, checksum {m['checksum'][:16]}"
+            f"  {len(m.tasks)} tasks, {len(segments)} segments, {size:,} bytes,"
+            f" {pending} pending sink transactions, checksum {m.checksum[:16]}"
         )
     print("(the epoch log of a local run lives in the runner's memory; storage holds the truth)")
     return code

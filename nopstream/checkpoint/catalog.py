@@ -15,14 +15,13 @@ from typing import Any
 from nopstream.checkpoint.errors import RestoreRefused, StorageError
 from nopstream.checkpoint.formats import (
     MANIFEST_NAME,
-    SegmentRef,
+    Manifest,
     check_plan,
     decode_manifest,
     decode_segment,
     manifest_path,
 )
 from nopstream.checkpoint.storage import Storage
-from nopstream.plan.epochs import EpochKind
 
 
 @dataclass(frozen=True)
@@ -30,7 +29,7 @@ class Checkpoint:
     """A verified durable epoch: its manifest and every segment's payload by path."""
 
     epoch: int
-    manifest: dict[str, Any]
+    manifest: Manifest
     segments: dict[str, Any]
 
 
@@ -62,7 +61,7 @@ def highest_epoch(storage: Storage, namespace: str) -> int | None:
     return max(_epochs_with(storage, namespace), default=None)
 
 
-def read_manifest(storage: Storage, namespace: str, epoch: int) -> dict[str, Any]:
+def read_manifest(storage: Storage, namespace: str, epoch: int) -> Manifest:
     """An epoch's verified manifest; RestoreRefused when missing or damaged."""
     path = manifest_path(namespace, epoch)
     try:
@@ -77,15 +76,13 @@ def load_checkpoint(storage: Storage, namespace: str, epoch: int, *, plan_finger
     manifest = read_manifest(storage, namespace, epoch)
     check_plan(manifest, fingerprint=plan_fingerprint, epoch=epoch)
     segments: dict[str, Any] = {}
-    for task in manifest.get("tasks", {}).values():
-        for raw in task.get("segments", []):
-            ref = SegmentRef(raw["path"], raw["sha256"], int(raw["bytes"]))
-            try:
-                data = storage.get(ref.path)
-            except StorageError:
-                raise RestoreRefused(f"segment {ref.path} of epoch {epoch} is missing") from None
-            _, payload = decode_segment(data, path=ref.path, epoch=epoch, ref=ref)
-            segments[ref.path] = payload
+    for ref in manifest.segments():
+        try:
+            data = storage.get(ref.path)
+        except StorageError:
+            raise RestoreRefused(f"segment {ref.path} of epoch {epoch} is missing") from None
+        _, payload = decode_segment(data, path=ref.path, epoch=epoch, ref=ref)
+        segments[ref.path] = payload
     return Checkpoint(epoch, manifest, segments)
 
 
@@ -102,8 +99,7 @@ def apply_retention(storage: Storage, namespace: str, *, keep: int) -> list[str]
         return []
     kept = set(durable[-keep:]) if keep > 0 else set()
     for epoch in durable:
-        kind = EpochKind(read_manifest(storage, namespace, epoch).get("kind", EpochKind.CHECKPOINT))
-        if epoch not in kept and kind.is_savepoint:
+        if epoch not in kept and read_manifest(storage, namespace, epoch).kind.is_savepoint:
             kept.add(epoch)
     newest = durable[-1]
     deleted = []

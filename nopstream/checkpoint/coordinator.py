@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nopstream.checkpoint.catalog import apply_retention
-from nopstream.checkpoint.formats import encode_manifest, manifest_path
+from nopstream.checkpoint.formats import Manifest, SegmentRef, encode_manifest, manifest_path
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.election import Leadership
 from nopstream.cluster.epochlog import EpochLog, EpochState
@@ -46,13 +46,14 @@ Notify = Callable[[int], Awaitable[None]]
 class Ack:
     """What one task reported for an epoch: its segments, source positions and pending sink transactions."""
 
-    segments: list[dict[str, Any]]
+    segments: tuple[SegmentRef, ...]
     sources: dict[str, Any]
     sinks: list[dict[str, Any]]
 
     def to_json(self, epoch: int) -> dict[str, Any]:
         """The ACK of `epoch` as the JSON body a task sends."""
-        return {"epoch": epoch, "segments": self.segments, "sources": self.sources, "sinks": self.sinks}
+        segments = [ref.__dict__ for ref in self.segments]
+        return {"epoch": epoch, "segments": segments, "sources": self.sources, "sinks": self.sinks}
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Ack:
@@ -60,7 +61,11 @@ class Ack:
         segments, sources, sinks = body.get("segments"), body.get("sources", {}), body.get("sinks", [])
         if not (isinstance(segments, list) and isinstance(sources, dict) and isinstance(sinks, list)):
             raise ValueError("an ACK has a list of segments, an object of sources and a list of sinks")
-        return cls(segments, sources, sinks)
+        try:
+            refs = tuple(SegmentRef(str(s["path"]), str(s["sha256"]), int(s["bytes"])) for s in segments)
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("each segment of an ACK has a path, a sha256 and a number of bytes") from None
+        return cls(refs, sources, sinks)
 
 
 @dataclass
@@ -231,20 +236,21 @@ class EpochCoordinator:
 
     async def _make_durable(self, current: _Epoch) -> None:
         ident = self.plan.identity
-        manifest = {
-            "jobId": ident.job_id,
-            "pipelineId": ident.pipeline_id,
-            "checkpointNamespace": ident.checkpoint_namespace,
-            "planVersion": ident.plan_version,
-            "epoch": current.epoch,
-            "kind": current.kind,
-            "planFingerprint": self.fingerprint,
-            "createdAt": datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
-            "durationMs": int((self.clock() - current.started) * 1000),
-            "tasks": {t: {"segments": a.segments} for t, a in sorted(current.acks.items())},
-            "sources": {t: a.sources for t, a in sorted(current.acks.items()) if a.sources},
-            "sinks": {t: a.sinks for t, a in sorted(current.acks.items()) if a.sinks},
-        }
+        acks = sorted(current.acks.items())
+        manifest = Manifest(
+            job_id=ident.job_id,
+            pipeline_id=ident.pipeline_id,
+            checkpoint_namespace=ident.checkpoint_namespace,
+            plan_version=ident.plan_version,
+            epoch=current.epoch,
+            kind=current.kind,
+            plan_fingerprint=self.fingerprint,
+            created_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
+            duration_ms=int((self.clock() - current.started) * 1000),
+            tasks={t: a.segments for t, a in acks},
+            sources={t: a.sources for t, a in acks if a.sources},
+            sinks={t: a.sinks for t, a in acks if a.sinks},
+        )
         path = manifest_path(ident.checkpoint_namespace, current.epoch)
         faults.reached("before-manifest", self.on_fault)
         faults.reached("coordinator-before-manifest")  # the coordinator itself crashes

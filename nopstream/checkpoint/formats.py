@@ -17,12 +17,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from nopstream.checkpoint.errors import RestoreRefused
+from nopstream.plan.epochs import EpochKind
 
 SEGMENT_FORMAT = "nopstream-segment"
 MANIFEST_FORMAT = "nopstream-manifest"
@@ -98,17 +99,92 @@ def manifest_path(namespace: str, epoch: int) -> str:
     return f"checkpoint/{namespace}/{epoch}/{MANIFEST_NAME}"
 
 
-def encode_manifest(manifest: dict[str, Any]) -> bytes:
-    """The manifest's bytes, with its checksum added."""
-    body = {k: v for k, v in manifest.items() if k != "checksum"}
-    body.setdefault("format", MANIFEST_FORMAT)
-    body.setdefault("formatVersion", FORMAT_VERSION)
-    body.setdefault("stateFormatVersion", STATE_FORMAT_VERSION)
+@dataclass(frozen=True)
+class Manifest:
+    """A durable epoch's commit record: the epoch, its kind and plan, and what makes it up.
+
+    `tasks` names each task's segment references, `sources` each source task's
+    positions, `sinks` each sink task's pending transactions (id, epoch, records,
+    lineage; their contents stay in the segments). `checksum` is set when read.
+    """
+
+    epoch: int
+    kind: EpochKind
+    plan_fingerprint: str
+    job_id: str = ""
+    pipeline_id: str = ""
+    checkpoint_namespace: str = ""
+    plan_version: int = 1
+    created_at: str = ""
+    duration_ms: int = 0
+    tasks: dict[str, tuple[SegmentRef, ...]] = field(default_factory=dict)
+    sources: dict[str, Any] = field(default_factory=dict)
+    sinks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    checksum: str = ""
+
+    def segments(self) -> list[SegmentRef]:
+        """Every segment reference of every task."""
+        return [ref for refs in self.tasks.values() for ref in refs]
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest's JSON object, without format fields and checksum."""
+        return {
+            "jobId": self.job_id,
+            "pipelineId": self.pipeline_id,
+            "checkpointNamespace": self.checkpoint_namespace,
+            "planVersion": self.plan_version,
+            "epoch": self.epoch,
+            "kind": str(self.kind),
+            "planFingerprint": self.plan_fingerprint,
+            "createdAt": self.created_at,
+            "durationMs": self.duration_ms,
+            "tasks": {t: {"segments": [r.__dict__ for r in refs]} for t, refs in sorted(self.tasks.items())},
+            "sources": dict(sorted(self.sources.items())),
+            "sinks": dict(sorted(self.sinks.items())),
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any], *, where: str) -> Manifest:
+        """A manifest from its verified JSON; RestoreRefused naming `where` when a part has another shape."""
+        try:
+            tasks = {
+                t: tuple(
+                    SegmentRef(r["path"], r["sha256"], int(r["bytes"])) for r in entry.get("segments", [])
+                )
+                for t, entry in raw.get("tasks", {}).items()
+            }
+            return cls(
+                epoch=int(raw["epoch"]),
+                kind=EpochKind(raw.get("kind", EpochKind.CHECKPOINT)),
+                plan_fingerprint=str(raw.get("planFingerprint", "")),
+                job_id=str(raw.get("jobId", "")),
+                pipeline_id=str(raw.get("pipelineId", "")),
+                checkpoint_namespace=str(raw.get("checkpointNamespace", "")),
+                plan_version=int(raw.get("planVersion", 1)),
+                created_at=str(raw.get("createdAt", "")),
+                duration_ms=int(raw.get("durationMs", 0)),
+                tasks=tasks,
+                sources=dict(raw.get("sources", {})),
+                sinks=dict(raw.get("sinks", {})),
+                checksum=str(raw.get("checksum", "")),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise RestoreRefused(f"{where} is malformed ({type(err).__name__}: {err})") from None
+
+
+def encode_manifest(manifest: Manifest) -> bytes:
+    """The manifest's bytes, with its format fields and checksum."""
+    body = {
+        **manifest.to_json(),
+        "format": MANIFEST_FORMAT,
+        "formatVersion": FORMAT_VERSION,
+        "stateFormatVersion": STATE_FORMAT_VERSION,
+    }
     body["checksum"] = hashlib.sha256(_canonical(body)).hexdigest()
     return _canonical(body)
 
 
-def decode_manifest(data: bytes, *, path: str, epoch: int) -> dict[str, Any]:
+def decode_manifest(data: bytes, *, path: str, epoch: int) -> Manifest:
     """A manifest from its bytes; RestoreRefused when it does not verify."""
     where = f"manifest {path} of epoch {epoch}"
     try:
@@ -130,12 +206,12 @@ def decode_manifest(data: bytes, *, path: str, epoch: int) -> dict[str, Any]:
             f"{where} has state format version {manifest.get('stateFormatVersion')}; this build reads"
             f" {STATE_FORMAT_VERSION}"
         )
-    return manifest
+    return Manifest.from_json(manifest, where=where)
 
 
-def check_plan(manifest: dict[str, Any], *, fingerprint: str, epoch: int) -> None:
+def check_plan(manifest: Manifest, *, fingerprint: str, epoch: int) -> None:
     """Refuse a restore into a plan other than the one the epoch was taken with."""
-    recorded = manifest.get("planFingerprint")
+    recorded = manifest.plan_fingerprint
     if recorded != fingerprint:
         raise RestoreRefused(
             f"epoch {epoch} was taken with plan {recorded}; the plan to restore is {fingerprint}"

@@ -149,8 +149,7 @@ def choose(
     kind = None
     if chosen is not None:
         manifest = catalog.read_manifest(storage, namespace, chosen)
-        kind = EpochKind(manifest.get("kind", EpochKind.CHECKPOINT))
-        taken_with = manifest.get("planFingerprint")
+        kind, taken_with = manifest.kind, manifest.plan_fingerprint
         if from_plan is None and kind == EpochKind.STOP and taken_with != fingerprint(plan):
             from_plan = str(taken_with)
         catalog.load_checkpoint(storage, namespace, chosen, plan_fingerprint=from_plan or fingerprint(plan))

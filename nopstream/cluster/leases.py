@@ -43,6 +43,13 @@ class LeaseKeeper:
         await self.close()
 
     async def _keep(self) -> None:
+        try:
+            await self._refresh_until_lost()
+        except Exception:  # a keeper that stops refreshing must not leave its holder acting
+            log.exception("lease %x: its keeper failed; the lease counts as lost", self.lease)
+            self.lost.set()
+
+    async def _refresh_until_lost(self) -> None:
         last_ok = self.clock()
         while not self.lost.is_set():
             await asyncio.sleep(self.ttl / 3)

@@ -56,7 +56,7 @@ def start_task(task: Task, storage: Storage, point: RestorePoint) -> None:
             segments=checkpoint.segments,
             operator_ids=task.op_ids,
             shards=task.subtask.shards,
-            rescaled=checkpoint.manifest.get("planFingerprint") != fingerprint(task.plan),
+            rescaled=checkpoint.manifest.plan_fingerprint != fingerprint(task.plan),
             **parts,
         )
         task.restore(state)
@@ -71,7 +71,7 @@ def write_snapshot(storage: Storage, task: Task, epoch: int, state: dict[str, An
     parts = task_parts(task)
     segments = snapshots.split(task.plan, epoch=epoch, state=state, **parts)
     storage.put_many(segments)
-    refs = [segment_ref(path, data).__dict__ for path, data in segments.items()]
+    refs = tuple(segment_ref(path, data) for path, data in segments.items())
     task.metrics.snapshot_bytes = sum(len(data) for data in segments.values())
     # the manifest lists the pending transactions; their contents (an outbox's records) stay in segments
     sinks = [

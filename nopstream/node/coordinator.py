@@ -43,7 +43,7 @@ from nopstream.cluster.registry import Registry
 from nopstream.node import checkpointing, guard
 from nopstream.node.coordinator_api import CoordinatorRoutes, TaskCommands
 from nopstream.node.settings import NodeSettings
-from nopstream.node.taskserver import load_deployment, load_plan
+from nopstream.node.taskserver import TaskStatus, load_deployment, load_plan
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
@@ -177,7 +177,7 @@ class CoordinatorProcess:
             run=run,
         )
         for task_id, status in statuses.items():
-            if status["sourceFinished"]:
+            if status.source_finished:
                 coordinator.source_finished(task_id)
         await self._settle_log(coordinator, last, run, statuses, notify)
         self.routes.lead(coordinator, run, recoveries=run - 1)
@@ -252,7 +252,7 @@ class CoordinatorProcess:
         coordinator: EpochCoordinator,
         last: EpochEntry | None,
         run: int,
-        statuses: dict[str, dict[str, Any]],
+        statuses: dict[str, TaskStatus],
         notify: Any,
     ) -> None:
         """Finish what a predecessor left: commit a DURABLE epoch, adopt or abort one in flight."""
@@ -272,9 +272,9 @@ class CoordinatorProcess:
             )
         elif last.state is EpochState.CREATED and same_run:
             acks: dict[str, Ack] = {
-                t: Ack.from_json(s["ack"])
+                t: s.last_ack[1]
                 for t, s in statuses.items()
-                if s["ack"] is not None and int(s["ack"]["epoch"]) == last.epoch
+                if s.last_ack is not None and s.last_ack[0] == last.epoch
             }
             log.info("adopting epoch %d in flight (%d ACKs already taken)", last.epoch, len(acks))
             coordinator.adopt(last.epoch, kind, acks)

@@ -31,7 +31,7 @@ from nopstream.checkpoint.metrics import CoordinatorCollector
 from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.errors import Fenced
 from nopstream.node.guard import Guard, GuardCollector, int_field, json_body
-from nopstream.node.taskserver import TaskIdentity
+from nopstream.node.taskserver import TaskIdentity, TaskStatus
 from nopstream.plan.epochs import EpochKind
 from nopstream.runtime.metrics import exposition
 
@@ -218,10 +218,10 @@ class TaskCommands:
         body = {"epoch": epoch, **self.fence}
         await asyncio.gather(*(self._call(t, "POST", "/control/commit", body) for t in task_ids))
 
-    async def status(self, task_ids: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-        """Each task's status: run, sourceFinished and its last ACK."""
+    async def status(self, task_ids: tuple[str, ...]) -> dict[str, TaskStatus]:
+        """Each task's status: its run, whether its source finished, its last ACK."""
         answers = await asyncio.gather(*(self._call(t, "GET", "/control/status", None) for t in task_ids))
-        return dict(zip(task_ids, answers, strict=True))
+        return {t: TaskStatus.from_json(a) for t, a in zip(task_ids, answers, strict=True)}
 
     async def _call(
         self, task_id: str, method: str, path: str, body: dict[str, Any] | None

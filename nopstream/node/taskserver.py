@@ -98,6 +98,27 @@ class ReportingListener:
 
 
 @dataclass(frozen=True)
+class TaskStatus:
+    """What a task tells a coordinator that takes over: its run, whether its source finished, its last ACK."""
+
+    run: int
+    source_finished: bool = False
+    last_ack: tuple[int, Ack] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON of GET /control/status."""
+        ack = self.last_ack[1].to_json(self.last_ack[0]) if self.last_ack else None
+        return {"run": self.run, "sourceFinished": self.source_finished, "ack": ack}
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> TaskStatus:
+        """Parse `to_json`'s output; ValueError when a part has another shape."""
+        ack = body.get("ack")
+        last = (int(ack["epoch"]), Ack.from_json(ack)) if isinstance(ack, dict) else None
+        return cls(int(body["run"]), bool(body.get("sourceFinished")), last)
+
+
+@dataclass(frozen=True)
 class TaskIdentity:
     """Which task of which run this process is."""
 
@@ -206,13 +227,11 @@ class TaskServer:
         return web.json_response({"ok": True})
 
     async def _status(self, request: web.Request) -> web.Response:
-        status: dict[str, Any] = {"run": self.run, "sourceFinished": False, "ack": None}
-        if self.listener is not None:
-            status["sourceFinished"] = self.listener.source_finished
-            if self.listener.last_ack is not None:
-                epoch, ack = self.listener.last_ack
-                status["ack"] = ack.to_json(epoch)
-        return web.json_response(status)
+        listener = self.listener
+        status = TaskStatus(self.run)
+        if listener is not None:
+            status = TaskStatus(self.run, listener.source_finished, listener.last_ack)
+        return web.json_response(status.to_json())
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=exposition(self.registry), content_type="text/plain")

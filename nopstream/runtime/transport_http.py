@@ -132,7 +132,9 @@ class HttpReceiver:
         credits: asyncio.Queue[int] = asyncio.Queue()
         ch.send_credit = credits.put_nowait
         await ws.send_bytes(encode(Welcome(), self.codec))
-        writer = asyncio.create_task(self._credit_writer(ws, credits), name=f"credits {hello.channel}")
+        writer = asyncio.create_task(
+            self._credit_writer(ws, credits, hello.channel), name=f"credits {hello.channel}"
+        )
         try:
             async for msg in ws:
                 if msg.type != aiohttp.WSMsgType.BINARY:
@@ -149,12 +151,22 @@ class HttpReceiver:
                 await writer
         return ws
 
-    async def _credit_writer(self, ws: web.WebSocketResponse, credits: asyncio.Queue[int]) -> None:
-        while True:
-            units = await credits.get()
-            while not credits.empty():
-                units += credits.get_nowait()
-            await ws.send_bytes(encode(Credit(units), self.codec))
+    async def _credit_writer(
+        self, ws: web.WebSocketResponse, credits: asyncio.Queue[int], channel: str
+    ) -> None:
+        """Send granted credit back; a failure breaks the channel at once (its sender would wait forever)."""
+        try:
+            while True:
+                units = await credits.get()
+                while not credits.empty():
+                    units += credits.get_nowait()
+                await ws.send_bytes(encode(Credit(units), self.codec))
+        except ConnectionError:
+            raise  # the peer is gone: the channel ends by itself
+        except Exception:
+            log.exception("channel %s: its credit writer failed; closing the channel", channel)
+            await ws.close(code=aiohttp.WSCloseCode.INTERNAL_ERROR, message=b"credit writer failed")
+            raise
 
 
 def _not_connected(units: int) -> None:

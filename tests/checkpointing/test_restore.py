@@ -6,7 +6,7 @@ import pytest
 
 from nopstream.checkpoint import lineage, restore
 from nopstream.checkpoint.errors import RestoreRefused
-from nopstream.checkpoint.formats import encode_manifest, manifest_path
+from nopstream.checkpoint.formats import Manifest, encode_manifest, manifest_path
 from nopstream.checkpoint.restore import NewLineage, RestorePoint, RestoreRequest
 from nopstream.model.load import load_data
 from nopstream.plan import compiler
@@ -29,7 +29,7 @@ def plan():
 
 
 def durable(storage, plan, epoch: int, kind: str = "checkpoint") -> None:
-    body = {"epoch": epoch, "kind": kind, "planFingerprint": fingerprint(plan), "tasks": {}}
+    body = Manifest(epoch=epoch, kind=EpochKind(kind), plan_fingerprint=fingerprint(plan))
     storage.put(manifest_path(NS, epoch), encode_manifest(body))
 
 

@@ -8,32 +8,31 @@ import pytest
 
 from nopstream.checkpoint.catalog import apply_retention, durable_epochs, latest_durable, load_checkpoint
 from nopstream.checkpoint.errors import RestoreRefused, StorageError
-from nopstream.checkpoint.formats import encode_manifest, encode_segment, manifest_path, segment_ref
+from nopstream.checkpoint.formats import Manifest, encode_manifest, encode_segment, manifest_path, segment_ref
+from nopstream.plan.epochs import EpochKind
 
 NS = "job/main"
 PLAN = "sha256:" + "ab" * 32
 
 
-def write_epoch(storage, epoch: int, *, kind: str = "checkpoint", manifest: bool = True) -> dict:
+def write_epoch(storage, epoch: int, *, kind: str = "checkpoint", manifest: bool = True) -> Manifest:
     """Write two segments and (unless told not to) the manifest, in that order."""
     refs = []
     for shard, value in ((3, {"acc": [["the", 7]]}), (9, {"acc": [["fox", epoch]]})):
         path = f"checkpoint/{NS}/{epoch}/count/0/{shard}/acc"
         data = encode_segment(value, state_name="acc", schema_version=1)
         storage.put(path, data)
-        refs.append(segment_ref(path, data).__dict__)
-    body = {
-        "jobId": "job",
-        "pipelineId": "main",
-        "checkpointNamespace": NS,
-        "epoch": epoch,
-        "kind": kind,
-        "planFingerprint": PLAN,
-        "createdAt": "2026-11-29T00:00:00Z",
-        "tasks": {"job/main/count/0": {"segments": refs}},
-        "sources": {},
-        "sinks": {},
-    }
+        refs.append(segment_ref(path, data))
+    body = Manifest(
+        job_id="job",
+        pipeline_id="main",
+        checkpoint_namespace=NS,
+        epoch=epoch,
+        kind=EpochKind(kind),
+        plan_fingerprint=PLAN,
+        created_at="2026-11-29T00:00:00Z",
+        tasks={"job/main/count/0": tuple(refs)},
+    )
     if manifest:
         storage.put(manifest_path(NS, epoch), encode_manifest(body))
     return body

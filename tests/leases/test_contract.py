@@ -14,6 +14,7 @@ from nopstream.cluster.epochlog import EpochLog, EpochState
 from nopstream.cluster.errors import Fenced
 from nopstream.cluster.fencing import TokenGate
 from nopstream.cluster.leases import LeaseKeeper
+from nopstream.cluster.local import LocalBackend
 from nopstream.cluster.registry import Change, Registration, Registry
 
 
@@ -170,3 +171,23 @@ def test_token_gate_refuses_a_deposed_coordinator():
     assert not gate.admit(10, "commit epoch 1")
     assert gate.admit(12, "commit epoch 2")
     assert (gate.highest, gate.refused) == (12, 1)
+
+
+def test_a_lease_keeper_that_fails_counts_its_lease_as_lost(caplog):
+    # A refresh that raises what no store raises (a bug) cannot be produced with a real
+    # store, so a LocalBackend whose refresh raises stands in for it.
+    class Broken(LocalBackend):
+        async def refresh(self, lease: int) -> None:
+            raise RuntimeError("a bug in the refresh")
+
+    async def scenario() -> None:
+        backend = Broken()
+        try:
+            async with LeaseKeeper(backend, 2) as keeper:
+                await asyncio.wait_for(keeper.lost.wait(), 3)
+        finally:
+            await backend.close()
+
+    asyncio.run(scenario())
+    assert "its keeper failed; the lease counts as lost" in caplog.text
+    assert "RuntimeError: a bug in the refresh" in caplog.text

@@ -668,7 +668,7 @@ def test_a_job_whose_sink_cannot_start_fails_at_once_naming_why(world, bucket, k
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert (status.get("recoveries"), status["run"], ready["reason"]) == (0, 1, "CannotStart")
     pod, _, why = ready["message"].partition(": ")
-    assert pod.startswith("no-topic-") and pod.endswith("-0-r1"), ready["message"]
+    assert pod.startswith("no-topic-count-0-") and pod.endswith("-r1"), ready["message"]
     assert why == (
         "cannot start: kafka sink 'out': topic 'nowhere' does not exist on"
         f" {kafka.bootstrap} (create it first)"
