@@ -122,6 +122,7 @@ class Supervisor:
             entry = _etcd(self.etcd, lambda b: b.get(self.layout.restore(run)))
         finally:
             _stop(self.tasks + self.coordinators)
+            self.secret_file.unlink(missing_ok=True)  # `nopstream savepoint --etcd` finds live jobs only
         seconds = time.monotonic() - started
         point = RestorePoint.from_json(entry.value) if entry is not None else None
         finished = point.epoch if point is not None and point.finished else None

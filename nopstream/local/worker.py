@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ class WorkerSettings:
     control_url: str
     run: int
     attempt: str
-    secret: str
+    secret: str = field(repr=False)
     deployment_path: Path | None = None
     restore: RestorePoint | None = None
     host: str = "127.0.0.1"

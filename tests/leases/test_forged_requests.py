@@ -32,21 +32,21 @@ from nopstream.node import guard
 from nopstream.plan import compiler
 from nopstream.runtime.codec import DEFAULT_CODEC
 from nopstream.runtime.frames import Hello, Refused, decode, encode
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_nopstream
 
 COUNT = 6000
 WRONG = {"Authorization": "Bearer " + "0" * 64}
 
 
 def model() -> dict:
-    """Integers paced to about four seconds, through a HASH edge (channels), into a file sink."""
+    """Integers paced to about six seconds, through a HASH edge (channels), into a file sink."""
     return {
         "jobId": "forged",
         "parallelism": 2,
         "checkpoint": {"intervalMs": 300, "storage": {"local": {"path": "cp"}}},
         "model": {
             "sources": [
-                {"id": "numbers", "type": "generator", "config": {"count": COUNT, "ratePerSecond": 1500}}
+                {"id": "numbers", "type": "generator", "config": {"count": COUNT, "ratePerSecond": 1000}}
             ],
             "operators": [{"id": "by-value", "type": "key_by", "key": {"fn": "forgedfns:same"}}],
             "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
@@ -255,7 +255,7 @@ def test_forged_requests_to_the_coordinators_and_tasks_on_etcd_are_refused(
         finally:
             await backend.close()
 
-    async def forge() -> tuple[dict, dict, list, str]:
+    async def forge() -> tuple[dict, dict, list, str, int, str]:
         leader, run, task_url = await endpoints()
         ok = guard.headers(secret)
         answers: dict[str, object] = {}
@@ -277,9 +277,22 @@ def test_forged_requests_to_the_coordinators_and_tasks_on_etcd_are_refused(
             tasks = await forge_task(session, task_url, run, secret)
             channels = await forge_channels(session, task_url, channel_id, run, secret)
             metrics = (await status(session, "GET", leader + "/metrics"))[1]
-        return answers, tasks, channels, metrics, run
+        return answers, tasks, channels, metrics, run, leader
 
-    answers, tasks, channels, metrics, run = asyncio.run(forge())
+    answers, tasks, channels, metrics, run, leader = asyncio.run(forge())
+    # the job's own command asks with the secret `nopstream run --etcd` keeps; another secret gets 401
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(home)])}
+    savepoint = ["savepoint", "job.yaml", "--etcd", f"{host}:{port}"]
+    asked = run_nopstream(*savepoint, cwd=home, env=env)
+    assert asked.code == 0 and asked.out.startswith("savepoint requested: the next epoch of job 'forged'"), (
+        asked
+    )
+    (home / "wrong").write_text("1" * 64)
+    wrong = run_nopstream(*savepoint, "--secret-file", "wrong", cwd=home, env=env)
+    assert (wrong.code, wrong.err) == (
+        1,
+        f"job 'forged': the coordinator at {leader} did not take the request: HTTP Error 401: Unauthorized\n",
+    )
     assert job.wait(90) == 0, job.stderr.read() if job.stderr else ""
     assert output(home) == Counter(range(COUNT))
     assert answers == {
