@@ -174,7 +174,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a job to completion on this machine; exit 3 with the task's error when it fails."""
-    from nopstream.checkpoint.errors import RestoreRefused, StartRefused, StorageError
+    from nopstream.errors import RestoreRefused, StartRefused, StorageError
     from nopstream.local import preflight, runner
     from nopstream.local.ownership import NamespaceHeld
 
@@ -269,7 +269,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.command == "coordinator":
         return EXIT_OK if asyncio.run(coordinator.serve(config)) == 0 else EXIT_JOB_FAILED
-    from nopstream.checkpoint.errors import RestoreRefused, StartRefused
+    from nopstream.errors import RestoreRefused, StartRefused
 
     try:
         asyncio.run(task.serve(config))
@@ -372,8 +372,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     """Print each job's durable epochs and its latest manifest; exit 1 when DIR has none or one is refused."""
     from nopstream.checkpoint import catalog, lineage
-    from nopstream.checkpoint.errors import RestoreRefused
     from nopstream.checkpoint.storage import LocalStorage
+    from nopstream.errors import RestoreRefused
 
     root = Path(args.dir)
     if not (root / "checkpoint").is_dir():

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nopstream.checkpoint.errors import RestoreRefused, StorageError
 from nopstream.checkpoint.formats import (
     MANIFEST_NAME,
     Manifest,
@@ -22,6 +21,7 @@ from nopstream.checkpoint.formats import (
     manifest_path,
 )
 from nopstream.checkpoint.storage import Storage
+from nopstream.errors import RestoreRefused, StorageError
 
 
 @dataclass(frozen=True)

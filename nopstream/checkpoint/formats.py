@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from nopstream.checkpoint.errors import RestoreRefused
+from nopstream.errors import RestoreRefused
 from nopstream.plan.epochs import EpochKind
 
 SEGMENT_FORMAT = "nopstream-segment"

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nopstream.checkpoint import catalog
-from nopstream.checkpoint.errors import RestoreRefused, StorageError
 from nopstream.checkpoint.storage import Storage
+from nopstream.errors import RestoreRefused, StorageError
 
 LINEAGE_NAME = "_lineage.json"
 

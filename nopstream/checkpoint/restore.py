@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nopstream.checkpoint import catalog, lineage
-from nopstream.checkpoint.errors import RestoreRefused
 from nopstream.checkpoint.formats import manifest_path
 from nopstream.checkpoint.storage import Storage
+from nopstream.errors import RestoreRefused
 from nopstream.plan.canonical import fingerprint
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan

@@ -2,7 +2,7 @@
 
 Paths are relative to the storage root and use '/' (`checkpoint/{ns}/{epoch}/...`).
 `put` is atomic: a reader sees the whole object or none. Locally that is a temp
-file, fsync, rename, and an fsync of the directory; on S3 (`checkpoint/s3.py`) a
+file, fsync, rename, and an fsync of the directory; on S3 (`nopstream/s3.py`) a
 single PUT. Writers put segments first and the manifest last: the manifest is the
 commit point of an epoch.
 """
@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Protocol
 
-from nopstream.checkpoint.errors import StorageError
+from nopstream.errors import StorageError
 
 
 class Storage(Protocol):

@@ -29,10 +29,10 @@ from typing import Any
 
 import orjson
 
-from nopstream.checkpoint.errors import RestoreRefused
 from nopstream.connectors.staged import ObjectSink, OutputConflict, SinkName
+from nopstream.errors import RestoreRefused
 from nopstream.plan.keys import stable_hash
-from nopstream.runtime.frames import Batch
+from nopstream.records import Batch
 
 _READ_HINT = 1 << 16
 _HEAD = 4096  # bytes of a split's head hashed to tell a different file under the same name

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from nopstream.runtime.frames import Batch
+from nopstream.records import Batch
 
 _MASK = (1 << 64) - 1
 

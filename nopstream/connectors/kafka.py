@@ -44,12 +44,11 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from nopstream.checkpoint.errors import StartRefused
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
+from nopstream.errors import StartRefused
 from nopstream.model.connectors import KafkaSinkConfig, KafkaSourceConfig
 from nopstream.plan.keys import stable_hash
-from nopstream.runtime.connectors import SinkStart
-from nopstream.runtime.frames import MIN_TIMESTAMP, Batch
+from nopstream.records import MIN_TIMESTAMP, Batch, SinkStart
 
 _TIMEOUT = 30.0  # seconds for a metadata request, init_transactions or a commit
 _QUIET = {"log_level": 3}  # librdkafka logs errors only; they come back as exceptions too

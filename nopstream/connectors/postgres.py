@@ -35,11 +35,10 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from nopstream.checkpoint.errors import StartRefused
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
+from nopstream.errors import StartRefused
 from nopstream.model.connectors import SECRETS_DIR, PostgresSinkConfig
-from nopstream.runtime.connectors import SinkStart
-from nopstream.runtime.frames import Batch
+from nopstream.records import Batch, SinkStart
 
 PASSWORD_ENV = "NOPSTREAM_POSTGRES_PASSWORD"
 _SCHEMA = """

@@ -12,7 +12,7 @@ from nopstream.connectors.stdout import StdoutSink
 from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES
 from nopstream.plan.partitioned import SourceSplits
 from nopstream.plan.streamgraph import JobIdentity, StreamNode
-from nopstream.runtime.connectors import SinkWriter, SourceReader
+from nopstream.records import SinkWriter, SourceReader
 
 
 class Connectors:

@@ -13,7 +13,7 @@ PUT returns; object names in `staged`). Committing publishes it by a server-side
 to `{prefix}{object}` and removes the staged object; a commit finds nothing to do
 when it already happened (idempotent), and never copies over a committed object with
 other contents (ETags differ). `recover` at every start: see `staged.StagedSink`.
-Credentials: those of checkpoint storage (`checkpoint.s3.credentials`).
+Credentials: those of checkpoint storage (`nopstream.s3.credentials`).
 """
 
 from __future__ import annotations
@@ -23,17 +23,17 @@ from typing import Any
 
 import orjson
 
-from nopstream.checkpoint.errors import RestoreRefused
-from nopstream.checkpoint.s3 import S3Storage
 from nopstream.connectors.staged import ObjectSink, OutputConflict, SinkName
+from nopstream.errors import RestoreRefused
 from nopstream.plan.keys import stable_hash
-from nopstream.runtime.frames import Batch
+from nopstream.records import Batch
+from nopstream.s3 import S3Storage
 
 _RULE = "an object being read must not change (docs/runtime.md)"
 
 
 def connect(config: dict[str, Any]) -> S3Storage:
-    """The bucket of a connector config (credentials: `checkpoint.s3.credentials`)."""
+    """The bucket of a connector config (credentials: `nopstream.s3.credentials`)."""
     endpoint = str(config.get("endpoint") or os.environ.get("NOPSTREAM_S3_ENDPOINT", ""))
     return S3Storage.connect(endpoint, config["bucket"])
 

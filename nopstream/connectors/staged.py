@@ -22,9 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from nopstream.checkpoint.errors import RestoreRefused
-from nopstream.runtime import faults
-from nopstream.runtime.connectors import SinkStart
+from nopstream import faults
+from nopstream.errors import RestoreRefused
+from nopstream.records import SinkStart
 
 
 class OutputConflict(RuntimeError):

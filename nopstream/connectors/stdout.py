@@ -11,8 +11,7 @@ from typing import Any
 
 import orjson
 
-from nopstream.runtime.connectors import SinkStart
-from nopstream.runtime.frames import Batch
+from nopstream.records import Batch, SinkStart
 
 
 class StdoutSink:

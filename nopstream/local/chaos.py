@@ -32,9 +32,9 @@ from typing import Any, TextIO
 
 import yaml
 
-from nopstream.checkpoint.s3 import S3Storage
 from nopstream.connectors import kafka, postgres
 from nopstream.connectors import s3 as s3_connector
+from nopstream.s3 import S3Storage
 
 EXAMPLES = 5  # records shown of each kind of difference
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)

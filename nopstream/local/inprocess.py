@@ -9,7 +9,7 @@ from typing import Any
 
 from nopstream.connectors.registry import Connectors
 from nopstream.plan.partitioned import PartitionedPlan
-from nopstream.runtime.connectors import ConnectorFactory
+from nopstream.records import ConnectorFactory
 from nopstream.runtime.gate import InputChannel, InputGate
 from nopstream.runtime.task import Task, TaskListener, TaskSettings
 from nopstream.runtime.transport import LocalNetwork, LocalOutput, TransportSettings

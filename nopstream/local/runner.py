@@ -25,9 +25,8 @@ from typing import Any, TextIO
 
 import aiohttp
 
+from nopstream import faults
 from nopstream.checkpoint import restore
-from nopstream.checkpoint.coordinator import EpochCoordinator, Notify, Trigger
-from nopstream.checkpoint.errors import RestoreRefused, StartRefused, StorageError
 from nopstream.checkpoint.restore import NewLineage, RestorePoint
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.election import Election, Leadership
@@ -35,14 +34,15 @@ from nopstream.cluster.epochlog import EpochLog
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.local import LocalBackend
+from nopstream.errors import RestoreRefused, StartRefused, StorageError
 from nopstream.local import inprocess, ownership, processes, worker
 from nopstream.local.control import ControlServer
 from nopstream.node import checkpointing, guard, recovery
 from nopstream.node.coordinator_api import TaskCommands
+from nopstream.node.epochs import EpochCoordinator, Notify, Trigger
 from nopstream.plan import compiler
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
-from nopstream.runtime import faults
 from nopstream.runtime.task import Task
 
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import aiohttp
 
-from nopstream.checkpoint.errors import RestoreRefused, StartRefused
 from nopstream.checkpoint.restore import RestorePoint
+from nopstream.errors import RestoreRefused, StartRefused
 from nopstream.node import checkpointing, guard
 from nopstream.node.coordinator_api import CoordinatorLink
 from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task, load_deployment, load_plan

@@ -11,19 +11,19 @@ import asyncio
 from typing import Any
 
 from nopstream.checkpoint import restore, snapshots
-from nopstream.checkpoint.coordinator import Ack
 from nopstream.checkpoint.formats import segment_ref
 from nopstream.checkpoint.restore import RestorePoint
-from nopstream.checkpoint.s3 import S3Storage
 from nopstream.checkpoint.storage import LocalStorage, Storage
+from nopstream.node.epochs import Ack
 from nopstream.plan.canonical import fingerprint
 from nopstream.plan.deployment import DeploymentPlan
-from nopstream.runtime.connectors import SinkStart
+from nopstream.records import SinkStart
 from nopstream.runtime.task import Task
+from nopstream.s3 import S3Storage
 
 
 def open_storage(deployment: DeploymentPlan) -> Storage:
-    """The checkpoint storage a deployment plan binds (S3 credentials: `checkpoint.s3.credentials`)."""
+    """The checkpoint storage a deployment plan binds (S3 credentials: `nopstream.s3.credentials`)."""
     binding = deployment.storage
     if binding.kind == "s3":
         return S3Storage.connect(binding.endpoint or "", binding.bucket or "", prefix=binding.prefix or "")

@@ -28,8 +28,6 @@ import aiohttp
 from aiohttp import web
 
 from nopstream.checkpoint import catalog, restore
-from nopstream.checkpoint.coordinator import Ack, EpochCoordinator
-from nopstream.checkpoint.errors import RestoreRefused
 from nopstream.checkpoint.restore import RestorePoint, RestoreRequest
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.backend import StoreUnavailable
@@ -40,8 +38,10 @@ from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.registry import Registry
+from nopstream.errors import RestoreRefused
 from nopstream.node import checkpointing, guard
 from nopstream.node.coordinator_api import CoordinatorRoutes, TaskCommands
+from nopstream.node.epochs import Ack, EpochCoordinator
 from nopstream.node.settings import NodeSettings
 from nopstream.node.taskserver import TaskStatus, load_deployment, load_plan
 from nopstream.plan.deployment import DeploymentPlan

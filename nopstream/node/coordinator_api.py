@@ -26,10 +26,10 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from nopstream.checkpoint.coordinator import Ack, EpochCoordinator
-from nopstream.checkpoint.metrics import CoordinatorCollector
 from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.errors import Fenced
+from nopstream.node.epoch_metrics import CoordinatorCollector
+from nopstream.node.epochs import Ack, EpochCoordinator
 from nopstream.node.guard import Guard, GuardCollector, int_field, json_body
 from nopstream.node.taskserver import TaskIdentity, TaskStatus
 from nopstream.plan.epochs import EpochKind

@@ -11,7 +11,7 @@ The operator (and `nopstream run --etcd`) sets these on every pod (process):
   NOPSTREAM_PORT        port to listen on (default 0: any free port)
   NOPSTREAM_LEASE_TTL   seconds of the process's etcd lease (default 10)
   NOPSTREAM_SECRET_FILE the file holding the job's secret (`node.guard`; default SECRET_FILE)
-S3 credentials: `checkpoint.s3.credentials`.
+S3 credentials: `nopstream.s3.credentials`.
 """
 
 from __future__ import annotations

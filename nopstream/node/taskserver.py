@@ -25,11 +25,11 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from nopstream.checkpoint.coordinator import Ack
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.fencing import TokenGate
 from nopstream.connectors.registry import Connectors
 from nopstream.node import checkpointing
+from nopstream.node.epochs import Ack
 from nopstream.node.guard import Guard, GuardCollector, int_field, json_body
 from nopstream.plan import compiler
 from nopstream.plan.deployment import DeploymentPlan

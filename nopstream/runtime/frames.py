@@ -22,24 +22,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from nopstream.plan.epochs import EpochKind
+from nopstream.records import Batch
 from nopstream.runtime.codec import Codec
 
 BATCH, WATERMARK, BARRIER, END, CREDIT, HELLO, WELCOME, REFUSED, CLOSE = range(1, 10)
 BARRIER_KINDS = tuple(EpochKind)  # their index is the byte in a BARRIER frame
-MIN_TIMESTAMP = -(2**63)
-MAX_TIMESTAMP = 2**63 - 1
 
 
 class FrameError(ValueError):
     """Bytes that are not a valid frame."""
-
-
-@dataclass(slots=True)
-class Batch:
-    """Records in channel order, with their event timestamps when the job has event time."""
-
-    records: list[Any]
-    timestamps: list[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

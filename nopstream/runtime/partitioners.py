@@ -13,7 +13,7 @@ from typing import Any
 from nopstream.plan.keys import owner_of_shard, shard_of
 from nopstream.plan.partitioned import Edge
 from nopstream.plan.streamgraph import EdgePolicy
-from nopstream.runtime.frames import Batch
+from nopstream.records import Batch
 from nopstream.runtime.keyed import key_function
 
 _CACHE_LIMIT = 1 << 20

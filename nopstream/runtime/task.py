@@ -22,12 +22,12 @@ from typing import Any, Protocol
 
 import orjson
 
+from nopstream import faults
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import Edge, PartitionedPlan
 from nopstream.plan.streamgraph import StreamNode
-from nopstream.runtime import faults
-from nopstream.runtime.connectors import ConnectorFactory, SinkStart, SourceReader, SplitEventTime
-from nopstream.runtime.frames import MAX_TIMESTAMP, Barrier, Batch, EndOfInput, EndOfStream, Frame, Watermark
+from nopstream.records import MAX_TIMESTAMP, Batch, ConnectorFactory, SinkStart, SourceReader, SplitEventTime
+from nopstream.runtime.frames import Barrier, EndOfInput, EndOfStream, Frame, Watermark
 from nopstream.runtime.gate import InputChannel, InputGate
 from nopstream.runtime.keyed import ShardCache
 from nopstream.runtime.operators.base import Context, Operator

@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from nopstream.records import Batch
 from nopstream.runtime.credit import CreditLedger, CreditWindow
-from nopstream.runtime.frames import Batch, Frame
+from nopstream.runtime.frames import Frame
 from nopstream.runtime.gate import InputChannel, InputGate
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from nopstream.runtime.frames import MAX_TIMESTAMP, MIN_TIMESTAMP
+from nopstream.records import MAX_TIMESTAMP, MIN_TIMESTAMP
 from nopstream.runtime.functions import resolve
 
 

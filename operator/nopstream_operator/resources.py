@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nopstream.checkpoint.s3 import CREDENTIALS_ENV
 from nopstream.model.connectors import SECRETS_DIR
 from nopstream.node.settings import SECRET_FILE
 from nopstream.plan import compiler
 from nopstream.plan.deployment import TASK_PORT, DeploymentPlan, TaskDeployment, resource_name
 from nopstream.plan.partitioned import PartitionedPlan
+from nopstream.s3 import CREDENTIALS_ENV
 
 GROUP = "nopstream.io"
 VERSION = "v1alpha1"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from nopstream.records import Batch
 from nopstream.runtime.codec import CODECS
 from nopstream.runtime.frames import (
     Barrier,
-    Batch,
     Credit,
     EndOfInput,
     EndOfStream,

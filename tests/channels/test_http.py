@@ -8,7 +8,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from nopstream.runtime.frames import Barrier, Batch, EndOfInput, EndOfStream, Hello, Watermark
+from nopstream.records import Batch
+from nopstream.runtime.frames import Barrier, EndOfInput, EndOfStream, Hello, Watermark
 from nopstream.runtime.gate import InputGate
 from nopstream.runtime.transport import TransportSettings
 from nopstream.runtime.transport_http import ChannelRefused, Fencing, HttpOutput, HttpReceiver

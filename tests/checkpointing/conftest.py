@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nopstream.checkpoint.s3 import S3Storage
 from nopstream.checkpoint.storage import LocalStorage
+from nopstream.s3 import S3Storage
 
 
 @pytest.fixture(params=["local", "s3"])

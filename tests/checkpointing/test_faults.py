@@ -1,7 +1,7 @@
 """Fault points: a process killed at each named dangerous moment; exact output anyway.
 
 Each job first runs without faults, then again in a fresh directory with one fault
-point armed (`runtime/faults.py`). The committed output of the faulty run must equal
+point armed (`nopstream/faults.py`). The committed output of the faulty run must equal
 the failure-free output as a multiset: nothing lost, nothing doubled. SIGKILLs at
 random moments, of tasks, coordinators and whole runners, are `nopstream chaos`'s,
 run over a matrix of job shapes in `tests/chaos/`. The helpers here also serve the

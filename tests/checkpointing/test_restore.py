@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from nopstream.checkpoint import lineage, restore
-from nopstream.checkpoint.errors import RestoreRefused
 from nopstream.checkpoint.formats import Manifest, encode_manifest, manifest_path
 from nopstream.checkpoint.restore import NewLineage, RestorePoint, RestoreRequest
+from nopstream.errors import RestoreRefused
 from nopstream.model.load import load_data
 from nopstream.plan import compiler
 from nopstream.plan.canonical import fingerprint

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from nopstream.checkpoint.errors import RestoreRefused
 from nopstream.connectors.files import FileSink
 from nopstream.connectors.s3 import S3Sink
 from nopstream.connectors.staged import OutputConflict, SinkName
-from nopstream.runtime.connectors import SinkStart
-from nopstream.runtime.frames import Batch
+from nopstream.errors import RestoreRefused
+from nopstream.records import Batch, SinkStart
 
 NAME = SinkName("job", "main", "out", 1)
 

@@ -22,7 +22,7 @@ from nopstream.connectors.generator import GeneratorSource
 from nopstream.model.load import load_data
 from nopstream.plan import compiler
 from nopstream.plan.partitioned import ShardRange
-from nopstream.runtime.frames import MAX_TIMESTAMP, Batch
+from nopstream.records import MAX_TIMESTAMP, Batch
 from nopstream.runtime.keyed import ShardCache
 from nopstream.runtime.operators.base import Context
 from nopstream.runtime.operators.registry import build_operator

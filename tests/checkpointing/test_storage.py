@@ -7,8 +7,8 @@ import json
 import pytest
 
 from nopstream.checkpoint.catalog import apply_retention, durable_epochs, latest_durable, load_checkpoint
-from nopstream.checkpoint.errors import RestoreRefused, StorageError
 from nopstream.checkpoint.formats import Manifest, encode_manifest, encode_segment, manifest_path, segment_ref
+from nopstream.errors import RestoreRefused, StorageError
 from nopstream.plan.epochs import EpochKind
 
 NS = "job/main"

@@ -15,11 +15,10 @@ from collections import Counter
 import pytest
 from confluent_kafka import KafkaException
 
-from nopstream.checkpoint.errors import RestoreRefused, StartRefused
 from nopstream.connectors.kafka import KafkaSink, KafkaSource
 from nopstream.connectors.staged import SinkName
-from nopstream.runtime.connectors import SinkStart
-from nopstream.runtime.frames import Batch
+from nopstream.errors import RestoreRefused, StartRefused
+from nopstream.records import Batch, SinkStart
 
 NAME = SinkName("job", "main", "out", 0)
 

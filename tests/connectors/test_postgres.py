@@ -17,11 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from nopstream.checkpoint.errors import RestoreRefused, StartRefused
 from nopstream.connectors.postgres import PostgresSink
 from nopstream.connectors.staged import OutputConflict, SinkName
-from nopstream.runtime.connectors import SinkStart
-from nopstream.runtime.frames import Batch
+from nopstream.errors import RestoreRefused, StartRefused
+from nopstream.records import Batch, SinkStart
 from tests.conftest import ROOT
 
 NAME = SinkName("job", "main", "out", 0)
@@ -116,8 +115,8 @@ def test_a_sigkilled_process_leaves_its_prepared_transaction_for_the_next_start(
         import os, signal
         from nopstream.connectors.postgres import PostgresSink
         from nopstream.connectors.staged import SinkName
-        from nopstream.runtime.connectors import SinkStart
-        from nopstream.runtime.frames import Batch
+        from nopstream.records import SinkStart
+        from nopstream.records import Batch
         sink = PostgresSink({config(postgres_server, database)!r}, name=SinkName("job", "main", "out", 0))
         sink.recover(SinkStart(None))
         sink.write(Batch([{{"word": "a", "n": 1}}]))

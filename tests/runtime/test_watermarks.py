@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nopstream.runtime.frames import MAX_TIMESTAMP, MIN_TIMESTAMP
+from nopstream.records import MAX_TIMESTAMP, MIN_TIMESTAMP
 from nopstream.runtime.watermarks import InputWatermarks, WatermarkGenerator
 
 

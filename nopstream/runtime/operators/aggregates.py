@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Protocol
 
-from nopstream.runtime.frames import Batch
+from nopstream.records import Batch
 from nopstream.runtime.functions import resolve
 from nopstream.runtime.keyed import key_function
 from nopstream.runtime.operators.base import Context, KeyedOperator, empty_like

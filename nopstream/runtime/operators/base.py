@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from nopstream.plan.partitioned import ShardRange
 from nopstream.plan.streamgraph import StreamNode
-from nopstream.runtime.frames import MIN_TIMESTAMP, Batch
+from nopstream.records import MIN_TIMESTAMP, Batch
 from nopstream.runtime.keyed import KeyedState, ShardCache
 
 STATE_SCHEMA_VERSION = 1

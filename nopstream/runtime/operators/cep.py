@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nopstream.runtime.frames import MIN_TIMESTAMP, Batch
+from nopstream.records import MIN_TIMESTAMP, Batch
 from nopstream.runtime.functions import resolve
 from nopstream.runtime.keyed import key_function
 from nopstream.runtime.operators.base import Context, KeyedOperator

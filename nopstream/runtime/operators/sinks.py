@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nopstream.runtime.connectors import SinkStart, SinkWriter
-from nopstream.runtime.frames import Batch
+from nopstream.records import Batch, SinkStart, SinkWriter
 from nopstream.runtime.operators.base import STATE_SCHEMA_VERSION, empty_like
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nopstream.runtime.frames import Batch
+from nopstream.records import Batch
 from nopstream.runtime.functions import resolve
 from nopstream.runtime.operators.base import Context, StatelessOperator
 

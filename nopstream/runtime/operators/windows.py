@@ -19,7 +19,7 @@ import heapq
 import itertools
 from typing import Any
 
-from nopstream.runtime.frames import MIN_TIMESTAMP, Batch
+from nopstream.records import MIN_TIMESTAMP, Batch
 from nopstream.runtime.functions import resolve
 from nopstream.runtime.keyed import key_function
 from nopstream.runtime.operators.aggregates import aggregator, output_key

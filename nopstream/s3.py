@@ -20,7 +20,7 @@ from minio import Minio
 from minio.commonconfig import CopySource
 from minio.error import S3Error
 
-from nopstream.checkpoint.errors import StorageError
+from nopstream.errors import StorageError
 
 CREDENTIALS_ENV = "NOPSTREAM_S3_CREDENTIALS"
 

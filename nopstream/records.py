@@ -1,4 +1,8 @@
-"""What the task asks of source readers and sink writers; `nopstream.connectors` implements it.
+"""Records and what the task asks of source readers and sink writers; `nopstream.connectors` implements it.
+
+Neutral ground between the runtime and the connectors, which DESIGN.md keeps
+independent of each other: `Batch` (what a reader returns and a writer takes) and the
+protocols. It imports nothing but the plan.
 
 The runtime depends on these protocols only; the runner passes a `ConnectorFactory`
 that builds the reader or writer of a node's connector type.
@@ -11,7 +15,17 @@ from typing import Any, Protocol, runtime_checkable
 
 from nopstream.plan.partitioned import SourceSplits
 from nopstream.plan.streamgraph import StreamNode
-from nopstream.runtime.frames import Batch
+
+MIN_TIMESTAMP = -(2**63)
+MAX_TIMESTAMP = 2**63 - 1
+
+
+@dataclass(slots=True)
+class Batch:
+    """Records in channel order, with their event timestamps when the job has event time."""
+
+    records: list[Any]
+    timestamps: list[int] | None = None
 
 
 class SourceReader(Protocol):

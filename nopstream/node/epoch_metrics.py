@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from nopstream.checkpoint.coordinator import EpochCoordinator
+from nopstream.node.epochs import EpochCoordinator
 
 
 class CoordinatorCollector(Collector):

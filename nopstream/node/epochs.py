@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nopstream import faults
 from nopstream.checkpoint.catalog import apply_retention
 from nopstream.checkpoint.formats import Manifest, SegmentRef, encode_manifest, manifest_path
 from nopstream.checkpoint.storage import Storage
@@ -32,7 +33,6 @@ from nopstream.plan.canonical import fingerprint
 from nopstream.plan.deployment import CheckpointSettings
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
-from nopstream.runtime import faults
 
 log = logging.getLogger(__name__)
 
