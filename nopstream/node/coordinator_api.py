@@ -61,10 +61,18 @@ class CoordinatorRoutes:
         app.router.add_post("/savepoint", self._savepoint)
         app.router.add_get("/metrics", self._metrics)
 
-    async def message(self, request: web.Request, *required: str) -> tuple[str, dict[str, Any]]:
-        """The task and body of a message from a task of the run led (400, 404, 409 otherwise)."""
+    async def message(
+        self, request: web.Request, *required: str, leading: bool = False
+    ) -> tuple[str, dict[str, Any]]:
+        """The task and body of a message from a task of the run led (400, 404, 409 otherwise).
+
+        With `leading`, a message for the coordinator itself: 503 (the task retries) while
+        it leads no run yet or an older one than the message's, 409 only for an older run.
+        """
         body = await json_body(request, "taskId", "run", *required)
         run = int_field(body, "run")
+        if leading and (self.current is None or run > self.leading_run):
+            raise web.HTTPServiceUnavailable(text=f"not leading run {run} yet")
         if run != self.leading_run:
             raise web.HTTPConflict(text=f"stale run {run}: the current run is {self.leading_run}")
         task_id = body["taskId"]
@@ -78,7 +86,7 @@ class CoordinatorRoutes:
         return self.current
 
     async def _ack(self, request: web.Request) -> web.Response:
-        task_id, body = await self.message(request, "epoch", "segments")
+        task_id, body = await self.message(request, "epoch", "segments", leading=True)
         try:
             ack = Ack.from_json(body)
         except ValueError as err:
@@ -87,7 +95,7 @@ class CoordinatorRoutes:
         return web.json_response({"ok": True})
 
     async def _source_finished(self, request: web.Request) -> web.Response:
-        task_id, _ = await self.message(request)
+        task_id, _ = await self.message(request, leading=True)
         self._leading().source_finished(task_id)
         return web.json_response({"ok": True})
 
