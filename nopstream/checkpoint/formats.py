@@ -45,6 +45,15 @@ class SegmentRef:
     sha256: str
     bytes: int
 
+    def to_json(self) -> dict[str, Any]:
+        """The reference as a manifest or an ACK holds it."""
+        return {"path": self.path, "sha256": self.sha256, "bytes": self.bytes}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> SegmentRef:
+        """Parse `to_json`'s output; KeyError, TypeError or ValueError when it has another shape."""
+        return cls(str(raw["path"]), str(raw["sha256"]), int(raw["bytes"]))
+
 
 def _canonical(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
@@ -138,7 +147,7 @@ class Manifest:
             "planFingerprint": self.plan_fingerprint,
             "createdAt": self.created_at,
             "durationMs": self.duration_ms,
-            "tasks": {t: {"segments": [r.__dict__ for r in refs]} for t, refs in sorted(self.tasks.items())},
+            "tasks": {t: {"segments": [r.to_json() for r in refs]} for t, refs in sorted(self.tasks.items())},
             "sources": dict(sorted(self.sources.items())),
             "sinks": dict(sorted(self.sinks.items())),
         }
@@ -148,9 +157,7 @@ class Manifest:
         """A manifest from its verified JSON; RestoreRefused naming `where` when a part has another shape."""
         try:
             tasks = {
-                t: tuple(
-                    SegmentRef(r["path"], r["sha256"], int(r["bytes"])) for r in entry.get("segments", [])
-                )
+                t: tuple(SegmentRef.from_json(r) for r in entry.get("segments", []))
                 for t, entry in raw.get("tasks", {}).items()
             }
             return cls(

@@ -52,7 +52,7 @@ class Ack:
 
     def to_json(self, epoch: int) -> dict[str, Any]:
         """The ACK of `epoch` as the JSON body a task sends."""
-        segments = [ref.__dict__ for ref in self.segments]
+        segments = [ref.to_json() for ref in self.segments]
         return {"epoch": epoch, "segments": segments, "sources": self.sources, "sinks": self.sinks}
 
     @classmethod
@@ -62,7 +62,7 @@ class Ack:
         if not (isinstance(segments, list) and isinstance(sources, dict) and isinstance(sinks, list)):
             raise ValueError("an ACK has a list of segments, an object of sources and a list of sinks")
         try:
-            refs = tuple(SegmentRef(str(s["path"]), str(s["sha256"]), int(s["bytes"])) for s in segments)
+            refs = tuple(SegmentRef.from_json(s) for s in segments)
         except (KeyError, TypeError, ValueError):
             raise ValueError("each segment of an ACK has a path, a sha256 and a number of bytes") from None
         return cls(refs, sources, sinks)

@@ -228,9 +228,11 @@ class TaskServer:
 
     async def _status(self, request: web.Request) -> web.Response:
         listener = self.listener
-        status = TaskStatus(self.run)
-        if listener is not None:
-            status = TaskStatus(self.run, listener.source_finished, listener.last_ack)
+        status = (
+            TaskStatus(self.run, listener.source_finished, listener.last_ack)
+            if listener
+            else TaskStatus(self.run)
+        )
         return web.json_response(status.to_json())
 
     async def _metrics(self, request: web.Request) -> web.Response:
