@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from nopstream.connectors import lines as line_format
 from nopstream.connectors.staged import ObjectSink, OutputConflict, SinkName
 from nopstream.errors import RestoreRefused
+from nopstream.model.connectors import FileSinkConfig, FileSourceConfig
 from nopstream.plan.keys import stable_hash
 from nopstream.records import Batch
 
@@ -41,11 +41,12 @@ _HEAD = 4096  # bytes of a split's head hashed to tell a different file under th
 class FileSource:
     """Reads the files of one source subtask."""
 
-    def __init__(self, config: dict[str, Any], *, subtask: int, parallelism: int) -> None:
+    def __init__(self, config: FileSourceConfig | dict[str, Any], *, subtask: int, parallelism: int) -> None:
         """Discover the files of this subtask."""
-        self.pattern = config["path"]
-        self.jsonl = config.get("format", "text") == "jsonl"
-        self.discovery_ms = config.get("discoveryIntervalMs")
+        c = FileSourceConfig.model_validate(config)
+        self.pattern = c.path
+        self.jsonl = c.format == "jsonl"
+        self.discovery_ms = c.discovery_interval_ms
         self.subtask = subtask
         self.parallelism = parallelism
         self.cursors: dict[str, int] = {}
@@ -96,12 +97,7 @@ class FileSource:
             lines, self._ahead = self._ahead[:max_records], self._ahead[max_records:]
             assert self._current_path is not None
             self.cursors[self._current_path] += sum(len(line) for line in lines)
-            return Batch(self._records(lines))
-
-    def _records(self, lines: list[bytes]) -> list[Any]:
-        if self.jsonl:
-            return [orjson.loads(line) for line in lines if line.strip()]
-        return [line.decode("utf-8").rstrip("\r\n") for line in lines]
+            return Batch(line_format.decode(lines, jsonl=self.jsonl))
 
     def _open(self, path: str) -> None:
         self._current = open(path, "rb")  # noqa: SIM115 (kept open across reads)
@@ -156,11 +152,12 @@ class FileSink(ObjectSink):
     overwritten). Object names and bookkeeping: `staged.ObjectSink`.
     """
 
-    def __init__(self, config: dict[str, Any], *, name: SinkName) -> None:
+    def __init__(self, config: FileSinkConfig | dict[str, Any], *, name: SinkName) -> None:
         """Prepare the output and staging directories."""
-        self.ext = "jsonl" if config.get("format", "jsonl") == "jsonl" else "txt"
+        c = FileSinkConfig.model_validate(config)
+        self.ext = "jsonl" if c.format == "jsonl" else "txt"
         super().__init__(name)
-        self.dir = Path(config["path"])
+        self.dir = Path(c.path)
         self.staging = self.dir / ".staging"
         self.staging.mkdir(parents=True, exist_ok=True)
         self.jsonl = self.ext == "jsonl"
@@ -177,11 +174,7 @@ class FileSink(ObjectSink):
             fresh = self._created != self.epoch
             self._file = open(self._staged(self.epoch), "wb" if fresh else "ab")  # noqa: SIM115 (open until pre-commit)
             self._file_epoch = self._created = self.epoch
-        if self.jsonl:
-            data = b"".join(orjson.dumps(r) + b"\n" for r in batch.records)
-        else:
-            data = "".join(f"{r}\n" for r in batch.records).encode("utf-8")
-        self._file.write(data)
+        self._file.write(line_format.encode(batch.records, jsonl=self.jsonl))
         self.records += len(batch.records)
 
     def _release(self) -> None:
@@ -239,6 +232,15 @@ class FileSink(ObjectSink):
     def finish(self) -> None:
         """End of input: write the staged file out (its records wait for the final epoch)."""
         self._release()
+
+
+def committed_records(config: FileSinkConfig | dict[str, Any]) -> list[Any]:
+    """Every record committed in a file sink's directory, decoded (`nopstream chaos`)."""
+    c = FileSinkConfig.model_validate(config)
+    directory = Path(c.path)
+    paths = sorted(p for p in directory.iterdir() if p.is_file()) if directory.is_dir() else []
+    jsonl = c.format == "jsonl"
+    return [r for p in paths for r in line_format.decode(p.read_bytes().splitlines(), jsonl=jsonl)]
 
 
 def _head_hash(path: str, n: int) -> str:

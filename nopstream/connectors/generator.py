@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from nopstream.model.connectors import GeneratorSourceConfig
 from nopstream.records import Batch
 
 _MASK = (1 << 64) - 1
@@ -29,15 +30,14 @@ def mix(x: int) -> int:
 class GeneratorSource:
     """Generates the records of the splits assigned to one subtask."""
 
-    def __init__(self, config: dict[str, Any], splits: tuple[str, ...], *, total_splits: int) -> None:
+    def __init__(
+        self, config: GeneratorSourceConfig | dict[str, Any], splits: tuple[str, ...], *, total_splits: int
+    ) -> None:
         """Prepare the cursors of `splits` (`split-n` names)."""
-        self.kind = config.get("kind", "sequence")
-        self.count = config.get("count")
-        self.seed = int(config.get("seed", 0))
-        self.vocabulary = int(config.get("vocabulary", 10_000))
-        self.words_per_line = int(config.get("wordsPerLine", 10))
-        self.keys = int(config.get("keys", 100))
-        rate = config.get("ratePerSecond")
+        c = GeneratorSourceConfig.model_validate(config)
+        self.kind, self.count, self.seed = c.kind, c.count, c.seed
+        self.vocabulary, self.words_per_line, self.keys = c.vocabulary, c.words_per_line, c.keys
+        rate = c.rate_per_second
         self.rate = None if rate is None else float(rate) * len(splits) / max(total_splits, 1)
         self.stride = total_splits
         self.cursors = {s: int(s.rsplit("-", 1)[1]) for s in splits}

@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import orjson
-
+from nopstream.connectors import lines as line_format
 from nopstream.connectors.staged import ObjectSink, OutputConflict, SinkName
 from nopstream.errors import RestoreRefused
+from nopstream.model.connectors import S3SinkConfig, S3SourceConfig
 from nopstream.plan.keys import stable_hash
 from nopstream.records import Batch
 from nopstream.s3 import S3Storage
@@ -32,20 +32,21 @@ from nopstream.s3 import S3Storage
 _RULE = "an object being read must not change (docs/runtime.md)"
 
 
-def connect(config: dict[str, Any]) -> S3Storage:
+def connect(config: S3SourceConfig | S3SinkConfig) -> S3Storage:
     """The bucket of a connector config (credentials: `nopstream.s3.credentials`)."""
-    endpoint = str(config.get("endpoint") or os.environ.get("NOPSTREAM_S3_ENDPOINT", ""))
-    return S3Storage.connect(endpoint, config["bucket"])
+    endpoint = config.endpoint or os.environ.get("NOPSTREAM_S3_ENDPOINT", "")
+    return S3Storage.connect(endpoint, config.bucket)
 
 
 class S3Source:
     """Reads the objects of one source subtask."""
 
-    def __init__(self, config: dict[str, Any], *, subtask: int, parallelism: int) -> None:
+    def __init__(self, config: S3SourceConfig | dict[str, Any], *, subtask: int, parallelism: int) -> None:
         """List the objects of this subtask."""
-        self.store = connect(config)
-        self.prefix = config.get("prefix", "")
-        self.jsonl = config.get("format", "text") == "jsonl"
+        c = S3SourceConfig.model_validate(config)
+        self.store = connect(c)
+        self.prefix = c.prefix
+        self.jsonl = c.format == "jsonl"
         self.subtask = subtask
         self.parallelism = parallelism
         self.cursors: dict[str, int] = {}
@@ -73,9 +74,7 @@ class S3Source:
                 continue
             lines, self._lines = self._lines[:max_records], self._lines[max_records:]
             self.cursors[self._current] += sum(len(line) for line in lines)
-            if self.jsonl:
-                return Batch([orjson.loads(line) for line in lines if line.strip()])
-            return Batch([line.decode("utf-8").rstrip("\r\n") for line in lines])
+            return Batch(line_format.decode(lines, jsonl=self.jsonl))
 
     def snapshot(self) -> dict[str, Any]:
         """Cursor of every split, the finished objects, and the ETags of the unfinished ones begun."""
@@ -108,12 +107,13 @@ class S3Source:
 class S3Sink(ObjectSink):
     """Writes a sink subtask's records as one object per committed epoch (bookkeeping: `ObjectSink`)."""
 
-    def __init__(self, config: dict[str, Any], *, name: SinkName) -> None:
+    def __init__(self, config: S3SinkConfig | dict[str, Any], *, name: SinkName) -> None:
         """Write under the config's bucket and prefix."""
         super().__init__(name)
-        self.store = connect(config)
-        self.prefix = config.get("prefix", "")
-        self.jsonl = config.get("format", "jsonl") == "jsonl"
+        c = S3SinkConfig.model_validate(config)
+        self.store = connect(c)
+        self.prefix = c.prefix
+        self.jsonl = c.format == "jsonl"
         self._buffer: list[bytes] = []
 
     def _staged(self, epoch: int) -> str:
@@ -121,10 +121,7 @@ class S3Sink(ObjectSink):
 
     def write(self, batch: Batch) -> None:
         """Add the batch to the open transaction."""
-        if self.jsonl:
-            self._buffer.append(b"".join(orjson.dumps(r) + b"\n" for r in batch.records))
-        else:
-            self._buffer.append("".join(f"{r}\n" for r in batch.records).encode())
+        self._buffer.append(line_format.encode(batch.records, jsonl=self.jsonl))
         self.records += len(batch.records)
 
     def _stage(self, epoch: int) -> None:
@@ -167,3 +164,11 @@ class S3Sink(ObjectSink):
 
     def finish(self) -> None:
         """Nothing to release: the open transaction waits for the final epoch."""
+
+
+def committed_records(config: S3SinkConfig | dict[str, Any]) -> list[Any]:
+    """Every record an s3 sink committed under its prefix, decoded (`nopstream chaos`)."""
+    c = S3SinkConfig.model_validate(config)
+    store = connect(c)
+    keys = [k for k in store.list(c.prefix) if not k[len(c.prefix) :].startswith(".staging/")]
+    return [r for k in keys for r in line_format.decode(store.get(k).splitlines(), jsonl=c.format == "jsonl")]

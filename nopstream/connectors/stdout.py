@@ -9,24 +9,21 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import orjson
-
+from nopstream.connectors import lines as line_format
+from nopstream.model.connectors import StdoutSinkConfig
 from nopstream.records import Batch, SinkStart
 
 
 class StdoutSink:
     """Prints records to the task's standard output."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: StdoutSinkConfig | dict[str, Any]) -> None:
         """Print as JSON lines or as text."""
-        self.jsonl = config.get("format", "jsonl") == "jsonl"
+        self.jsonl = StdoutSinkConfig.model_validate(config).format == "jsonl"
 
     def write(self, batch: Batch) -> None:
         """Print the batch."""
-        if self.jsonl:
-            sys.stdout.buffer.write(b"".join(orjson.dumps(r) + b"\n" for r in batch.records))
-        else:
-            sys.stdout.write("".join(f"{r}\n" for r in batch.records))
+        sys.stdout.buffer.write(line_format.encode(batch.records, jsonl=self.jsonl))
 
     def prepare(self, epoch: int) -> None:
         """Nothing to stage: records are already printed."""

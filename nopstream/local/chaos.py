@@ -25,16 +25,15 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
-from nopstream.connectors import kafka, postgres
+from nopstream.connectors import files, kafka, postgres
 from nopstream.connectors import s3 as s3_connector
-from nopstream.s3 import S3Storage
 
 EXAMPLES = 5  # records shown of each kind of difference
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
@@ -137,7 +136,7 @@ def _run(
         break
     outcome.errors = (home / "runner.err").read_text(errors="replace")
     outcome.recoveries = outcome.errors.count("recovering: ")
-    outcome.records = committed(job, home)
+    outcome.records = committed(job)
     outcome.job = job
     return outcome
 
@@ -304,33 +303,24 @@ def _sinks(job: dict[str, Any]) -> list[dict[str, Any]]:
     return sinks
 
 
-def committed(job: dict[str, Any], home: Path) -> Counter[str]:
-    """Every record the job's file, s3, postgres and kafka sinks committed, as a multiset (canonical JSON)."""
+_COMMITTED: dict[str, Callable[[dict[str, Any]], list[Any]]] = {
+    "file": files.committed_records,
+    "s3": s3_connector.committed_records,
+    "postgres": postgres.table_records,
+    "kafka": kafka.topic_records,
+}
+"""What each sink type that commits can read back of its committed output."""
+
+
+def committed(job: dict[str, Any]) -> Counter[str]:
+    """Every record the job's committing sinks committed, as a multiset (strings as is, others as JSON)."""
     records: Counter[str] = Counter()
     for sink in _sinks(job):
-        config = sink.get("config", {})
-        if sink.get("type") == "postgres":
-            records.update(json.dumps(r, sort_keys=True, default=str) for r in postgres.table_records(config))
-            continue
-        if sink.get("type") == "kafka":
-            records.update(json.dumps(r, sort_keys=True) for r in kafka.topic_records(config))
-            continue
-        jsonl = config.get("format", "jsonl") == "jsonl"
-        for data in _committed_objects(sink.get("type", ""), config):
-            for line in data.decode().splitlines():
-                records[json.dumps(json.loads(line), sort_keys=True) if jsonl else line] += 1
+        read = _COMMITTED.get(sink.get("type", ""))
+        if read is not None:
+            records.update(_canonical(r) for r in read(sink.get("config", {})))
     return records
 
 
-def _committed_objects(kind: str, config: dict[str, Any]) -> Iterator[bytes]:
-    if kind == "file":
-        directory = Path(config["path"])
-        for path in sorted(directory.iterdir()) if directory.is_dir() else []:
-            if path.is_file():
-                yield path.read_bytes()
-    elif kind == "s3":
-        store: S3Storage = s3_connector.connect(config)
-        prefix = config.get("prefix", "")
-        for key in store.list(prefix):
-            if not key[len(prefix) :].startswith(".staging/"):
-                yield store.get(key)
+def _canonical(record: Any) -> str:
+    return record if isinstance(record, str) else json.dumps(record, sort_keys=True, default=str)

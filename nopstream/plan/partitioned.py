@@ -10,8 +10,9 @@ equal and is all-to-all otherwise; SINGLETON joins every upstream subtask to sub
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+from nopstream.model.connectors import GeneratorSourceConfig
 from nopstream.plan.jobgraph import JobEdge, JobGraph, JobVertex
 from nopstream.plan.keys import shard_range
 from nopstream.plan.streamgraph import (
@@ -205,9 +206,8 @@ def _channels(policy: EdgePolicy, up: int, down: int) -> tuple[Channel, ...]:
 
 
 def _splits(ident: JobIdentity, v: Vertex, op: StreamNode) -> SourceSplits:
-    config: dict[str, Any] = op.spec.get("config", {})
     if op.type == "generator":
-        count = int(config.get("splits") or v.parallelism)
+        count = GeneratorSourceConfig.model_validate(op.spec.get("config", {})).splits or v.parallelism
         assignment = tuple(
             tuple(f"split-{s}" for s in range(count) if s % v.parallelism == i) for i in range(v.parallelism)
         )
