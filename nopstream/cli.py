@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from nopstream.model.connectors import SINK_TYPES, FileSinkConfig, S3SinkConfig
 from nopstream.model.errors import ModelError
 from nopstream.model.load import LoadedModel, load_file
 from nopstream.plan import compiler
@@ -246,11 +247,11 @@ def _sinks(plans: compiler.CompiledPlans) -> list[str]:
 def sink_location(plans: compiler.CompiledPlans, sink_id: str) -> str:
     """Where a sink's output goes, in words."""
     node = plans.partitioned.operators()[sink_id]
-    config = node.spec.get("config", {})
-    if node.type == "file":
-        return str(Path(config["path"]).resolve())
-    if node.type == "s3":
-        return f"s3://{config['bucket']}/{config.get('prefix', '')}"
+    config = SINK_TYPES[node.type].config.model_validate(node.spec.get("config", {}))
+    if isinstance(config, FileSinkConfig):
+        return str(Path(config.path).resolve())
+    if isinstance(config, S3SinkConfig):
+        return f"s3://{config.bucket}/{config.prefix}"
     return node.type
 
 
@@ -269,7 +270,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.command == "coordinator":
         return EXIT_OK if asyncio.run(coordinator.serve(config)) == 0 else EXIT_JOB_FAILED
-    from nopstream.errors import RestoreRefused, StartRefused
+    from nopstream.errors import RestoreRefused
 
     try:
         asyncio.run(task.serve(config))
@@ -277,8 +278,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         print(f"nopstream task: {lost}", file=sys.stderr)
         return EXIT_JOB_FAILED
     except RestoreRefused as refused:  # the same for every attempt: not a failure to recover from
-        print(f"nopstream task: cannot start: {refused}", file=sys.stderr)
-        return recovery.EXIT_START_REFUSED if isinstance(refused, StartRefused) else recovery.EXIT_REFUSED
+        recovery.exit_refused(refused)
     return EXIT_OK
 
 

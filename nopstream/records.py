@@ -1,8 +1,9 @@
 """Records and what the task asks of source readers and sink writers; `nopstream.connectors` implements it.
 
-Neutral ground between the runtime and the connectors, which DESIGN.md keeps
-independent of each other: `Batch` (what a reader returns and a writer takes) and the
-protocols. It imports nothing but the plan.
+Neutral ground between the runtime and its siblings, which DESIGN.md keeps
+independent of each other: `Batch` (what a reader returns and a writer takes), the
+protocols, and `TaskSnapshot` (what a task hands to checkpointing at a barrier and
+gets back at a restore). It imports nothing but the plan.
 
 The runtime depends on these protocols only; the runner passes a `ConnectorFactory`
 that builds the reader or writer of a node's connector type.
@@ -10,7 +11,7 @@ that builds the reader or writer of a node's connector type.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from nopstream.plan.partitioned import SourceSplits
@@ -26,6 +27,49 @@ class Batch:
 
     records: list[Any]
     timestamps: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class TaskSnapshot:
+    """A task's state at a barrier: each chained operator's, its source's, and its progress through time.
+
+    Operator and source states belong to their operators and readers (opaque here, but
+    for two parts checkpointing files apart: an operator's `keyed` state by shard, and
+    a sink operator's `sink` with its `pending` transactions).
+    """
+
+    operators: dict[str, dict[str, Any]]
+    source: dict[str, Any] | None = None
+    watermarks: dict[str, Any] | None = None
+    """The input channels' watermarks (`runtime.watermarks.InputWatermarks`)."""
+    source_watermark: dict[str, Any] | None = None
+    """The source's watermark generator (`runtime.watermarks.WatermarkGenerator`)."""
+    data_ended: bool = False
+    """Whether the operators flushed at end of data already (never twice)."""
+
+    def progress(self) -> dict[str, Any]:
+        """The task's progress through time as one JSON object (one segment)."""
+        out: dict[str, Any] = {}
+        if self.watermarks is not None:
+            out["watermarks"] = self.watermarks
+        if self.source_watermark is not None:
+            out["sourceWatermark"] = self.source_watermark
+        if self.data_ended:
+            out["dataEnded"] = True
+        return out
+
+    def with_progress(self, progress: dict[str, Any]) -> TaskSnapshot:
+        """This snapshot with the progress read back from `progress()`'s object."""
+        return replace(
+            self,
+            watermarks=progress.get("watermarks"),
+            source_watermark=progress.get("sourceWatermark"),
+            data_ended=bool(progress.get("dataEnded", False)),
+        )
+
+    def pending_transactions(self) -> list[dict[str, Any]]:
+        """The pending transactions of every sink operator, in operator order."""
+        return [txn for op in self.operators.values() for txn in op.get("sink", {}).get("pending", [])]
 
 
 class SourceReader(Protocol):

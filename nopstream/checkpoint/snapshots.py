@@ -1,11 +1,11 @@
 """A task's snapshot as state segments at the StatePaths of DESIGN.md section 2, and back.
 
-A task snapshot (`runtime.task.Task.snapshot`) splits into:
+A task snapshot (`records.TaskSnapshot`) splits into:
   keyed state      checkpoint/{ns}/{epoch}/{operatorId}/{subtask}/{shard}/{stateName}
   operator state   checkpoint/{ns}/{epoch}/{operatorId}/{subtask}/operator/state
   split cursors    checkpoint/{ns}/{epoch}/{sourceId}/{subtask}/source/{splitId}
   enumerator       checkpoint/{ns}/{epoch}/{sourceId}/{subtask}/operator/enumerator
-  watermarks       checkpoint/{ns}/{epoch}/{vertexId}/{subtask}/operator/watermarks
+  progress         checkpoint/{ns}/{epoch}/{vertexId}/{subtask}/operator/watermarks
   sink txns        checkpoint/{ns}/{epoch}/{sinkId}/{subtask}/sink/{transactionId}
 `join` puts the pieces of one task back together from a verified checkpoint.
 """
@@ -16,6 +16,7 @@ from typing import Any
 
 from nopstream.checkpoint.formats import encode_segment
 from nopstream.plan.partitioned import PartitionedPlan, ShardRange
+from nopstream.records import TaskSnapshot
 
 SCHEMA_VERSION = 1
 
@@ -33,7 +34,7 @@ def split(
     vertex_id: str,
     subtask: int,
     epoch: int,
-    state: dict[str, Any],
+    state: TaskSnapshot,
     source_id: str | None,
     sink_ids: list[str],
 ) -> dict[str, bytes]:
@@ -43,7 +44,7 @@ def split(
     def put(path: str, payload: Any, name: str) -> None:
         out[path] = encode_segment(payload, state_name=name, schema_version=SCHEMA_VERSION)
 
-    for op_id, op_state in state.get("operators", {}).items():
+    for op_id, op_state in state.operators.items():
         for shard, states in op_state.get("keyed", {}).items():
             for name, pairs in states.items():
                 put(_path(plan, "keyed", epoch, op_id, subtask, shard=shard, stateName=name), pairs, name)
@@ -54,8 +55,8 @@ def split(
                 put(_path(plan, "sink", epoch, op_id, subtask, transactionId=txn["id"]), txn, "transaction")
             sink_rest = {k: v for k, v in op_state.get("sink", {}).items() if k != "pending"}
             put(_path(plan, "operator", epoch, op_id, subtask, stateName="sink"), sink_rest, "sink")
-    if source_id is not None and "source" in state:
-        source = state["source"]
+    if source_id is not None and state.source is not None:
+        source = state.source
         for split_id, cursor in source.get("cursors", {}).items():
             put(
                 _path(plan, "source", epoch, source_id, subtask, splitId=_safe(split_id)),
@@ -69,8 +70,11 @@ def split(
             "enumerator",
         )
     # the task's progress through time: its watermarks, and whether its data has ended
-    marks = {k: state[k] for k in ("watermarks", "sourceWatermark", "dataEnded") if k in state}
-    put(_path(plan, "operator", epoch, vertex_id, subtask, stateName="watermarks"), marks, "watermarks")
+    put(
+        _path(plan, "operator", epoch, vertex_id, subtask, stateName="watermarks"),
+        state.progress(),
+        "watermarks",
+    )
     return out
 
 
@@ -86,7 +90,7 @@ def join(
     sink_ids: list[str],
     shards: ShardRange | None,
     rescaled: bool = False,
-) -> dict[str, Any]:
+) -> TaskSnapshot:
     """One task's snapshot rebuilt from the payloads of a verified checkpoint.
 
     State is found by what it is, not by which subtask wrote it, so the same join
@@ -96,7 +100,8 @@ def join(
     in a rescaled plan a subtask that did not exist takes subtask 0's, and watermarks
     start afresh (channel ids change; they advance again from the inputs).
     """
-    state: dict[str, Any] = {"operators": {}}
+    operators: dict[str, dict[str, Any]] = {}
+    source: dict[str, Any] | None = None
     for op_id in operator_ids:
         op_state = _operator_state(plan, segments, epoch, op_id, subtask, "state", rescaled=rescaled)
         if op_state is None:
@@ -114,7 +119,7 @@ def join(
                 (p for path, p in segments.items() if path.startswith(sink_prefix)), key=lambda t: t["epoch"]
             )
             op_state["sink"] = sink
-        state["operators"][op_id] = op_state
+        operators[op_id] = op_state
     if source_id is not None:
         enumerators = [
             payload
@@ -122,7 +127,7 @@ def join(
             if (kind, name) == ("operator", "enumerator")
         ]
         if enumerators:
-            source: dict[str, Any] = {}
+            source = {}
             for enumerator in enumerators:
                 for key, value in enumerator.items():
                     if isinstance(value, list):
@@ -136,12 +141,11 @@ def join(
                 for (_, kind, _), p in _under(plan, "source", epoch, source_id, segments)
                 if kind == "source"
             }
-            state["source"] = source
-    if not rescaled:
-        state.update(
-            segments.get(_path(plan, "operator", epoch, vertex_id, subtask, stateName="watermarks"), {})
-        )
-    return state
+    state = TaskSnapshot(operators, source)
+    if rescaled:
+        return state
+    progress = segments.get(_path(plan, "operator", epoch, vertex_id, subtask, stateName="watermarks"), {})
+    return state.with_progress(progress)
 
 
 def _operator_state(

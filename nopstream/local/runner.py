@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import aiohttp
 
@@ -43,6 +43,7 @@ from nopstream.node.epochs import EpochCoordinator, Notify, Trigger
 from nopstream.plan import compiler
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
+from nopstream.records import TaskSnapshot
 from nopstream.runtime.task import Task
 
 
@@ -138,7 +139,7 @@ class _InProcessListener:
         self.storage = storage
         self.coordinator = coordinator
 
-    async def on_snapshot(self, task: Task, epoch: int, kind: EpochKind, state: dict[str, Any]) -> None:
+    async def on_snapshot(self, task: Task, epoch: int, kind: EpochKind, state: TaskSnapshot) -> None:
         ack = await checkpointing.write_snapshot_async(self.storage, task, epoch, state)
         self.coordinator.ack(task.task_id, epoch, ack)
 
@@ -163,8 +164,7 @@ async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions, st
                         t.trigger_barrier(epoch, kind)
 
             async def notify(epoch: int) -> None:
-                for t in tasks:
-                    t.commit(epoch)
+                await asyncio.gather(*(t.commit(epoch) for t in tasks))
 
             coordinator = _coordinator(
                 plans,
@@ -177,7 +177,7 @@ async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions, st
             )
             tasks.extend(inprocess.build_tasks(plan, listener=_InProcessListener(storage, coordinator)))
             for t in tasks:
-                checkpointing.start_task(t, storage, point)
+                await checkpointing.start_task(t, storage, point)
             processing_started = time.monotonic()
             progress = _Progress(
                 plan,

@@ -107,9 +107,7 @@ class Supervisor:
                 child, code = next(((t, c) for t, c in dead if c in REFUSALS), dead[0])
                 if code in REFUSALS:  # it cannot start at all: the same in every run
                     refused = StartRefused if code == EXIT_START_REFUSED else RestoreRefused
-                    raise refused(
-                        f"task {child.name}: " + child.tail(1).removeprefix("nopstream task: cannot start: ")
-                    )
+                    raise refused(f"task {child.name}: " + child.tail(1).removeprefix(recovery.REFUSAL))
                 cause = f"task {child.name} exited with {code}"
                 try:
                     recovered = recovery.recover(

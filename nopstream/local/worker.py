@@ -73,7 +73,7 @@ async def serve(settings: WorkerSettings) -> None:
                 plan, deployment, who, session=session, resolve=resolve, send=link.send
             )
             if listener is not None and settings.restore is not None:
-                checkpointing.start_task(task, listener.storage, settings.restore)
+                await checkpointing.start_task(task, listener.storage, settings.restore)
         except RestoreRefused as refused:
             kind = "start" if isinstance(refused, StartRefused) else "restore"
             await post("/failed", {"error": str(refused), "refused": kind})

@@ -17,7 +17,7 @@ from nopstream.checkpoint.storage import LocalStorage, Storage
 from nopstream.node.epochs import Ack
 from nopstream.plan.canonical import fingerprint
 from nopstream.plan.deployment import DeploymentPlan
-from nopstream.records import SinkStart
+from nopstream.records import SinkStart, TaskSnapshot
 from nopstream.runtime.task import Task
 from nopstream.s3 import S3Storage
 
@@ -40,13 +40,20 @@ def task_parts(task: Task) -> dict[str, Any]:
     }
 
 
-def start_task(task: Task, storage: Storage, point: RestorePoint) -> None:
+async def start_task(task: Task, storage: Storage, point: RestorePoint) -> None:
     """The one rule for every start: restore the task from the restore point, then recover its sinks.
 
     Sinks commit what is durable and abort everything staged after it (everything
     when nothing is durable) before any record flows. A checkpoint of another plan (a
     rescale or upgrade) is redistributed by shard and split ownership (`snapshots.join`).
+    Storage and sink I/O run in worker threads.
     """
+    await asyncio.to_thread(_restore, task, storage, point)
+    await task.recover(SinkStart(point.epoch, point.lineage), final=point.finished)
+
+
+def _restore(task: Task, storage: Storage, point: RestorePoint) -> None:
+    """Load the task's state from the restore point's checkpoint, when there is one."""
     checkpoint = restore.load(storage, task.plan, point)
     if checkpoint is not None:
         parts = task_parts(task)
@@ -60,13 +67,12 @@ def start_task(task: Task, storage: Storage, point: RestorePoint) -> None:
             **parts,
         )
         task.restore(state)
-    task.recover(SinkStart(point.epoch, point.lineage), final=point.finished)
 
 
 _TXN_SUMMARY = ("id", "epoch", "records", "lineage")
 
 
-def write_snapshot(storage: Storage, task: Task, epoch: int, state: dict[str, Any]) -> Ack:
+def write_snapshot(storage: Storage, task: Task, epoch: int, state: TaskSnapshot) -> Ack:
     """Write a task's segments (blocking I/O) and return its ACK."""
     parts = task_parts(task)
     segments = snapshots.split(task.plan, epoch=epoch, state=state, **parts)
@@ -74,14 +80,10 @@ def write_snapshot(storage: Storage, task: Task, epoch: int, state: dict[str, An
     refs = tuple(segment_ref(path, data) for path, data in segments.items())
     task.metrics.snapshot_bytes = sum(len(data) for data in segments.values())
     # the manifest lists the pending transactions; their contents (an outbox's records) stay in segments
-    sinks = [
-        {k: v for k, v in txn.items() if k in _TXN_SUMMARY}
-        for op in state.get("operators", {}).values()
-        for txn in op.get("sink", {}).get("pending", [])
-    ]
-    return Ack(refs, state.get("source", {}), sinks)
+    sinks = [{k: v for k, v in txn.items() if k in _TXN_SUMMARY} for txn in state.pending_transactions()]
+    return Ack(refs, state.source or {}, sinks)
 
 
-async def write_snapshot_async(storage: Storage, task: Task, epoch: int, state: dict[str, Any]) -> Ack:
+async def write_snapshot_async(storage: Storage, task: Task, epoch: int, state: TaskSnapshot) -> Ack:
     """`write_snapshot` in a worker thread, so the event loop keeps running."""
     return await asyncio.to_thread(write_snapshot, storage, task, epoch, state)

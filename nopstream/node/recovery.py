@@ -15,14 +15,33 @@ are here.
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NoReturn, Protocol
+
+from nopstream.errors import RestoreRefused, StartRefused
 
 EXIT_REFUSED = 4
 """The exit code of a task whose run cannot start (its restore was refused): not recovered."""
 EXIT_START_REFUSED = 5
 """The exit code of a task whose connector cannot start as configured: not recovered."""
 REFUSALS = (EXIT_REFUSED, EXIT_START_REFUSED)
+
+
+REFUSAL = "nopstream task: cannot start: "
+"""How the last line of a refused task process's stderr begins."""
+
+
+def exit_refused(refused: RestoreRefused) -> NoReturn:
+    """End a task process that cannot start, at once, with its refusal on stderr and its exit code.
+
+    Nothing is left to clean up that matters (the lease expires, nothing was written),
+    and going at once matters: a peer that sees this task's channels close would
+    otherwise die of it first, and its plain failure would be taken for the cause.
+    """
+    print(f"{REFUSAL}{refused}", file=sys.stderr, flush=True)
+    os._exit(EXIT_START_REFUSED if isinstance(refused, StartRefused) else EXIT_REFUSED)
 
 
 class TooManyRecoveries(RuntimeError):

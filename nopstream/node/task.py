@@ -28,7 +28,8 @@ from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import ThreadedLeaseKeeper
 from nopstream.cluster.registry import Registration, Registry
-from nopstream.node import checkpointing, guard
+from nopstream.errors import RestoreRefused
+from nopstream.node import checkpointing, guard, recovery
 from nopstream.node.coordinator_api import CoordinatorLink
 from nopstream.node.settings import NodeSettings
 from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task, load_deployment, load_plan
@@ -101,7 +102,10 @@ async def restore_point(backend: Backend, layout: Layout, run: int) -> RestorePo
 
 async def _work(task: Task, backend: Backend, layout: Layout, who: TaskIdentity, storage: Storage) -> None:
     point = await restore_point(backend, layout, who.run)
-    checkpointing.start_task(task, storage, point)
+    try:
+        await checkpointing.start_task(task, storage, point)
+    except RestoreRefused as refused:
+        recovery.exit_refused(refused)
     log.info("task %s started from %s", who.task_id, point)
     await task.connect()
     await task.run()

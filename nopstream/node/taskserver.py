@@ -35,6 +35,7 @@ from nopstream.plan import compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
+from nopstream.records import TaskSnapshot
 from nopstream.runtime.metrics import TaskCollector, exposition
 from nopstream.runtime.task import Task
 from nopstream.runtime.transport_http import Fencing, HttpIO, HttpReceiver
@@ -87,7 +88,7 @@ class ReportingListener:
         self.source_finished = False
         self.last_ack: tuple[int, Ack] | None = None
 
-    async def on_snapshot(self, task: Task, epoch: int, kind: EpochKind, state: dict[str, Any]) -> None:
+    async def on_snapshot(self, task: Task, epoch: int, kind: EpochKind, state: TaskSnapshot) -> None:
         ack = await checkpointing.write_snapshot_async(self.storage, task, epoch, state)
         self.last_ack = (epoch, ack)
         await self.send("/ack", ack.to_json(epoch))
@@ -223,7 +224,7 @@ class TaskServer:
 
     async def _commit(self, request: web.Request) -> web.Response:
         body = await self._admitted(request, "commit")
-        self.task.commit(body["epoch"])
+        await self.task.commit(body["epoch"])
         return web.json_response({"ok": True})
 
     async def _status(self, request: web.Request) -> web.Response:

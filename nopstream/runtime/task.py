@@ -26,7 +26,15 @@ from nopstream import faults
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import Edge, PartitionedPlan
 from nopstream.plan.streamgraph import StreamNode
-from nopstream.records import MAX_TIMESTAMP, Batch, ConnectorFactory, SinkStart, SourceReader, SplitEventTime
+from nopstream.records import (
+    MAX_TIMESTAMP,
+    Batch,
+    ConnectorFactory,
+    SinkStart,
+    SourceReader,
+    SplitEventTime,
+    TaskSnapshot,
+)
 from nopstream.runtime.frames import Barrier, EndOfInput, EndOfStream, Frame, Watermark
 from nopstream.runtime.gate import InputChannel, InputGate
 from nopstream.runtime.keyed import ShardCache
@@ -76,7 +84,7 @@ class TaskListener(Protocol):
     of the runtime alone), sinks publish what they hold at end of input.
     """
 
-    async def on_snapshot(self, task: Task, epoch: int, kind: EpochKind, state: dict[str, Any]) -> None:
+    async def on_snapshot(self, task: Task, epoch: int, kind: EpochKind, state: TaskSnapshot) -> None:
         """The task snapshotted its chain at barrier `epoch` (state is a private copy)."""
         ...
 
@@ -139,6 +147,7 @@ class Task:
         self.finished_before = False  # restored from the job's final epoch: nothing left to do
         self._data_ended = False  # operators flushed at end of data (kept in snapshots: never twice)
         self._final_committed = asyncio.Event()
+        self._sink_io = asyncio.Lock()  # one sink call at a time: barriers and commit commands alike
         self._side: list[tuple[str, str, Batch]] = []
         self._ended_inputs = False
         cache = ShardCache(plan.identity.state_shard_count)
@@ -238,17 +247,17 @@ class Task:
             stats.setdefault(ch.channel_id, {})["maxBuffered"] = ch.max_buffered_units
         return stats
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: TaskSnapshot) -> None:
         """Load a task snapshot taken by `snapshot`."""
         for op_id, op in zip(self.op_ids, self.ops, strict=True):
-            if op_id in state.get("operators", {}):
-                op.restore(state["operators"][op_id])
-        if self.source is not None and "source" in state:
-            self.source.restore(state["source"])
-        if self._generator is not None and "sourceWatermark" in state:
-            self._generator.restore(state["sourceWatermark"])
-        self.watermarks.restore(state.get("watermarks", {}))
-        self._data_ended = bool(state.get("dataEnded", False))
+            if op_id in state.operators:
+                op.restore(state.operators[op_id])
+        if self.source is not None and state.source is not None:
+            self.source.restore(state.source)
+        if self._generator is not None and state.source_watermark is not None:
+            self._generator.restore(state.source_watermark)
+        self.watermarks.restore(state.watermarks or {})
+        self._data_ended = state.data_ended
 
     def trigger_barrier(self, epoch: int, kind: EpochKind = EpochKind.CHECKPOINT) -> bool:
         """Ask a source task to inject barrier `epoch` at its next safe point; False if it already has.
@@ -265,25 +274,32 @@ class Task:
         self._barrier_arrived.set()
         return True
 
-    def commit(self, upto: int) -> None:
+    async def commit(self, upto: int) -> None:
         """Epoch `upto` is durable: the sinks publish their transactions up to it."""
-        for sink in self.sinks:
-            sink.commit(upto)
+        await self._on_sinks(lambda sink: sink.commit(upto))
         if self.final_epoch is not None and upto >= self.final_epoch:
             self._final_committed.set()
+
+    async def _on_sinks(self, call: Callable[[SinkOperator], None]) -> None:
+        """`call` on every sink in a worker thread: sink I/O (PUT, COPY, COMMIT PREPARED) never holds
+        the event loop. One at a time, since commit commands arrive while the record loop runs."""
+        if not self.sinks:
+            return
+        async with self._sink_io:
+            for sink in self.sinks:
+                await asyncio.to_thread(call, sink)
 
     async def final_committed(self) -> None:
         """Return once the final epoch has been committed."""
         await self._final_committed.wait()
 
-    def recover(self, start: SinkStart, *, final: bool = False) -> None:
+    async def recover(self, start: SinkStart, *, final: bool = False) -> None:
         """Start of a run, after any `restore`, before any record: every sink recovers to the restore point.
 
         With `final` the restored epoch is the job's final one: the job finished in an
         earlier run, and `run` does nothing (it would emit the final results again).
         """
-        for sink in self.sinks:
-            sink.recover(start)
+        await self._on_sinks(lambda sink: sink.recover(start))
         if final:
             self.finished_before = True
             self.final_epoch = start.durable
@@ -310,10 +326,8 @@ class Task:
         await asyncio.gather(*(ch.close() for out in self._outputs for ch in out.channels.values()))
         if self.source is not None:
             self.source.close()
-        if self.sinks and self.listener is None:
-            for sink in self.sinks:  # no checkpointing: publish what is held
-                sink.prepare(1)
-                sink.commit(1)
+        if self.sinks and self.listener is None:  # no checkpointing: publish what is held
+            await self._on_sinks(SinkOperator.publish_held)
         elif self.sinks:
             await self._final_committed.wait()
 
@@ -509,29 +523,25 @@ class Task:
 
     # --- snapshots ----------------------------------------------------------------------
 
-    def snapshot(self) -> dict[str, Any]:
-        """A private copy of the task's state: operators, source cursors, watermarks."""
-        state: dict[str, Any] = {
+    def snapshot(self) -> TaskSnapshot:
+        """A private copy of the task's state (JSON values, shared with nothing the task goes on changing)."""
+        state = {
             "operators": {op_id: op.snapshot() for op_id, op in zip(self.op_ids, self.ops, strict=True)},
+            "source": self.source.snapshot() if self.source is not None else None,
             "watermarks": self.watermarks.snapshot(),
+            "source_watermark": self._generator.snapshot() if self._generator is not None else None,
         }
-        if self.source is not None:
-            state["source"] = self.source.snapshot()
-        if self._generator is not None:
-            state["sourceWatermark"] = self._generator.snapshot()
-        if self._data_ended:
-            state["dataEnded"] = True
-        copied: dict[str, Any] = orjson.loads(orjson.dumps(state))
-        return copied
+        return TaskSnapshot(**orjson.loads(orjson.dumps(state)), data_ended=self._data_ended)
 
     async def _snapshot_and_forward(self, barrier: Barrier) -> None:
-        for sink in self.sinks:
-            sink.prepare(barrier.epoch)
         if barrier.kind == EpochKind.FINAL:
             self.final_epoch = barrier.epoch
         elif barrier.kind == EpochKind.STOP:
             self._stopped = True
-        state = self.snapshot()
+        async with self._sink_io:  # a commit in flight changes the sinks' pending transactions
+            for sink in self.sinks:
+                await asyncio.to_thread(sink.prepare, barrier.epoch)
+            state = self.snapshot()
         self.metrics.barriers += 1
         if self.listener is not None:
             await self.listener.on_snapshot(self, barrier.epoch, barrier.kind, state)

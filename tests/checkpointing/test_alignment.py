@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import sys
 import textwrap
-from typing import Any
 
 from nopstream.local import inprocess
 from nopstream.model.load import load_data
 from nopstream.plan import compiler
+from nopstream.records import TaskSnapshot
 from nopstream.runtime.task import TaskSettings
 from nopstream.runtime.transport import TransportSettings
 
@@ -40,13 +40,13 @@ class Collect:
 
 class Snapshots:
     def __init__(self) -> None:
-        self.taken: dict[tuple[str, int], dict[str, Any]] = {}
+        self.taken: dict[tuple[str, int], TaskSnapshot] = {}
         self.finished: set[str] = set()
 
-    async def on_snapshot(self, task, epoch: int, kind: str, state: dict[str, Any]) -> None:
+    async def on_snapshot(self, task, epoch: int, kind: str, state: TaskSnapshot) -> None:
         self.taken[(task.task_id, epoch)] = state
         if kind == "final":
-            task.commit(epoch)
+            await task.commit(epoch)
 
     async def on_source_finished(self, task) -> None:
         self.finished.add(task.task_id)
@@ -113,9 +113,9 @@ def test_alignment_holds_back_the_fast_channel(tmp_path, monkeypatch):
         await asyncio.gather(*runs)
 
     asyncio.run(scenario())
-    fast_cut = snapshots.taken[("align/main/fast/0", 1)]["source"]["cursors"]["split-0"]
-    slow_cut = snapshots.taken[("align/main/slow/0", 1)]["source"]["cursors"]["split-0"]
-    joined = snapshots.taken[("align/main/collect/0", 1)]["operators"]["collect"]["keyed"]
+    fast_cut = snapshots.taken[("align/main/fast/0", 1)].source["cursors"]["split-0"]
+    slow_cut = snapshots.taken[("align/main/slow/0", 1)].source["cursors"]["split-0"]
+    joined = snapshots.taken[("align/main/collect/0", 1)].operators["collect"]["keyed"]
     seen = {key: state["seen"] for shard in joined.values() for key, state in shard["state"]}
     assert 0 < fast_cut < 400_000 and 0 < slow_cut < 3_000
     assert seen["fast"] == list(range(fast_cut)), "records after the fast barrier reached the snapshot"

@@ -6,6 +6,7 @@ from nopstream.checkpoint import snapshots
 from nopstream.checkpoint.formats import decode_segment
 from nopstream.model.load import load_data
 from nopstream.plan import compiler
+from nopstream.records import TaskSnapshot
 
 
 def plan(parallelism: int):
@@ -26,8 +27,8 @@ def test_keyed_state_cursors_and_finished_splits_follow_ownership_after_a_rescal
     count_old, count_new = old.vertex("count"), new.vertex("count")
     segments: dict[str, object] = {}
     for sub in count_old.subtasks:  # each old subtask snapshots its shards, one key per shard
-        state = {
-            "operators": {
+        state = TaskSnapshot(
+            operators={
                 "count": {
                     "keyed": {
                         str(shard): {"acc": [[f"k{shard}", shard]]}
@@ -37,20 +38,16 @@ def test_keyed_state_cursors_and_finished_splits_follow_ownership_after_a_rescal
                 },
                 "out": {"sink": {"pending": [], "epoch": 9}},
             },
-            "watermarks": {"x": 1},
-        }
+            watermarks={"x": 1},
+        )
         parts = snapshots.split(
             old, vertex_id="count", subtask=sub.index, epoch=8, state=state, source_id=None, sink_ids=["out"]
         )
         segments.update({path: _payload(data) for path, data in parts.items()})
     for sub in old.vertex("src").subtasks:
-        state = {
-            "operators": {},
-            "source": {
-                "cursors": {f"in/{sub.index}.txt": 40 + sub.index},
-                "finished": [f"in/done-{sub.index}.txt"],
-            },
-        }
+        cursors = {f"in/{sub.index}.txt": 40 + sub.index}
+        finished = [f"in/done-{sub.index}.txt"]
+        state = TaskSnapshot(operators={}, source={"cursors": cursors, "finished": finished})
         parts = snapshots.split(
             old, vertex_id="src", subtask=sub.index, epoch=8, state=state, source_id="src", sink_ids=[]
         )
@@ -62,18 +59,18 @@ def test_keyed_state_cursors_and_finished_splits_follow_ownership_after_a_rescal
             new, vertex_id="count", subtask=sub.index, epoch=8, segments=segments,
             operator_ids=["count", "out"], source_id=None, sink_ids=["out"], shards=sub.shards, rescaled=True,
         )  # fmt: skip
-        keyed = joined["operators"]["count"]["keyed"]
+        keyed = joined.operators["count"]["keyed"]
         assert set(keyed) == {str(s) for s in range(sub.shards.start, sub.shards.end)}
         owned_by.update({shard: sub.index for shard in keyed})
         # operator state of the same subtask, or subtask 0's for the new one; fresh watermarks
-        assert joined["operators"]["count"]["watermark"] == 100 + (sub.index if sub.index < 3 else 0)
-        assert joined["operators"]["out"]["sink"] == {"pending": [], "epoch": 9}
-        assert "watermarks" not in joined
+        assert joined.operators["count"]["watermark"] == 100 + (sub.index if sub.index < 3 else 0)
+        assert joined.operators["out"]["sink"] == {"pending": [], "epoch": 9}
+        assert joined.watermarks is None
     assert sorted(int(s) for s in owned_by) == list(range(new.identity.state_shard_count))
     source = snapshots.join(
         new, vertex_id="src", subtask=3, epoch=8, segments=segments,
         operator_ids=[], source_id="src", sink_ids=[], shards=None, rescaled=True,
-    )["source"]  # fmt: skip
+    ).source  # fmt: skip
     assert source == {
         "cursors": {"in/0.txt": 40, "in/1.txt": 41, "in/2.txt": 42},
         "finished": ["in/done-0.txt", "in/done-1.txt", "in/done-2.txt"],

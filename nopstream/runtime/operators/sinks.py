@@ -42,6 +42,11 @@ class SinkOperator:
         """Publish pending transactions up to `upto`."""
         self.writer.commit(upto)
 
+    def publish_held(self) -> None:
+        """A job without checkpoints: what the writer holds is staged and published as epoch 1."""
+        self.writer.prepare(1)
+        self.writer.commit(1)
+
     def recover(self, start: SinkStart) -> None:
         """Start of a run: re-commit up to the durable epoch, abort the rest."""
         self.writer.recover(start)

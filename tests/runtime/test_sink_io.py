@@ -1,0 +1,96 @@
+"""Sink I/O runs off the task's event loop: a stalled storage server holds a commit, not the task.
+
+The stall is real: the session's MinIO server is stopped with SIGSTOP while a sink
+publishes its transaction (COPY, DELETE), so the requests wait on a live socket that
+answers nothing, as they would on an overloaded or partitioned S3 endpoint. A timer
+sends SIGCONT whatever happens, so the server is never left stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections import Counter
+
+from nopstream.local import inprocess
+from nopstream.model.load import load_data
+from nopstream.plan import compiler
+from nopstream.plan.epochs import EpochKind
+from nopstream.records import SinkStart, TaskSnapshot
+from tests.conftest import s3_records
+
+RECORDS = 2_000
+STALL = 2.0  # seconds MinIO stays stopped
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.snapshots: dict[int, TaskSnapshot] = {}
+        self.finished = asyncio.Event()
+
+    async def on_snapshot(self, task, epoch: int, kind: EpochKind, state: TaskSnapshot) -> None:
+        self.snapshots[epoch] = state
+
+    async def on_source_finished(self, task) -> None:
+        self.finished.set()
+
+
+def test_a_commit_stalled_by_the_object_store_leaves_the_event_loop_running(
+    minio_server, minio_client, bucket, monkeypatch
+):
+    monkeypatch.setenv("NOPSTREAM_S3_ACCESS_KEY", minio_server.access_key)
+    monkeypatch.setenv("NOPSTREAM_S3_SECRET_KEY", minio_server.secret_key)
+    model = {
+        "jobId": "stall",
+        "parallelism": 1,
+        "model": {
+            "sources": [{"id": "n", "type": "generator", "config": {"count": RECORDS}}],
+            "sinks": [
+                {
+                    "id": "out",
+                    "type": "s3",
+                    "inputs": ["n"],
+                    "config": {"endpoint": minio_server.url, "bucket": bucket, "prefix": "out/"},
+                }
+            ],
+        },
+    }
+    plan = compiler.compile_model(load_data(model), backend="local").partitioned
+    listener = Listener()
+    (task,) = inprocess.build_tasks(plan, listener=listener)
+    gaps: list[float] = []
+
+    async def scenario() -> float:
+        await task.recover(SinkStart(None))
+        await task.connect()
+        run = asyncio.create_task(task.run())
+        await listener.finished.wait()
+        task.trigger_barrier(1, EpochKind.FINAL)
+        while 1 not in listener.snapshots:  # the staged object is PUT, the transaction pending
+            await asyncio.sleep(0.01)
+        os.kill(minio_server.process.pid, signal.SIGSTOP)
+        resume = threading.Timer(STALL, os.kill, (minio_server.process.pid, signal.SIGCONT))
+        resume.start()
+        try:
+            stalled = time.monotonic()
+            commit = asyncio.create_task(task.commit(1))
+            while time.monotonic() - stalled < STALL / 2:
+                before = time.monotonic()
+                await asyncio.sleep(0.01)
+                gaps.append(time.monotonic() - before)
+            assert not commit.done(), "the commit finished while the object store was stopped"
+            await asyncio.wait_for(commit, 60)
+            await asyncio.wait_for(run, 10)
+            return time.monotonic() - stalled
+        finally:
+            resume.join()
+
+    took = asyncio.run(scenario())
+    assert took >= STALL * 0.9, f"the commit took {took:.2f}s: it never waited for the stopped server"
+    assert max(gaps) < 0.25, f"the event loop was held for {max(gaps):.2f}s by a stalled commit"
+    assert len(gaps) > 20
+    assert s3_records(minio_client, bucket, "out/") == Counter(str(i) for i in range(RECORDS))
+    assert [t["records"] for t in listener.snapshots[1].pending_transactions()] == [RECORDS]
