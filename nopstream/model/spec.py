@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
 from nopstream.model.capabilities import SemanticMode
@@ -139,6 +139,7 @@ class OperatorSpec(Spec):
     pattern: PatternSpec | None = None
     partitioning: Partitioning | None = None
     emit: Literal["rolling", "final"] | None = None
+    combine: StrictBool | None = None
     state_version: StrictInt = 1
 
 

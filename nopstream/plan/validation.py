@@ -54,14 +54,14 @@ _FIELDS_BY_TYPE: dict[str, frozenset[str]] = {
     "filter": frozenset({"fn"}),
     "flat_map": frozenset({"fn"}),
     "key_by": frozenset({"key"}),
-    "reduce": frozenset({"fn", "key", "emit"}),
-    "aggregate": frozenset({"aggregate", "key", "emit"}),
+    "reduce": frozenset({"fn", "key", "emit", "combine"}),
+    "aggregate": frozenset({"aggregate", "key", "emit", "combine"}),
     "union": frozenset(),
     "window": frozenset({"window", "key", "aggregate", "fn"}),
     "process": frozenset({"fn", "key"}),
     "cep": frozenset({"pattern", "key"}),
 }
-_OPTIONAL_FIELDS = ("fn", "key", "aggregate", "window", "pattern", "emit")
+_OPTIONAL_FIELDS = ("fn", "key", "aggregate", "window", "pattern", "emit", "combine")
 _NEEDS_FN = frozenset({"map", "filter", "flat_map", "reduce", "process"})
 
 

@@ -42,6 +42,11 @@ def key_function(selector: KeySelector) -> KeyFn:
     return fn
 
 
+def partial_key(key: Any) -> Any:
+    """A key that crossed a channel as JSON, as its key function gave it (lists back to tuples)."""
+    return tuple(partial_key(k) for k in key) if isinstance(key, list) else key
+
+
 class ShardCache:
     """key -> shard under the plan's hash policy, remembered for hot keys."""
 

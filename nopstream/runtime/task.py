@@ -35,9 +35,11 @@ from nopstream.records import (
     SplitEventTime,
     TaskSnapshot,
 )
+from nopstream.runtime.combiner import Combiner, combined_edges
 from nopstream.runtime.frames import Barrier, EndOfInput, EndOfStream, Frame, Watermark
 from nopstream.runtime.gate import InputChannel, InputGate
 from nopstream.runtime.keyed import ShardCache
+from nopstream.runtime.operators.aggregates import PerKey
 from nopstream.runtime.operators.base import Context, Operator
 from nopstream.runtime.operators.registry import build_operator
 from nopstream.runtime.operators.sinks import SinkOperator
@@ -59,6 +61,8 @@ class TaskSettings:
     batch_target_ms: float = 50.0
     tick_ms: int = 100
     idle_poll_ms: int = 20
+    combiner_keys: int = 1 << 16
+    """The keys a combiner holds before it sends its partials early (`runtime.combiner`)."""
 
 
 class TaskIO(Protocol):
@@ -98,6 +102,7 @@ class _OutputEdge:
     edge: Edge
     partitioner: Partitioner
     channels: dict[int, OutputChannel]
+    combiner: Combiner | None = None
 
 
 @dataclass
@@ -198,6 +203,7 @@ class Task:
                     )
         self.watermarks = InputWatermarks(inputs)
         self._outputs: list[_OutputEdge] = []
+        self._combined = combined_edges(plan)  # edges whose records travel as partial accumulators
 
     # --- set-up ------------------------------------------------------------------------
 
@@ -214,7 +220,11 @@ class Task:
                 if ch.upstream == self.subtask.index:
                     task = target.subtasks[ch.downstream].task_id
                     channels[ch.downstream] = await self.io.output(edge.channel_id(ch), task)
-            self._outputs.append(_OutputEdge(edge, Partitioner(edge, sorted(channels)), channels))
+            combiner = None
+            if edge.edge_id in self._combined:
+                target_op = self.plan.operators()[edge.target_operator]
+                combiner = Combiner(edge, target_op, limit=self.settings.combiner_keys)
+            self._outputs.append(_OutputEdge(edge, Partitioner(edge, sorted(channels)), channels, combiner))
 
     def metric_values(self) -> dict[str, float]:
         """Current counters for metrics (see `runtime.metrics`)."""
@@ -392,6 +402,7 @@ class Task:
                 if out is not None and out.records:
                     await self._push(i + 1, out, 0)
             self._data_ended = True
+        await self._flush_combiners()
         await self._send_all(EndOfInput())
 
     async def _source_watermark(
@@ -425,7 +436,11 @@ class Task:
             if isinstance(frame, Batch):
                 self.metrics.records_in += len(frame.records)
                 self.watermarks.activity(ch.channel_id)
-                await self._push(0, frame, ch.input_index)
+                if ch.edge_id in self._combined:  # the chain's head is a final aggregate or reduce
+                    self._current_op = 0
+                    self._head_merges_partials(frame)
+                else:
+                    await self._push(0, frame, ch.input_index)
                 await self._tick()
             elif isinstance(frame, Watermark):
                 advanced = self.watermarks.update(ch.channel_id, frame.timestamp, idle=frame.idle)
@@ -491,9 +506,38 @@ class Task:
         for out in self._outputs:
             if out.edge.source_operator != op_id or out.edge.output != output:
                 continue
+            if out.combiner is not None:
+                out.combiner.add(batch)
+                if out.combiner.full:
+                    await self._send_partials(out)
+                continue
             channels = out.channels
             for downstream, part in out.partitioner.split(batch):
                 await channels[downstream].send(part)
+
+    def _head_merges_partials(self, batch: Batch) -> None:
+        head = self.ops[0]
+        assert isinstance(head, PerKey), "combined edges end at a final aggregate or reduce"
+        head.merge_partials(batch)
+
+    async def _send_partials(self, out: _OutputEdge) -> None:
+        """Send what a combiner holds as `[key, partial]` pairs, each to its key's owner."""
+        assert out.combiner is not None
+        partials = out.combiner.drain()
+        if not partials:
+            return
+        parts: dict[int, list[Any]] = {}
+        owner = out.partitioner.owner
+        for key, partial in partials.items():
+            parts.setdefault(owner(key), []).append([key, partial])
+        for downstream, pairs in parts.items():
+            await out.channels[downstream].send(Batch(pairs))
+
+    async def _flush_combiners(self) -> None:
+        """Before a barrier or the end of input goes out: every combiner sends what it holds."""
+        for out in self._outputs:
+            if out.combiner is not None:
+                await self._send_partials(out)
 
     async def _advance_watermark(self, watermark: int) -> None:
         self.metrics.watermark = watermark
@@ -534,6 +578,7 @@ class Task:
         return TaskSnapshot(**orjson.loads(orjson.dumps(state)), data_ended=self._data_ended)
 
     async def _snapshot_and_forward(self, barrier: Barrier) -> None:
+        await self._flush_combiners()  # partials of records before the barrier go before it
         if barrier.kind == EpochKind.FINAL:
             self.final_epoch = barrier.epoch
         elif barrier.kind == EpochKind.STOP:

@@ -58,12 +58,13 @@ def long_enough(line):
 """
 
 
-def rolling_word_count(fns: str = "chaosfns") -> list[dict[str, Any]]:
-    """Operators of a rolling word count: split lines, key by word, count (every update emitted)."""
+def rolling_word_count(fns: str = "chaosfns", *, emit: str = "rolling") -> list[dict[str, Any]]:
+    """Operators of a word count: split lines, key by word, count (every update emitted, or each word's
+    count at the end: `emit: final`, pre-aggregated before the shuffle)."""
     return [
         {"id": "split", "type": "flat_map", "fn": f"{fns}:split"},
         {"id": "by-word", "type": "key_by", "key": {"fn": f"{fns}:word"}},
-        {"id": "count", "type": "aggregate", "aggregate": "count", "emit": "rolling"},
+        {"id": "count", "type": "aggregate", "aggregate": "count", "emit": emit},
     ]
 
 
@@ -87,6 +88,20 @@ def rolling_count(home: Path) -> dict[str, Any]:
         {
             "sources": [{"id": "lines", "type": "file", "config": {"path": f"{home}/in/*.txt"}}],
             "operators": rolling_word_count(),
+            "sinks": [{"id": "out", "type": "file", "parallelism": 2, "config": {"path": "out"}}],
+        },
+        parallelism=3,
+    )
+
+
+def final_count(home: Path) -> dict[str, Any]:
+    """Final counts at parallelism 3, whose splitters pre-aggregate (a combiner) before the shuffle."""
+    _write(home, _words(random.Random(2), 4, 1500))
+    return _job(
+        "final-count",
+        {
+            "sources": [{"id": "lines", "type": "file", "config": {"path": f"{home}/in/*.txt"}}],
+            "operators": rolling_word_count(emit="final"),
             "sinks": [{"id": "out", "type": "file", "parallelism": 2, "config": {"path": "out"}}],
         },
         parallelism=3,

@@ -129,6 +129,17 @@ def test_chaos_cell_kafka_to_postgres(mode, tmp_path, etcd_server, kafka, postgr
     check(result, capsys, f"kafka-to-postgres / {mode}")
 
 
+@pytest.mark.parametrize("mode", ["run"])  # the combiner is the same code under --etcd
+def test_chaos_cell_final_counts_pre_aggregated(mode, tmp_path, etcd_server, capsys):
+    """Random kills rarely land while partials are held at a durable epoch; the fault point that
+    always does is `tests/runtime/test_combiner.py` (it fails when partials miss the barrier)."""
+    home = tmp_path / "job"
+    job = jobs.prepare(home, jobs.final_count(home))
+    result = chaos(job, tmp_path, mode=mode, etcd_server=etcd_server, seed=60 + MODES.index(mode))
+    check(result, capsys, f"final-count / {mode}")
+    assert "committed records: 200 failure-free, 200 under kills" in result.out  # one per word
+
+
 def test_chaos_reports_a_function_that_is_not_deterministic(tmp_path, etcd_server):
     home = tmp_path / "job"
     model = jobs.file_to_file(home)

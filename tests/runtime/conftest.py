@@ -46,14 +46,15 @@ def run_job(
     args = ["run", "job.yaml", "--quiet"] + (["--in-process"] if mode == "in-process" else [])
     result = run_nopstream(*args, cwd=workdir)
     assert result.code == expect_code, f"exit {result.code}\n{result.err}"
-    outputs: dict[str, list[Any]] = {}
-    for sink in model["sinks"]:
-        directory = workdir / sink["config"]["path"]
-        records: list[Any] = []
-        for f in sorted(directory.glob("*.jsonl")) if directory.exists() else []:
-            records.extend(json.loads(line) for line in f.read_text().splitlines() if line)
-        outputs[sink["id"]] = records
-    return outputs
+    return {sink["id"]: read_outputs(workdir / sink["config"]["path"]) for sink in model["sinks"]}
+
+
+def read_outputs(directory: Path) -> list[Any]:
+    """The records of every committed JSON-lines file of a file sink's directory."""
+    records: list[Any] = []
+    for f in sorted(directory.glob("*.jsonl")) if directory.exists() else []:
+        records.extend(json.loads(line) for line in f.read_text().splitlines() if line)
+    return records
 
 
 @pytest.fixture(params=MODES)

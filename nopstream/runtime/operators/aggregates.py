@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from nopstream.records import Batch
 from nopstream.runtime.functions import resolve
-from nopstream.runtime.keyed import key_function
+from nopstream.runtime.keyed import key_function, partial_key
 from nopstream.runtime.operators.base import Context, KeyedOperator, empty_like
 
 
@@ -85,12 +85,17 @@ def aggregator(spec: dict[str, Any]) -> Aggregator:
     return instance
 
 
+def is_count(agg: Aggregator) -> bool:
+    """Whether an aggregator is the built-in count (whose accumulator needs no record)."""
+    return isinstance(agg, _Builtin) and agg.kind == "count"
+
+
 def output_key(key: Any) -> Any:
     """A key as written in output records (tuples back to lists)."""
     return list(key) if isinstance(key, tuple) else key
 
 
-class _PerKey(KeyedOperator):
+class PerKey(KeyedOperator):
     """What Aggregate and Reduce share: a key function, one value per key, rolling or final."""
 
     def __init__(self, ctx: Context) -> None:
@@ -105,6 +110,18 @@ class _PerKey(KeyedOperator):
         """The record emitted for one key at end of input (`emit: final`)."""
         raise NotImplementedError
 
+    def merge(self, value: Any, partial: Any) -> Any:
+        """A key's value with an upstream combiner's partial value folded in."""
+        raise NotImplementedError
+
+    def merge_partials(self, batch: Batch) -> None:
+        """Fold `[key, partial]` pairs of upstream combiners (`runtime.combiner`) into the values."""
+        table, shard, merge = self.table, self.shard, self.merge
+        for key, partial in batch.records:
+            k = partial_key(key)
+            d = table[shard(k)]
+            d[k] = merge(d[k], partial) if k in d else partial
+
     def on_end(self) -> Batch | None:
         """With `emit: final`, one record per key."""
         if not self.final:
@@ -112,14 +129,14 @@ class _PerKey(KeyedOperator):
         return Batch([self.final_record(k, v) for k, v in self.ctx.keyed().items("acc")])
 
 
-class Aggregate(_PerKey):
+class Aggregate(PerKey):
     """A running aggregate per key."""
 
     def __init__(self, ctx: Context) -> None:
         """Prepare the aggregator on top of the shared per-key state."""
         super().__init__(ctx)
         self.agg = aggregator(ctx.node.spec["aggregate"])
-        self.count_fast = isinstance(self.agg, _Builtin) and self.agg.kind == "count"
+        self.count_fast = is_count(self.agg)
 
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
         """Fold the batch into the per-key accumulators."""
@@ -147,8 +164,12 @@ class Aggregate(_PerKey):
         """`{"key", "value"}` with the aggregate's result."""
         return {"key": output_key(key), "value": self.agg.result(value)}
 
+    def merge(self, value: Any, partial: Any) -> Any:
+        """Two accumulators merged."""
+        return self.agg.merge(value, partial)
 
-class Reduce(_PerKey):
+
+class Reduce(PerKey):
     """A running reduction per key: `fn(accumulated, record)`; the value is the reduced record."""
 
     def __init__(self, ctx: Context) -> None:
@@ -173,3 +194,7 @@ class Reduce(_PerKey):
     def final_record(self, key: Any, value: Any) -> Any:
         """The reduced record itself."""
         return value
+
+    def merge(self, value: Any, partial: Any) -> Any:
+        """The partially reduced value reduced into the key's value (the fn is associative)."""
+        return self.fn(value, partial)
