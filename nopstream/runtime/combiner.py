@@ -57,9 +57,9 @@ class Combiner:
         assert edge.key is not None
         self.key_fn = key_function(edge.key)
         self.limit = limit
-        self.partials: dict[Any, Any] = {}
         self._fold: Callable[[Any, Any], Any]
         self._first: Callable[[Any], Any]
+        self._count = False
         if target.type == "aggregate":
             agg = aggregator(target.spec["aggregate"])
             self._count = is_count(agg)
@@ -67,9 +67,13 @@ class Combiner:
             self._first = lambda record: agg.add(agg.create(), record)
         else:
             fn = resolve(target.spec["fn"])
-            self._count = False
             self._fold = fn
             self._first = lambda record: record
+        self.partials: dict[Any, Any] = self._fresh()
+
+    def _fresh(self) -> dict[Any, Any]:
+        # a count's partials are a Counter: `update` counts a whole batch in one C loop
+        return Counter() if self._count else {}
 
     @property
     def full(self) -> bool:
@@ -79,9 +83,8 @@ class Combiner:
     def add(self, batch: Batch) -> None:
         """Fold a batch of records into the partial accumulators."""
         partials, key_fn = self.partials, self.key_fn
-        if self._count:  # count each key of the batch once (Counter runs in C)
-            for k, n in Counter(map(key_fn, batch.records)).items():
-                partials[k] = partials.get(k, 0) + n
+        if isinstance(partials, Counter):
+            partials.update(map(key_fn, batch.records))
             return
         fold, first = self._fold, self._first
         for r in batch.records:
@@ -90,5 +93,5 @@ class Combiner:
 
     def drain(self) -> dict[Any, Any]:
         """Every partial accumulator by key, handed over; the combiner is empty after."""
-        partials, self.partials = self.partials, {}
+        partials, self.partials = self.partials, self._fresh()
         return partials

@@ -3,7 +3,9 @@
 The receiver grants credit in batches as it consumes frames (`CreditLedger`); the
 sender may have at most `window` units outstanding (`CreditWindow`) and waits when it
 has no credit. Memory per channel is therefore bounded by the window plus one frame,
-and backpressure propagates upstream. Units are bytes on the http transport and
+and backpressure propagates upstream; a task's channels share one budget
+(`transport.TransportSettings.channel_window`), so its memory does not grow with its
+number of inputs. Units are bytes on the http transport and
 records (+1 per control frame) on the local one. The window should be several times
 the grant interval, so credit is pipelined and the sender rarely stalls.
 """

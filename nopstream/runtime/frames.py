@@ -79,7 +79,9 @@ class Hello:
 
 @dataclass(frozen=True, slots=True)
 class Welcome:
-    """The receiver accepted the handshake."""
+    """The receiver accepted the handshake; the channel's credit window (its share of the task's budget)."""
+
+    window: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +136,7 @@ def encode(frame: Frame | Control, codec: Codec) -> bytes:
         }
         return bytes((HELLO,)) + json.dumps(body, sort_keys=True).encode()
     if isinstance(frame, Welcome):
-        return bytes((WELCOME,))
+        return bytes((WELCOME,)) + _U64.pack(frame.window)
     return bytes((REFUSED,)) + frame.reason.encode()
 
 
@@ -168,7 +170,7 @@ def decode(data: bytes, codec: Codec) -> Frame | Control:
             body: dict[str, Any] = json.loads(data[1:])
             return Hello(body["job"], body["pipeline"], int(body["run"]), body["attempt"], body["channel"])
         if kind == WELCOME:
-            return Welcome()
+            return Welcome(_U64.unpack_from(data, 1)[0])
         if kind == REFUSED:
             return Refused(data[1:].decode())
     except (struct.error, ValueError, KeyError, IndexError) as exc:

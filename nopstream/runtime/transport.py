@@ -22,21 +22,44 @@ from nopstream.runtime.gate import InputChannel, InputGate
 
 @dataclass(frozen=True)
 class TransportSettings:
-    """Credit window and grant interval of every channel, in the transport's units."""
+    """How much credit a task's input channels get, in the transport's units.
+
+    A task's channels share one `budget` (Flink's buffers per input gate): each gets an
+    equal share, at most `window` and at least `floor`, so a task with 64 inputs
+    buffers no more than one with 4 (unless the floor, which keeps every channel
+    moving, is reached). Without a budget every channel gets `window`. Credit goes back
+    every `grant_interval` units consumed, or a quarter of a smaller window.
+    """
 
     window: int
     grant_interval: int
+    budget: int | None = None
+    floor: int = 1
+
+    def channel_window(self, inputs: int) -> int:
+        """The window of each channel of a task with `inputs` input channels."""
+        if self.budget is None:
+            return self.window
+        return max(self.floor, min(self.window, self.budget // max(inputs, 1)))
+
+    def grant_for(self, window: int) -> int:
+        """The grant interval of a channel with `window` units of credit."""
+        return max(1, min(self.grant_interval, window // 4))
 
 
-LOCAL_SETTINGS = TransportSettings(window=16_384, grant_interval=4_096)  # records
+LOCAL_SETTINGS = TransportSettings(window=16_384, grant_interval=4_096, budget=65_536, floor=1_024)  # records
 
 
 def http_settings(env: Mapping[str, str] = os.environ) -> TransportSettings:
-    """Bytes of credit per http channel: NOPSTREAM_CREDIT_WINDOW (default 4 MiB) and
-    NOPSTREAM_CREDIT_GRANT (default a quarter of the window)."""
+    """Bytes of credit of a task's http input channels: NOPSTREAM_CREDIT_BUDGET for all of them
+    (default 16 MiB), NOPSTREAM_CREDIT_WINDOW at most per channel (default 4 MiB), at least
+    64 KiB; NOPSTREAM_CREDIT_GRANT (default a quarter of the window)."""
     window = int(env.get("NOPSTREAM_CREDIT_WINDOW", 4 << 20))
     return TransportSettings(
-        window=window, grant_interval=int(env.get("NOPSTREAM_CREDIT_GRANT", window // 4))
+        window=window,
+        grant_interval=int(env.get("NOPSTREAM_CREDIT_GRANT", window // 4)),
+        budget=int(env.get("NOPSTREAM_CREDIT_BUDGET", 16 << 20)),
+        floor=64 << 10,
     )
 
 
@@ -90,21 +113,24 @@ class LocalNetwork:
         """An empty network."""
         self.settings = settings
         self._inputs: dict[str, tuple[InputGate, InputChannel]] = {}
-        self._windows: dict[str, CreditWindow] = {}
 
     def input(
         self, gate: InputGate, channel_id: str, *, edge_id: str, input_index: int, upstream: int
     ) -> InputChannel:
-        """Register the receiving end of a channel in a task's gate."""
-        window = self._windows.setdefault(channel_id, CreditWindow(self.settings.window))
-        ledger = CreditLedger(self.settings.grant_interval)
-        ch = InputChannel(channel_id, edge_id, input_index, upstream, ledger, window.grant)
+        """Register the receiving end of a channel in a task's gate (its credit comes with its sender)."""
+        ch = InputChannel(channel_id, edge_id, input_index, upstream, CreditLedger(1), _unconnected)
         gate.add(ch)
         self._inputs[channel_id] = (gate, ch)
         return ch
 
     def output(self, channel_id: str) -> LocalOutput:
-        """The sending end of a registered channel."""
+        """The sending end of a registered channel, with its share of the receiving task's budget."""
         gate, target = self._inputs[channel_id]
-        window = self._windows.setdefault(channel_id, CreditWindow(self.settings.window))
-        return LocalOutput(channel_id, gate, target, window)
+        window = self.settings.channel_window(len(gate.channels))  # every input is registered by now
+        credit = CreditWindow(window)
+        target.ledger, target.send_credit = CreditLedger(self.settings.grant_for(window)), credit.grant
+        return LocalOutput(channel_id, gate, target, credit)
+
+
+def _unconnected(units: int) -> None:
+    raise RuntimeError("credit granted on a local channel that has no sender")

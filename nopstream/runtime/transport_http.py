@@ -88,14 +88,7 @@ class HttpReceiver:
     ) -> InputChannel:
         """Expect a channel; its credits go back over its websocket once connected."""
         self.gate = gate
-        ch = InputChannel(
-            channel_id,
-            edge_id,
-            input_index,
-            upstream,
-            CreditLedger(self.settings.grant_interval),
-            _not_connected,
-        )
+        ch = InputChannel(channel_id, edge_id, input_index, upstream, CreditLedger(1), _not_connected)
         gate.add(ch)
         self.channels[channel_id] = ch
         return ch
@@ -131,7 +124,9 @@ class HttpReceiver:
         self.connected.add(hello.channel)
         credits: asyncio.Queue[int] = asyncio.Queue()
         ch.send_credit = credits.put_nowait
-        await ws.send_bytes(encode(Welcome(), self.codec))
+        window = self.settings.channel_window(len(self.channels))  # every input is registered by now
+        ch.ledger = CreditLedger(self.settings.grant_for(window))
+        await ws.send_bytes(encode(Welcome(window), self.codec))
         writer = asyncio.create_task(
             self._credit_writer(ws, credits, hello.channel), name=f"credits {hello.channel}"
         )
@@ -193,10 +188,10 @@ class HttpOutput:
         url: str,
         hello: Hello,
         *,
-        settings: TransportSettings | None = None,
         codec: Codec = DEFAULT_CODEC,
     ) -> HttpOutput:
-        """Open the websocket, shake hands, and return the channel; ChannelRefused when refused."""
+        """Open the websocket, shake hands, and return the channel (with the credit window the
+        receiver gave it); ChannelRefused when refused."""
         ws = await session.ws_connect(
             url,
             max_msg_size=MAX_MESSAGE,
@@ -212,7 +207,7 @@ class HttpOutput:
         if not isinstance(answer, Welcome):
             await ws.close()
             raise ChannelBroken(f"channel {hello.channel}: no WELCOME from {url} ({reply.type.name})")
-        return cls(hello.channel, ws, CreditWindow((settings or http_settings()).window), codec)
+        return cls(hello.channel, ws, CreditWindow(answer.window), codec)
 
     async def _read_credits(self) -> None:
         try:
@@ -256,7 +251,6 @@ class HttpIO:
         *,
         run: int,
         attempt: str,
-        settings: TransportSettings | None = None,
         codec: Codec = DEFAULT_CODEC,
     ) -> None:
         """Connect outputs through `session`, finding downstream tasks with `resolve`."""
@@ -265,7 +259,6 @@ class HttpIO:
         self.resolve = resolve
         self.run = run
         self.attempt = attempt
-        self.settings = settings or http_settings()
         self.codec = codec
 
     def input(
@@ -286,6 +279,5 @@ class HttpIO:
             self.session,
             f"{base.replace('http', 'ws', 1)}/channel",
             hello,
-            settings=self.settings,
             codec=self.codec,
         )

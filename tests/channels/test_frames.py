@@ -33,7 +33,7 @@ FRAMES = [
     EndOfStream(),
     Credit(1 << 33),
     Hello("job", "main", 3, "r3-a1", "a->b/0/1/0"),
-    Welcome(),
+    Welcome(4 << 20),
     Refused("stale run 1 of attempt x: the current run is 2"),
 ]
 

@@ -66,9 +66,7 @@ def test_frames_arrive_in_order_and_credit_bounds_the_sender():
         sent = [Batch([{"i": i, "pad": "x" * 50} for i in range(b * 100, b * 100 + 100)]) for b in range(50)]
         try:
             async with aiohttp.ClientSession() as session:
-                out = await HttpOutput.connect(
-                    session, url, Hello("job", "main", 1, "r1-a0", "e/0/0/0"), settings=settings
-                )
+                out = await HttpOutput.connect(session, url, Hello("job", "main", 1, "r1-a0", "e/0/0/0"))
                 with pytest.raises(ChannelRefused, match="already connected"):
                     await HttpOutput.connect(session, url, Hello("job", "main", 1, "r1-a9", "e/0/0/0"))
 

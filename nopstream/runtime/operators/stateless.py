@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any
 
 from nopstream.records import Batch
@@ -48,12 +49,9 @@ class FlatMap(StatelessOperator):
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
         """Concatenate `fn(record)` for every record; each output keeps its input's timestamp."""
         fn = self.fn
-        out: list[Any] = []
         if batch.timestamps is None:
-            extend = out.extend
-            for r in batch.records:
-                extend(fn(r))
-            return Batch(out)
+            return Batch(list(chain.from_iterable(map(fn, batch.records))))
+        out: list[Any] = []
         stamps: list[int] = []
         for r, t in zip(batch.records, batch.timestamps, strict=True):
             produced = list(fn(r))
