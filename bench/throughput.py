@@ -78,13 +78,13 @@ def baseline(directory: Path) -> float:
     return time.perf_counter() - start
 
 
-def job(workdir: Path, parallelism: int, *, combine: bool = True) -> Path:
-    """The word-count job over the corpus, at a parallelism, pre-aggregated or not."""
+def job(workdir: Path, name: str, parallelism: int, *, combine: bool = True) -> Path:
+    """The word-count job `name` (its own job id and output) at a parallelism, pre-aggregated or not."""
     count: dict[str, object] = {"id": "count", "type": "aggregate", "aggregate": "count", "emit": "final"}
     if not combine:
         count["combine"] = False
     spec = {
-        "jobId": f"bench-p{parallelism}{'' if combine else '-nc'}",
+        "jobId": f"bench-{name}",
         "parallelism": parallelism,
         "model": {
             "sources": [
@@ -100,19 +100,14 @@ def job(workdir: Path, parallelism: int, *, combine: bool = True) -> Path:
                     "id": "out",
                     "type": "file",
                     "parallelism": 1,
-                    "config": {"path": str(workdir / f"out-{spec_name(parallelism, combine)}")},
+                    "config": {"path": str(workdir / f"out-{name}")},
                 }
             ],
         },
     }
-    path = workdir / f"job-{spec_name(parallelism, combine)}.yaml"
+    path = workdir / f"job-{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
-
-
-def spec_name(parallelism: int, combine: bool) -> str:
-    """`p{parallelism}`, with `-nc` when not pre-aggregated."""
-    return f"p{parallelism}{'' if combine else '-nc'}"
 
 
 def run(workdir: Path, path: Path, *, in_process: bool) -> runner.RunResult:
@@ -141,18 +136,18 @@ def main() -> None:
     parser.add_argument("--words", type=int, default=8_000_000)
     parser.add_argument("--parallelism", default="1,2,4,8,16", help="the process rows, comma-separated")
     args = parser.parse_args()
-    rows: list[tuple[str, int, bool, bool]] = [("in-process, parallelism 1", 1, True, True)]
+    rows: list[tuple[str, str, int, bool, bool]] = [("in-process, parallelism 1", "in-p1", 1, True, True)]
     for n in (int(p) for p in args.parallelism.split(",")):
-        rows.append((f"processes, parallelism {n}", n, False, True))
+        rows.append((f"processes, parallelism {n}", f"p{n}", n, False, True))
         if n == 2:
-            rows.append(("processes, parallelism 2, combine: false", 2, False, False))
+            rows.append(("processes, parallelism 2, combine: false", "p2-nc", 2, False, False))
     results = []
     with prepared(args.words) as workdir:
         base = min(baseline(workdir / "corpus") for _ in range(3))
-        for name, parallelism, in_process, combine in rows:
-            result = run(workdir, job(workdir, parallelism, combine=combine), in_process=in_process)
-            check(workdir, spec_name(parallelism, combine), args.words)
-            results.append((name, result))
+        for title, name, parallelism, in_process, combine in rows:
+            result = run(workdir, job(workdir, name, parallelism, combine=combine), in_process=in_process)
+            check(workdir, name, args.words)
+            results.append((title, result))
     words = args.words
     print(f"corpus: {words:,} words, lines of 10 from a 10,000-word vocabulary (seed 42), 16 files")
     print(f"machine: {os.cpu_count()} cores")
