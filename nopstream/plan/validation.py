@@ -57,7 +57,7 @@ _FIELDS_BY_TYPE: dict[str, frozenset[str]] = {
     "reduce": frozenset({"fn", "key", "emit", "combine"}),
     "aggregate": frozenset({"aggregate", "key", "emit", "combine"}),
     "union": frozenset(),
-    "window": frozenset({"window", "key", "aggregate", "fn"}),
+    "window": frozenset({"window", "key", "aggregate", "fn", "combine"}),
     "process": frozenset({"fn", "key"}),
     "cep": frozenset({"pattern", "key"}),
 }

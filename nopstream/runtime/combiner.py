@@ -1,15 +1,22 @@
-"""Local pre-aggregation: a combiner before the shuffle into a final aggregate or reduce.
+"""Local pre-aggregation: a combiner before the shuffle into a final aggregate, reduce or window.
 
 An upstream subtask whose HASH edge leads into an `aggregate` or `reduce` with
-`emit: final` (and `combine` not false) folds the records it would send into one
-partial accumulator per key, and sends `[key, accumulator]` pairs instead: at every
-barrier before the barrier goes out (so a snapshot holds no partial state and each
-epoch's partials travel inside it), at end of data, and whenever it holds `limit`
-keys. The downstream operator merges the pairs (`merge_partials`). A final result is
-emitted once per key at end of input, so it cannot tell the difference; rolling
-results would (one update per partial instead of per record), so they are never
-combined. A `reduce` fn is then applied to partially reduced values: it must be
-associative, as Flink's combinable reduce functions are.
+`emit: final`, or into an event-time tumbling or sliding `window` aggregate without
+lateness (and `combine` not false), folds the records it would send into one partial
+accumulator per key (per key and window), and sends `[key, accumulator]` (`[key,
+start, end, accumulator]`) instead: at every barrier before the barrier goes out (so
+a snapshot holds no partial state and each epoch's partials travel inside it), at
+end of data, before an idle watermark, whenever it holds `limit` entries, and, for
+windows, before it forwards a watermark that closes them (a window fires downstream
+only once every upstream's watermark passed it, so every partial of it is there
+first). The downstream operator merges them (`merge_partials`).
+
+A final result is emitted once per key, and a window without lateness fires once,
+so neither can tell the difference; rolling results, windows that fire again for
+late records, late side outputs, window functions (they see the records), sessions
+and processing-time windows would, and are never combined. A `reduce` fn is applied
+to partially reduced values: it must be associative, as Flink's combinable reduce
+functions are.
 
 Both ends decide from the plan alone (`combined_edges`), so they always agree.
 """
@@ -26,20 +33,32 @@ from nopstream.records import Batch
 from nopstream.runtime.functions import resolve
 from nopstream.runtime.keyed import key_function
 from nopstream.runtime.operators.aggregates import aggregator, is_count
+from nopstream.runtime.operators.windows import assign
 
 COMBINED_TYPES = frozenset({"aggregate", "reduce"})
+"""Operator types combined when their emission is final (windows: see `combines`)."""
 
 
 def combines(edge: Edge, target: StreamNode) -> bool:
     """Whether `edge`'s upstream pre-aggregates for `target`, the operator at its end."""
+    spec = target.spec
+    if edge.policy is not EdgePolicy.HASH or edge.key is None or edge.key != target.key:
+        return False
+    if spec.get("combine", True) is False:
+        return False
+    if target.type in COMBINED_TYPES:
+        return spec.get("emit") == "final"
+    return target.type == "window" and _combinable_window(spec)
+
+
+def _combinable_window(spec: dict[str, Any]) -> bool:
+    window = spec["window"]
     return (
-        edge.policy is EdgePolicy.HASH
-        and target.type in COMBINED_TYPES
-        and target.spec.get("emit") == "final"
-        and target.spec.get("window") is None
-        and target.spec.get("combine", True) is not False
-        and edge.key is not None
-        and edge.key == target.key
+        "aggregate" in spec
+        and window.get("time") == "event"
+        and window["kind"] in ("tumbling", "sliding")
+        and not window.get("allowedLatenessMs")
+        and window.get("lateOutput") is None
     )
 
 
@@ -91,7 +110,69 @@ class Combiner:
             k = key_fn(r)
             partials[k] = fold(partials[k], r) if k in partials else first(r)
 
-    def drain(self) -> dict[Any, Any]:
-        """Every partial accumulator by key, handed over; the combiner is empty after."""
+    def drain(self) -> list[tuple[Any, list[Any]]]:
+        """Every partial as (key, `[key, accumulator]`), handed over; the combiner is empty after."""
         partials, self.partials = self.partials, self._fresh()
-        return partials
+        return [(k, [k, acc]) for k, acc in partials.items()]
+
+    def drain_closed(self, watermark: int) -> list[tuple[Any, list[Any]]]:
+        """Nothing: a final result does not wait for event time."""
+        return []
+
+
+class WindowCombiner:
+    """The partial accumulators per key and window of one upstream subtask's HASH edge into a window."""
+
+    def __init__(self, edge: Edge, target: StreamNode, *, limit: int) -> None:
+        """Assign records to `target`'s windows and fold them with its aggregate; `full` at `limit`."""
+        assert edge.key is not None
+        w = target.spec["window"]
+        self.key_fn = key_function(edge.key)
+        self.limit = limit
+        self.agg = aggregator(target.spec["aggregate"])
+        self.windows = (w["kind"], int(w.get("sizeMs") or 0), int(w.get("slideMs") or 0), 0)
+        self.partials: dict[tuple[Any, int, int], Any] = {}
+        self._ends: dict[int, list[tuple[Any, int, int]]] = {}  # window end -> its entries
+
+    @property
+    def full(self) -> bool:
+        """Whether it holds its limit of (key, window) entries."""
+        return len(self.partials) >= self.limit
+
+    def add(self, batch: Batch) -> None:
+        """Fold a batch of timestamped records into their windows' partial accumulators."""
+        if batch.timestamps is None:
+            raise RuntimeError("an event-time window's combiner got records without timestamps")
+        partials, key_fn, agg, (kind, size, slide, gap) = self.partials, self.key_fn, self.agg, self.windows
+        for r, ts in zip(batch.records, batch.timestamps, strict=True):
+            k = key_fn(r)
+            for start, end in assign(kind, size, slide, gap, ts):
+                entry = (k, start, end)
+                if entry in partials:
+                    partials[entry] = agg.add(partials[entry], r)
+                else:
+                    partials[entry] = agg.add(agg.create(), r)
+                    self._ends.setdefault(end, []).append(entry)
+
+    def drain(self) -> list[tuple[Any, list[Any]]]:
+        """Every partial as (key, `[key, start, end, accumulator]`); the combiner is empty after."""
+        partials, self.partials, self._ends = self.partials, {}, {}
+        return [(k, [k, start, end, acc]) for (k, start, end), acc in partials.items()]
+
+    def drain_closed(self, watermark: int) -> list[tuple[Any, list[Any]]]:
+        """The partials of the windows `watermark` closes (it fires them downstream), handed over."""
+        out = []
+        for end in [e for e in self._ends if e - 1 <= watermark]:
+            for k, start, _ in self._ends.pop(end):
+                out.append((k, [k, start, end, self.partials.pop((k, start, end))]))
+        return out
+
+
+AnyCombiner = Combiner | WindowCombiner
+
+
+def combiner_for(edge: Edge, target: StreamNode, *, limit: int) -> AnyCombiner:
+    """The combiner of a combined edge (`combines`) into `target`."""
+    if target.type == "window":
+        return WindowCombiner(edge, target, limit=limit)
+    return Combiner(edge, target, limit=limit)

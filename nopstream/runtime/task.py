@@ -35,7 +35,7 @@ from nopstream.records import (
     SplitEventTime,
     TaskSnapshot,
 )
-from nopstream.runtime.combiner import Combiner, combined_edges
+from nopstream.runtime.combiner import AnyCombiner, combined_edges, combiner_for
 from nopstream.runtime.frames import Barrier, EndOfInput, EndOfStream, Frame, Watermark
 from nopstream.runtime.gate import InputChannel, InputGate
 from nopstream.runtime.keyed import ShardCache
@@ -43,6 +43,7 @@ from nopstream.runtime.operators.aggregates import PerKey
 from nopstream.runtime.operators.base import Context, Operator
 from nopstream.runtime.operators.registry import build_operator
 from nopstream.runtime.operators.sinks import SinkOperator
+from nopstream.runtime.operators.windows import Window
 from nopstream.runtime.partitioners import Partitioner
 from nopstream.runtime.transport import OutputChannel
 from nopstream.runtime.watermarks import InputWatermarks, WatermarkGenerator, timestamp_function
@@ -102,7 +103,7 @@ class _OutputEdge:
     edge: Edge
     partitioner: Partitioner
     channels: dict[int, OutputChannel]
-    combiner: Combiner | None = None
+    combiner: AnyCombiner | None = None
 
 
 @dataclass
@@ -223,7 +224,7 @@ class Task:
             combiner = None
             if edge.edge_id in self._combined:
                 target_op = self.plan.operators()[edge.target_operator]
-                combiner = Combiner(edge, target_op, limit=self.settings.combiner_keys)
+                combiner = combiner_for(edge, target_op, limit=self.settings.combiner_keys)
             self._outputs.append(_OutputEdge(edge, Partitioner(edge, sorted(channels)), channels, combiner))
 
     def metric_values(self) -> dict[str, float]:
@@ -413,7 +414,8 @@ class Task:
         if due is None:
             return
         wm, idle = due
-        if idle:
+        if idle:  # downstream stops waiting for this channel's event time: nothing may be held back
+            await self._flush_combiners()
             await self._send_all(Watermark(wm, idle=True))
         else:
             await self._advance_watermark(wm)
@@ -509,7 +511,7 @@ class Task:
             if out.combiner is not None:
                 out.combiner.add(batch)
                 if out.combiner.full:
-                    await self._send_partials(out)
+                    await self._send_partials(out, out.combiner.drain())
                 continue
             channels = out.channels
             for downstream, part in out.partitioner.split(batch):
@@ -517,27 +519,25 @@ class Task:
 
     def _head_merges_partials(self, batch: Batch) -> None:
         head = self.ops[0]
-        assert isinstance(head, PerKey), "combined edges end at a final aggregate or reduce"
+        assert isinstance(head, PerKey | Window), "combined edges end at a final aggregate, reduce or window"
         head.merge_partials(batch)
 
-    async def _send_partials(self, out: _OutputEdge) -> None:
-        """Send what a combiner holds as `[key, partial]` pairs, each to its key's owner."""
-        assert out.combiner is not None
-        partials = out.combiner.drain()
-        if not partials:
-            return
+    async def _send_partials(self, out: _OutputEdge, partials: list[tuple[Any, list[Any]]]) -> None:
+        """Send a combiner's partials, each to its key's owner."""
         parts: dict[int, list[Any]] = {}
         owner = out.partitioner.owner
-        for key, partial in partials.items():
-            parts.setdefault(owner(key), []).append([key, partial])
-        for downstream, pairs in parts.items():
-            await out.channels[downstream].send(Batch(pairs))
+        for key, record in partials:
+            parts.setdefault(owner(key), []).append(record)
+        for downstream, records in parts.items():
+            await out.channels[downstream].send(Batch(records))
 
-    async def _flush_combiners(self) -> None:
-        """Before a barrier or the end of input goes out: every combiner sends what it holds."""
+    async def _flush_combiners(self, closed_by: int | None = None) -> None:
+        """Before a barrier, an idle mark or the end of input goes out, every combiner sends what it
+        holds; before watermark `closed_by` goes out, what it holds of the windows that closes."""
         for out in self._outputs:
             if out.combiner is not None:
-                await self._send_partials(out)
+                c = out.combiner
+                await self._send_partials(out, c.drain() if closed_by is None else c.drain_closed(closed_by))
 
     async def _advance_watermark(self, watermark: int) -> None:
         self.metrics.watermark = watermark
@@ -547,6 +547,7 @@ class Task:
             await self._flush_side()
             if out is not None and out.records:
                 await self._push(i + 1, out, 0)
+        await self._flush_combiners(closed_by=watermark)
         await self._send_all(Watermark(watermark))
 
     async def _tick(self) -> None:

@@ -24,7 +24,7 @@ from nopstream.plan.streamgraph import EdgePolicy, KeySelector, StreamNode
 from nopstream.records import Batch
 from nopstream.runtime.combiner import Combiner
 from tests.conftest import run_nopstream
-from tests.runtime.conftest import multiset, read_outputs
+from tests.runtime.conftest import multiset, read_outputs, run_job, write_jsonl
 
 FNS = """
 import time
@@ -107,6 +107,79 @@ def test_partials_held_at_a_durable_epoch_are_neither_lost_nor_doubled_by_a_reco
     assert multiset(read_outputs(tmp_path / "out")) == expected(counts)
 
 
+def windowed(tmp_path: Path, *, combine: bool | None = None) -> tuple[dict, dict, list[dict]]:
+    """Two files of events (disorder below the watermark delay, so nothing is late), a tumbling sum
+    and a sliding average per key; (model, inputs, expected records of both windows)."""
+    rng = random.Random(3)
+    inputs: dict[str, list[dict]] = {}
+    for f in range(2):
+        inputs[f"part-{f}.jsonl"] = [
+            {"k": f"k{rng.randrange(30)}", "v": rng.randrange(100), "ts": i * 3 + rng.randrange(0, 40)}
+            for i in range(6000)
+        ]
+    sliding = {"kind": "sliding", "time": "event", "sizeMs": 1500, "slideMs": 500}
+    tumbling = {"kind": "tumbling", "time": "event", "sizeMs": 500}
+    ops = [
+        {"id": "sum", "type": "window", "inputs": ["src"], "key": {"field": "k"},
+         "aggregate": {"kind": "sum", "field": "v"}, "window": tumbling},
+        {"id": "avg", "type": "window", "inputs": ["src"], "key": {"field": "k"},
+         "aggregate": {"kind": "avg", "field": "v"}, "window": sliding},
+    ]  # fmt: skip
+    for op in ops:
+        if combine is not None:
+            op["combine"] = combine
+    source = {"id": "src", "type": "file", "config": {"path": "in/*.jsonl", "format": "jsonl"},
+              "watermark": {"timestampField": "ts", "maxOutOfOrdernessMs": 50}}  # fmt: skip
+    model = {
+        "sources": [source],
+        "operators": ops,
+        "sinks": [
+            {"id": f"{n}-out", "type": "file", "inputs": [n], "config": {"path": f"out/{n}"}}
+            for n in ("sum", "avg")
+        ],
+    }  # fmt: skip
+    sums: dict[tuple[str, int], int] = {}
+    values: dict[tuple[str, int], list[int]] = {}
+    for e in (e for events in inputs.values() for e in events):
+        start = e["ts"] - e["ts"] % 500
+        sums[(e["k"], start)] = sums.get((e["k"], start), 0) + e["v"]
+        for s in range(start, e["ts"] - 1500, -500):
+            values.setdefault((e["k"], s), []).append(e["v"])
+    averages = {key: sum(vs) / len(vs) for key, vs in values.items()}
+    expected = {
+        "sum": [{"key": k, "start": s, "end": s + 500, "value": v} for (k, s), v in sums.items()],
+        "avg": [{"key": k, "start": s, "end": s + 1500, "value": v} for (k, s), v in averages.items()],
+    }
+    return model, inputs, expected
+
+
+def test_event_time_window_aggregates_are_exact_with_partials_per_window(tmp_path, mode):
+    model, inputs, expected = windowed(tmp_path)
+    out = run_job(tmp_path, model, mode=mode, inputs=inputs, parallelism=2)
+    for name in ("sum", "avg"):
+        assert multiset(out[f"{name}-out"]) == multiset(expected[name]), name
+
+
+@pytest.mark.parametrize("combine", [None, False])
+def test_a_window_receives_partials_per_key_and_window_not_every_event(tmp_path, monkeypatch, combine):
+    model, inputs, expected = windowed(tmp_path, combine=combine)
+    for name, events in inputs.items():
+        write_jsonl(tmp_path / "in" / name, events)
+    spec = {"jobId": "windows", "parallelism": 2, "model": model}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    monkeypatch.chdir(tmp_path)
+    plans = compiler.compile_model(load_file(tmp_path / "job.yaml"))
+    result = runner.run_job(plans, runner.RunOptions(quiet=True, workdir=tmp_path / ".nopstream"))
+    for name in ("sum", "avg"):
+        assert multiset(read_outputs(tmp_path / "out" / name)) == multiset(expected[name]), name
+    if combine is False:
+        assert result.records_in["sum"] == result.records_in["avg"] == 12_000
+    else:  # one partial per key and window from each source subtask, not one record per event
+        assert result.records_in["sum"] < 12_000 / 4 and result.records_in["avg"] < 12_000 / 2, (
+            result.records_in
+        )
+
+
 def test_a_combiner_is_full_at_its_key_limit_and_hands_everything_over():
     key = KeySelector(field="k", fn=None)
     edge = Edge("a->b", "a", "a", "main", "b", "b", 0, EdgePolicy.HASH, key, "v1", 16, None, ())
@@ -117,5 +190,5 @@ def test_a_combiner_is_full_at_its_key_limit_and_hands_everything_over():
     assert not combiner.full
     combiner.add(Batch([{"k": "z", "v": 5}]))
     assert combiner.full
-    assert combiner.drain() == {"x": [4, 2], "y": [4, 1], "z": [5, 1]}
-    assert combiner.drain() == {} and not combiner.full
+    assert sorted(combiner.drain()) == [("x", ["x", [4, 2]]), ("y", ["y", [4, 1]]), ("z", ["z", [5, 1]])]
+    assert combiner.drain() == [] and not combiner.full

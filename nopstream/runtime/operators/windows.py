@@ -21,11 +21,22 @@ from typing import Any
 
 from nopstream.records import MIN_TIMESTAMP, Batch
 from nopstream.runtime.functions import resolve
-from nopstream.runtime.keyed import key_function
+from nopstream.runtime.keyed import key_function, partial_key
 from nopstream.runtime.operators.aggregates import aggregator, output_key
 from nopstream.runtime.operators.base import Context, KeyedOperator
 
 START, END, ACC, FIRED = range(4)
+
+
+def assign(kind: str, size: int, slide: int, gap: int, ts: int) -> list[tuple[int, int]]:
+    """The windows `[start, end)` a timestamp falls in."""
+    if kind == "tumbling":
+        start = ts - ts % size
+        return [(start, start + size)]
+    if kind == "sliding":
+        last = ts - ts % slide
+        return [(s, s + size) for s in range(last, ts - size, -slide)]
+    return [(ts, ts + gap)]
 
 
 class _Records:
@@ -76,13 +87,7 @@ class Window(KeyedOperator):
 
     def assign(self, ts: int) -> list[tuple[int, int]]:
         """The windows a timestamp falls in."""
-        if self.kind == "tumbling":
-            start = ts - ts % self.size
-            return [(start, start + self.size)]
-        if self.kind == "sliding":
-            last = ts - ts % self.slide
-            return [(s, s + self.size) for s in range(last, ts - self.size, -self.slide)]
-        return [(ts, ts + self.gap)]
+        return assign(self.kind, self.size, self.slide, self.gap, ts)
 
     def _acc(self) -> Any:
         return self.agg if self.agg is not None else self.records
@@ -139,6 +144,27 @@ class Window(KeyedOperator):
                 self._emit(key, target, out, stamps)
                 target[FIRED] = True
         return True
+
+    def merge_partials(self, batch: Batch) -> None:
+        """Fold `[key, start, end, partial]` of upstream combiners (`runtime.combiner`) into the windows.
+
+        Only tumbling and sliding event-time aggregates without lateness are combined:
+        a partial of a window the watermark has passed is late, and dropped, as each of
+        its records would have been; no window fires here (the watermark fires them).
+        """
+        assert self.agg is not None
+        merge = self.agg.merge
+        for key, start, end, partial in batch.records:
+            if self._expired(end):
+                continue
+            k = partial_key(key)
+            open_windows: list[list[Any]] = self.table[self.shard(k)].setdefault(k, [])
+            target = next((w for w in open_windows if w[START] == start and w[END] == end), None)
+            if target is None:
+                open_windows.append([start, end, partial, False])
+                self._schedule(k, open_windows[-1])
+            else:
+                target[ACC] = merge(target[ACC], partial)
 
     def _merge_session(
         self, key: Any, sessions: list[list[Any]], start: int, end: int, acc: Any, record: Any
