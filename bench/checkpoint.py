@@ -3,7 +3,7 @@
 Word count (rolling counts, so every epoch commits output) over a generated corpus,
 task processes at parallelism 2. Printed, each from this one run:
   ratio      processing words/s with `intervalMs: 1000` / with one epoch at the end
-             (best of two runs each; target >= 0.9)
+             (best of two runs each; target >= 0.95: checkpoints cost at most 5 %)
   recovery   seconds from a SIGKILL of a task process to the first output file of an
              epoch the recovered run made (target < 5 s locally)
   bytes      segment bytes per epoch (median over the durable epochs kept)
@@ -130,7 +130,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--words", type=int, default=3_000_000)
+    parser.add_argument("--words", type=int, default=10_000_000)
     args = parser.parse_args()
     with prepared(args.words) as workdir:
         # best of two each, alternating (this machine is noisy); each run starts from empty storage
@@ -143,7 +143,7 @@ def main() -> None:
     print(f"word count, {args.words:,} words, rolling counts, task processes at parallelism 2")
     print(
         f"checkpoints every 1 s: {args.words / on:,.0f} words/s;"
-        f" one epoch at the end: {args.words / off:,.0f} words/s; ratio {off / on:.3f} (target >= 0.9)"
+        f" one epoch at the end: {args.words / off:,.0f} words/s; ratio {off / on:.3f} (target >= 0.95)"
     )
     if seconds is None:
         print("recovery: not measured (the job ended before a killed task had recovered; use more --words)")
