@@ -31,7 +31,7 @@ from nopstream.plan.partitioned import Edge, PartitionedPlan
 from nopstream.plan.streamgraph import EdgePolicy, StreamNode
 from nopstream.records import Batch
 from nopstream.runtime.functions import resolve
-from nopstream.runtime.keyed import key_function
+from nopstream.runtime.keyed import batch_keys, key_function
 from nopstream.runtime.operators.aggregates import aggregator, is_count
 from nopstream.runtime.operators.windows import assign
 
@@ -75,6 +75,7 @@ class Combiner:
         """Fold by `edge`'s key the way `target` does; `full` once `limit` keys are held."""
         assert edge.key is not None
         self.key_fn = key_function(edge.key)
+        self.keys_of = batch_keys(edge.key)
         self.limit = limit
         self._fold: Callable[[Any, Any], Any]
         self._first: Callable[[Any], Any]
@@ -103,7 +104,7 @@ class Combiner:
         """Fold a batch of records into the partial accumulators."""
         partials, key_fn = self.partials, self.key_fn
         if isinstance(partials, Counter):
-            partials.update(map(key_fn, batch.records))
+            partials.update(self.keys_of(batch.records))
             return
         fold, first = self._fold, self._first
         for r in batch.records:

@@ -10,6 +10,7 @@ Python treats as equal share their state, and the hash policy agrees.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from operator import itemgetter
 from typing import Any
 
 from nopstream.plan.keys import shard_of
@@ -42,9 +43,22 @@ def key_function(selector: KeySelector) -> KeyFn:
     return fn
 
 
-def partial_key(key: Any) -> Any:
-    """A key that crossed a channel as JSON, as its key function gave it (lists back to tuples)."""
-    return tuple(partial_key(k) for k in key) if isinstance(key, list) else key
+def batch_keys(selector: KeySelector) -> Callable[[list[Any]], list[Any]]:
+    """The function that takes the keys of a whole batch, as `key_function` takes each one's.
+
+    A field key is read in C (`itemgetter` over the batch); only a batch holding a
+    list value (keyed as a tuple) goes record by record.
+    """
+    if selector.field is None:
+        fn = key_function(selector)
+        return lambda records: list(map(fn, records))
+    field, by_field = itemgetter(selector.field), key_function(selector)
+
+    def keys(records: list[Any]) -> list[Any]:
+        found = list(map(field, records))
+        return [by_field(r) for r in records] if list in set(map(type, found)) else found
+
+    return keys
 
 
 class ShardCache:

@@ -3,18 +3,20 @@
 Exactly the plan's edge policy: FORWARD and SINGLETON (one channel), HASH (key ->
 shard -> owner subtask, with the plan's owner ranges), REBALANCE (whole batches
 round-robin), BROADCAST (every channel), UNION (pointwise when the plan gave one
-channel, else round-robin). Work is per batch; the key -> owner map is cached.
+channel, else round-robin). Work is per batch: a HASH edge takes a batch's keys in one
+call (`keyed.batch_keys`: no Python call per record for a field key), looks their
+owners up in the cached key -> owner map in one more, and only then touches records.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from nopstream.plan.keys import owner_of_shard, shard_of
 from nopstream.plan.partitioned import Edge
 from nopstream.plan.streamgraph import EdgePolicy
 from nopstream.records import Batch
-from nopstream.runtime.keyed import key_function
+from nopstream.runtime.keyed import batch_keys
 
 _CACHE_LIMIT = 1 << 20
 
@@ -30,7 +32,7 @@ class Partitioner:
         if edge.policy is EdgePolicy.HASH:
             if edge.key is None or edge.owners is None or edge.shard_count is None:
                 raise ValueError(f"HASH edge {edge.edge_id} has no key, owners or shard count in the plan")
-            self.key_fn = key_function(edge.key)
+            self.keys_of = batch_keys(edge.key)
             self.shard_count = edge.shard_count
             self.parallelism = len(edge.owners)
             self._owner: dict[Any, int] = {}
@@ -59,19 +61,25 @@ class Partitioner:
         return owner
 
     def _hash(self, batch: Batch) -> list[tuple[int, Batch]]:
-        key_fn, owners, owner = self.key_fn, self._owner, self.owner
         if self.parallelism == 1:
             return [(0, batch)]
+        records = batch.records
+        keys = self.keys_of(records)
+        cached = list(map(self._owner.get, keys))  # None where a key was not seen yet
+        if None in cached:
+            owner = self.owner
+            owners = [owner(k) if o is None else o for k, o in zip(keys, cached, strict=True)]
+        else:
+            owners = cast("list[int]", cached)
         parts: list[list[Any]] = [[] for _ in range(self.parallelism)]
+        add = [p.append for p in parts]
         if batch.timestamps is None:
-            for r in batch.records:
-                k = key_fn(r)
-                o = owners.get(k)
-                parts[owner(k) if o is None else o].append(r)
+            for r, o in zip(records, owners, strict=True):
+                add[o](r)
             return [(i, Batch(p)) for i, p in enumerate(parts) if p]
         stamps: list[list[int]] = [[] for _ in range(self.parallelism)]
-        for r, t in zip(batch.records, batch.timestamps, strict=True):
-            o = owner(key_fn(r))
-            parts[o].append(r)
-            stamps[o].append(t)
+        stamp = [s.append for s in stamps]
+        for r, t, o in zip(records, batch.timestamps, owners, strict=True):
+            add[o](r)
+            stamp[o](t)
         return [(i, Batch(p, stamps[i])) for i, p in enumerate(parts) if p]

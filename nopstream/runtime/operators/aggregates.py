@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from nopstream.records import Batch
 from nopstream.runtime.functions import resolve
-from nopstream.runtime.keyed import key_function, partial_key
+from nopstream.runtime.keyed import batch_keys, hashable_key, key_function
 from nopstream.runtime.operators.base import Context, KeyedOperator, empty_like
 
 
@@ -118,7 +118,7 @@ class PerKey(KeyedOperator):
         """Fold `[key, partial]` pairs of upstream combiners (`runtime.combiner`) into the values."""
         table, shard, merge = self.table, self.shard, self.merge
         for key, partial in batch.records:
-            k = partial_key(key)
+            k = hashable_key(key)
             d = table[shard(k)]
             d[k] = merge(d[k], partial) if k in d else partial
 
@@ -137,6 +137,7 @@ class Aggregate(PerKey):
         super().__init__(ctx)
         self.agg = aggregator(ctx.node.spec["aggregate"])
         self.count_fast = is_count(self.agg)
+        self.keys_of = batch_keys(ctx.node.key)  # type: ignore[arg-type]
 
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
         """Fold the batch into the per-key accumulators."""
@@ -144,7 +145,7 @@ class Aggregate(PerKey):
         if self.final and self.count_fast:
             # count each key of the batch once (Counter runs in C), then touch its state once
             known = self.ctx.shard_cache.known
-            for k, n in Counter(map(key_fn, batch.records)).items():
+            for k, n in Counter(self.keys_of(batch.records)).items():
                 s = known.get(k)
                 d = table[shard(k) if s is None else s]
                 d[k] = d.get(k, 0) + n

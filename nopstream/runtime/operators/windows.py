@@ -21,7 +21,7 @@ from typing import Any
 
 from nopstream.records import MIN_TIMESTAMP, Batch
 from nopstream.runtime.functions import resolve
-from nopstream.runtime.keyed import key_function, partial_key
+from nopstream.runtime.keyed import hashable_key, key_function
 from nopstream.runtime.operators.aggregates import aggregator, output_key
 from nopstream.runtime.operators.base import Context, KeyedOperator
 
@@ -157,7 +157,7 @@ class Window(KeyedOperator):
         for key, start, end, partial in batch.records:
             if self._expired(end):
                 continue
-            k = partial_key(key)
+            k = hashable_key(key)
             open_windows: list[list[Any]] = self.table[self.shard(k)].setdefault(k, [])
             target = next((w for w in open_windows if w[START] == start and w[END] == end), None)
             if target is None:
