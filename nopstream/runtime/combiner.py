@@ -35,9 +35,6 @@ from nopstream.runtime.keyed import batch_keys, key_function
 from nopstream.runtime.operators.aggregates import aggregator, is_count
 from nopstream.runtime.operators.windows import assign
 
-COMBINED_TYPES = frozenset({"aggregate", "reduce"})
-"""Operator types combined when their emission is final (windows: see `combines`)."""
-
 
 def combines(edge: Edge, target: StreamNode) -> bool:
     """Whether `edge`'s upstream pre-aggregates for `target`, the operator at its end."""
@@ -46,8 +43,10 @@ def combines(edge: Edge, target: StreamNode) -> bool:
         return False
     if spec.get("combine", True) is False:
         return False
-    if target.type in COMBINED_TYPES:
+    if target.type == "reduce":
         return spec.get("emit") == "final"
+    if target.type == "aggregate":
+        return spec.get("emit") == "final" and _mergeable(spec["aggregate"])
     return target.type == "window" and _combinable_window(spec)
 
 
@@ -55,11 +54,17 @@ def _combinable_window(spec: dict[str, Any]) -> bool:
     window = spec["window"]
     return (
         "aggregate" in spec
+        and _mergeable(spec["aggregate"])
         and window.get("time") == "event"
         and window["kind"] in ("tumbling", "sliding")
         and not window.get("allowedLatenessMs")
         and window.get("lateOutput") is None
     )
+
+
+def _mergeable(aggregate: dict[str, Any]) -> bool:
+    """Whether an aggregate's accumulators can be merged (a user aggregate may lack `merge`)."""
+    return callable(getattr(aggregator(aggregate), "merge", None))
 
 
 def combined_edges(plan: PartitionedPlan) -> frozenset[str]:

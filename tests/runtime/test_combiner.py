@@ -22,7 +22,7 @@ from nopstream.plan import compiler
 from nopstream.plan.partitioned import Edge
 from nopstream.plan.streamgraph import EdgePolicy, KeySelector, StreamNode
 from nopstream.records import Batch
-from nopstream.runtime.combiner import Combiner
+from nopstream.runtime.combiner import Combiner, combines
 from tests.conftest import run_nopstream
 from tests.runtime.conftest import multiset, read_outputs, run_job, write_jsonl
 
@@ -192,3 +192,38 @@ def test_a_combiner_is_full_at_its_key_limit_and_hands_everything_over():
     assert combiner.full
     assert sorted(combiner.drain()) == [("x", ["x", [4, 2]]), ("y", ["y", [4, 1]]), ("z", ["z", [5, 1]])]
     assert combiner.drain() == [] and not combiner.full
+
+
+def test_only_what_gives_the_same_output_is_combined(tmp_path, monkeypatch):
+    (tmp_path / "aggfns.py").write_text(
+        "class NoMerge:\n    def create(self): return 0\n    def add(self, a, r): return a + 1\n"
+        "    def result(self, a): return a\n"
+        "class WithMerge(NoMerge):\n    def merge(self, a, b): return a + b\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    key = KeySelector(field="k", fn=None)
+    edge = Edge("a->b", "a", "a", "main", "b", "b", 0, EdgePolicy.HASH, key, "v1", 16, None, ())
+
+    def node(kind: str, **spec) -> StreamNode:
+        return StreamNode("b", "operator", kind, 1, True, key, {"id": "b", "type": kind, **spec})
+
+    event = {"kind": "tumbling", "time": "event", "sizeMs": 10}
+    assert combines(edge, node("aggregate", aggregate={"kind": "count"}, emit="final"))
+    assert combines(edge, node("aggregate", aggregate={"fn": "aggfns:WithMerge"}, emit="final"))
+    assert combines(edge, node("reduce", fn="aggfns:x", emit="final"))
+    assert combines(edge, node("window", aggregate={"kind": "sum", "field": "v"}, window=event))
+    refused = [
+        node("aggregate", aggregate={"kind": "count"}),  # rolling: every update is output
+        node("aggregate", aggregate={"kind": "count"}, emit="final", combine=False),
+        node("aggregate", aggregate={"fn": "aggfns:NoMerge"}, emit="final"),  # cannot merge partials
+        node("window", aggregate={"kind": "sum", "field": "v"}, window={**event, "allowedLatenessMs": 5}),
+        node("window", aggregate={"kind": "sum", "field": "v"}, window={**event, "lateOutput": "late"}),
+        node("window", aggregate={"kind": "sum", "field": "v"}, window={**event, "time": "processing"}),
+        node("window", aggregate={"kind": "sum", "field": "v"}, window={"kind": "session", "time": "event"}),
+        node("window", fn="aggfns:x", window=event),  # a window function sees the records
+    ]
+    assert [combines(edge, n) for n in refused] == [False] * len(refused)
+    other_key = Edge(
+        "a->b", "a", "a", "main", "b", "b", 0, EdgePolicy.HASH, KeySelector("j", None), "v1", 16, None, ()
+    )
+    assert not combines(other_key, node("aggregate", aggregate={"kind": "count"}, emit="final"))
