@@ -14,9 +14,12 @@ WARNING: the task never re-derives routing; every channel and policy is the plan
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import faulthandler
+import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -64,6 +67,12 @@ class TaskSettings:
     idle_poll_ms: int = 20
     combiner_keys: int = 1 << 16
     """The keys a combiner holds before it sends its partials early (`runtime.combiner`)."""
+    sink_call_s: float = 120.0
+    """How long one sink call (prepare, commit, recover) may take before the task fails."""
+
+
+class SinkStuck(RuntimeError):
+    """A sink call did not return in time: the task fails (and its job recovers) rather than wait."""
 
 
 class TaskIO(Protocol):
@@ -154,6 +163,8 @@ class Task:
         self._data_ended = False  # operators flushed at end of data (kept in snapshots: never twice)
         self._final_committed = asyncio.Event()
         self._sink_io = asyncio.Lock()  # one sink call at a time: barriers and commit commands alike
+        self._failure: BaseException | None = None  # a sink call failed outside the record loop
+        self._failed = asyncio.Event()
         self._side: list[tuple[str, str, Batch]] = []
         self._ended_inputs = False
         cache = ShardCache(plan.identity.state_shard_count)
@@ -292,17 +303,52 @@ class Task:
             self._final_committed.set()
 
     async def _on_sinks(self, call: Callable[[SinkOperator], None]) -> None:
-        """`call` on every sink in a worker thread: sink I/O (PUT, COPY, COMMIT PREPARED) never holds
-        the event loop. One at a time, since commit commands arrive while the record loop runs."""
+        """`call` on every sink, one at a time, since commit commands arrive while the record loop runs."""
         if not self.sinks:
             return
         async with self._sink_io:
             for sink in self.sinks:
-                await asyncio.to_thread(call, sink)
+                await self._sink_call(call, sink)
+
+    async def _sink_call(self, call: Callable[[SinkOperator], None], sink: SinkOperator) -> None:
+        """`call(sink)` in a thread of its own: sink I/O (PUT, COPY, COMMIT PREPARED) never holds the
+        event loop. A call that fails or takes longer than `sink_call_s` fails the task: the job
+        recovers from its durable epoch rather than wait on a sink that cannot go on."""
+        limit = self.settings.sink_call_s
+        try:
+            await asyncio.wait_for(in_daemon_thread(lambda: call(sink)), limit)
+        except TimeoutError:
+            faulthandler.dump_traceback(all_threads=True)  # where it hangs, into the task's log
+            stuck = SinkStuck(f"task {self.task_id}: a sink call did not return within {limit:g} s")
+            self._fail(stuck)
+            raise stuck from None
+        except Exception as exc:
+            self._fail(exc)
+            raise
+
+    def _fail(self, failure: BaseException) -> None:
+        if self._failure is None:
+            self._failure = failure
+            self._failed.set()
+
+    async def _unless_failed(self, work: Awaitable[object]) -> None:
+        """Await `work`, or raise the task's failure as soon as a sink call fails (`work` cancelled)."""
+        running, failed = asyncio.ensure_future(work), asyncio.ensure_future(self._failed.wait())
+        try:
+            await asyncio.wait({running, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            failed.cancel()
+            if not running.done():
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running
+        if self._failure is not None:
+            raise self._failure
+        running.result()
 
     async def final_committed(self) -> None:
-        """Return once the final epoch has been committed."""
-        await self._final_committed.wait()
+        """Return once the final epoch has been committed; raise when a sink call failed."""
+        await self._unless_failed(self._final_committed.wait())
 
     async def recover(self, start: SinkStart, *, final: bool = False) -> None:
         """Start of a run, after any `restore`, before any record: every sink recovers to the restore point.
@@ -323,8 +369,12 @@ class Task:
 
         End of data comes before the final barrier on every channel, so what operators
         flush at end of input (final aggregates, open windows) is in the final epoch.
-        A task restored from the final epoch has nothing to do.
+        A task restored from the final epoch has nothing to do. A sink call that fails
+        meanwhile (a commit command's) ends it with that failure.
         """
+        await self._unless_failed(self._run())
+
+    async def _run(self) -> None:
         if self.finished_before:
             if self.source is not None:
                 self.source.close()
@@ -586,7 +636,7 @@ class Task:
             self._stopped = True
         async with self._sink_io:  # a commit in flight changes the sinks' pending transactions
             for sink in self.sinks:
-                await asyncio.to_thread(sink.prepare, barrier.epoch)
+                await self._sink_call(lambda s: s.prepare(barrier.epoch), sink)
             state = self.snapshot()
         self.metrics.barriers += 1
         if self.listener is not None:
@@ -614,6 +664,36 @@ class _LoopHold:
     def seconds(self) -> float:
         """The stretch so far (all of it when the loop has not run since)."""
         return (self.released if self.released is not None else time.monotonic()) - self.started
+
+
+def in_daemon_thread(fn: Callable[[], None]) -> asyncio.Future[None]:
+    """`fn()` in a daemon thread of its own, as a future of this loop.
+
+    Not the loop's executor: its threads are joined when the process exits, so a client
+    library call that never returns would keep a failed task's process alive.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(failure: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if failure is None:
+            done.set_result(None)
+        else:
+            done.set_exception(failure)
+
+    def target() -> None:
+        failure: BaseException | None = None
+        try:
+            fn()
+        except BaseException as exc:  # handed to the awaiting coroutine
+            failure = exc
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            loop.call_soon_threadsafe(settle, failure)
+
+    threading.Thread(target=target, name="sink-call", daemon=True).start()
+    return done
 
 
 def next_batch_size(size: int, records: int, seconds: float, settings: TaskSettings) -> int:

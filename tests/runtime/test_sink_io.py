@@ -15,11 +15,14 @@ import threading
 import time
 from collections import Counter
 
+import pytest
+
 from nopstream.local import inprocess
 from nopstream.model.load import load_data
 from nopstream.plan import compiler
 from nopstream.plan.epochs import EpochKind
 from nopstream.records import SinkStart, TaskSnapshot
+from nopstream.runtime.task import SinkStuck, TaskSettings
 from tests.conftest import s3_records
 
 RECORDS = 2_000
@@ -38,9 +41,8 @@ class Listener:
         self.finished.set()
 
 
-def test_a_commit_stalled_by_the_object_store_leaves_the_event_loop_running(
-    minio_server, minio_client, bucket, monkeypatch
-):
+def stalled_job(minio_server, bucket, monkeypatch, settings: TaskSettings | None = None):
+    """A generator into an s3 sink, chained into one task; the task and what it snapshots."""
     monkeypatch.setenv("NOPSTREAM_S3_ACCESS_KEY", minio_server.access_key)
     monkeypatch.setenv("NOPSTREAM_S3_SECRET_KEY", minio_server.secret_key)
     model = {
@@ -60,17 +62,30 @@ def test_a_commit_stalled_by_the_object_store_leaves_the_event_loop_running(
     }
     plan = compiler.compile_model(load_data(model), backend="local").partitioned
     listener = Listener()
-    (task,) = inprocess.build_tasks(plan, listener=listener)
+    (task,) = inprocess.build_tasks(plan, listener=listener, settings=settings)
+    return task, listener
+
+
+async def until_final_snapshot(task, listener: Listener):
+    """Start the task and take its final barrier: its transaction is staged (PUT) and pending."""
+    await task.recover(SinkStart(None))
+    await task.connect()
+    run = asyncio.create_task(task.run())
+    await listener.finished.wait()
+    task.trigger_barrier(1, EpochKind.FINAL)
+    while 1 not in listener.snapshots:
+        await asyncio.sleep(0.01)
+    return run
+
+
+def test_a_commit_stalled_by_the_object_store_leaves_the_event_loop_running(
+    minio_server, minio_client, bucket, monkeypatch
+):
+    task, listener = stalled_job(minio_server, bucket, monkeypatch)
     gaps: list[float] = []
 
     async def scenario() -> float:
-        await task.recover(SinkStart(None))
-        await task.connect()
-        run = asyncio.create_task(task.run())
-        await listener.finished.wait()
-        task.trigger_barrier(1, EpochKind.FINAL)
-        while 1 not in listener.snapshots:  # the staged object is PUT, the transaction pending
-            await asyncio.sleep(0.01)
+        run = await until_final_snapshot(task, listener)
         os.kill(minio_server.process.pid, signal.SIGSTOP)
         resume = threading.Timer(STALL, os.kill, (minio_server.process.pid, signal.SIGCONT))
         resume.start()
@@ -94,3 +109,22 @@ def test_a_commit_stalled_by_the_object_store_leaves_the_event_loop_running(
     assert len(gaps) > 20
     assert s3_records(minio_client, bucket, "out/") == Counter(str(i) for i in range(RECORDS))
     assert [t["records"] for t in listener.snapshots[1].pending_transactions()] == [RECORDS]
+
+
+def test_a_sink_call_that_does_not_return_fails_the_task(minio_server, minio_client, bucket, monkeypatch):
+    task, listener = stalled_job(minio_server, bucket, monkeypatch, TaskSettings(sink_call_s=0.5))
+
+    async def scenario() -> None:
+        run = await until_final_snapshot(task, listener)
+        os.kill(minio_server.process.pid, signal.SIGSTOP)
+        resume = threading.Timer(STALL, os.kill, (minio_server.process.pid, signal.SIGCONT))
+        resume.start()
+        try:
+            with pytest.raises(SinkStuck, match=r"stall/main/n/0: a sink call did not return within 0.5 s"):
+                await task.commit(1)
+            with pytest.raises(SinkStuck):  # the task fails with it: its job recovers
+                await asyncio.wait_for(run, 10)
+        finally:
+            resume.join()
+
+    asyncio.run(scenario())
