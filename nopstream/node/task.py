@@ -33,7 +33,7 @@ from nopstream.node import checkpointing, guard, recovery
 from nopstream.node.coordinator_api import CoordinatorLink
 from nopstream.node.settings import NodeSettings
 from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task, load_deployment, load_plan
-from nopstream.runtime.task import Task
+from nopstream.runtime.task import Task, run_until
 
 log = logging.getLogger(__name__)
 POLL = 0.05
@@ -122,16 +122,7 @@ async def _work(task: Task, backend: Backend, layout: Layout, who: TaskIdentity,
 
 async def _until_lease_lost(keeper: ThreadedLeaseKeeper, work: Coroutine[Any, Any, None]) -> None:
     """Run `work`; LeaseLost (and `work` cancelled) if the lease is lost first."""
-    running = asyncio.ensure_future(work)
-    lost = asyncio.ensure_future(keeper.lost.wait())
-    try:
-        await asyncio.wait({running, lost}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        lost.cancel()
-        if not running.done():
-            running.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await running
+    running = await run_until(work, keeper.lost)
     if keeper.lost.is_set() and running.cancelled():
         raise LeaseLost(f"lease {keeper.lease:x} lost: this process stops acting")
     running.result()

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
@@ -50,6 +50,8 @@ from nopstream.runtime.operators.windows import Window
 from nopstream.runtime.partitioners import Partitioner
 from nopstream.runtime.transport import OutputChannel
 from nopstream.runtime.watermarks import InputWatermarks, WatermarkGenerator, timestamp_function
+
+T = TypeVar("T")
 
 
 def wall_clock_ms() -> int:
@@ -333,15 +335,7 @@ class Task:
 
     async def _unless_failed(self, work: Awaitable[object]) -> None:
         """Await `work`, or raise the task's failure as soon as a sink call fails (`work` cancelled)."""
-        running, failed = asyncio.ensure_future(work), asyncio.ensure_future(self._failed.wait())
-        try:
-            await asyncio.wait({running, failed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            failed.cancel()
-            if not running.done():
-                running.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await running
+        running = await run_until(work, self._failed)
         if self._failure is not None:
             raise self._failure
         running.result()
@@ -664,6 +658,21 @@ class _LoopHold:
     def seconds(self) -> float:
         """The stretch so far (all of it when the loop has not run since)."""
         return (self.released if self.released is not None else time.monotonic()) - self.started
+
+
+async def run_until(work: Awaitable[T], event: asyncio.Event) -> asyncio.Future[T]:
+    """Run `work` until it ends or `event` is set, whichever comes first (then `work` is cancelled);
+    its future, done or cancelled."""
+    running, stop = asyncio.ensure_future(work), asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({running, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not running.done():
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+    return running
 
 
 def in_daemon_thread(fn: Callable[[], None]) -> asyncio.Future[None]:

@@ -9,11 +9,13 @@ sends SIGCONT whatever happens, so the server is never left stopped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 
@@ -66,6 +68,18 @@ def stalled_job(minio_server, bucket, monkeypatch, settings: TaskSettings | None
     return task, listener
 
 
+@contextlib.contextmanager
+def stopped(server) -> Iterator[None]:
+    """The server stopped with SIGSTOP; a timer sends SIGCONT after `STALL` seconds whatever happens."""
+    os.kill(server.process.pid, signal.SIGSTOP)
+    resume = threading.Timer(STALL, os.kill, (server.process.pid, signal.SIGCONT))
+    resume.start()
+    try:
+        yield
+    finally:
+        resume.join()
+
+
 async def until_final_snapshot(task, listener: Listener):
     """Start the task and take its final barrier: its transaction is staged (PUT) and pending."""
     await task.recover(SinkStart(None))
@@ -86,10 +100,7 @@ def test_a_commit_stalled_by_the_object_store_leaves_the_event_loop_running(
 
     async def scenario() -> float:
         run = await until_final_snapshot(task, listener)
-        os.kill(minio_server.process.pid, signal.SIGSTOP)
-        resume = threading.Timer(STALL, os.kill, (minio_server.process.pid, signal.SIGCONT))
-        resume.start()
-        try:
+        with stopped(minio_server):
             stalled = time.monotonic()
             commit = asyncio.create_task(task.commit(1))
             while time.monotonic() - stalled < STALL / 2:
@@ -100,8 +111,6 @@ def test_a_commit_stalled_by_the_object_store_leaves_the_event_loop_running(
             await asyncio.wait_for(commit, 60)
             await asyncio.wait_for(run, 10)
             return time.monotonic() - stalled
-        finally:
-            resume.join()
 
     took = asyncio.run(scenario())
     assert took >= STALL * 0.9, f"the commit took {took:.2f}s: it never waited for the stopped server"
@@ -116,15 +125,10 @@ def test_a_sink_call_that_does_not_return_fails_the_task(minio_server, minio_cli
 
     async def scenario() -> None:
         run = await until_final_snapshot(task, listener)
-        os.kill(minio_server.process.pid, signal.SIGSTOP)
-        resume = threading.Timer(STALL, os.kill, (minio_server.process.pid, signal.SIGCONT))
-        resume.start()
-        try:
+        with stopped(minio_server):
             with pytest.raises(SinkStuck, match=r"stall/main/n/0: a sink call did not return within 0.5 s"):
                 await task.commit(1)
             with pytest.raises(SinkStuck):  # the task fails with it: its job recovers
                 await asyncio.wait_for(run, 10)
-        finally:
-            resume.join()
 
     asyncio.run(scenario())
