@@ -39,6 +39,11 @@ def assign(kind: str, size: int, slide: int, gap: int, ts: int) -> list[tuple[in
     return [(ts, ts + gap)]
 
 
+def _find(windows: list[list[Any]], start: int, end: int) -> list[Any] | None:
+    """The window `[start, end)` among a key's open windows, if it is open."""
+    return next((w for w in windows if w[START] == start and w[END] == end), None)
+
+
 class _Records:
     """The accumulator of a window function: the window's records, in arrival order."""
 
@@ -131,14 +136,13 @@ class Window(KeyedOperator):
             if self.kind == "session":
                 target = self._merge_session(key, open_windows, start, end, acc, record)
             else:
-                found = [w for w in open_windows if w[START] == start and w[END] == end]
-                if found:
-                    target = found[0]
-                else:
-                    target = [start, end, acc.create(), False]
-                    open_windows.append(target)
-                    self._schedule(key, target)
-                target[ACC] = acc.add(target[ACC], record)
+                found = _find(open_windows, start, end)
+                if found is None:
+                    found = [start, end, acc.create(), False]
+                    open_windows.append(found)
+                    self._schedule(key, found)
+                found[ACC] = acc.add(found[ACC], record)
+                target = found
             if target[FIRED] or (self.event_time and target[END] - 1 <= self.watermark):
                 # a record within the allowed lateness fires its (already due) window again
                 self._emit(key, target, out, stamps)
@@ -159,7 +163,7 @@ class Window(KeyedOperator):
                 continue
             k = hashable_key(key)
             open_windows: list[list[Any]] = self.table[self.shard(k)].setdefault(k, [])
-            target = next((w for w in open_windows if w[START] == start and w[END] == end), None)
+            target = _find(open_windows, start, end)
             if target is None:
                 open_windows.append([start, end, partial, False])
                 self._schedule(k, open_windows[-1])
@@ -202,7 +206,7 @@ class Window(KeyedOperator):
             _, _, what, key, start, end = heapq.heappop(timers)
             d = self.table[self.shard(key)]
             windows = d.get(key, [])
-            window = next((w for w in windows if w[START] == start and w[END] == end), None)
+            window = _find(windows, start, end)
             if window is None:
                 continue
             if what == "fire" and not window[FIRED]:
