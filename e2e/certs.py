@@ -1,4 +1,4 @@
-"""A throwaway PKI for a test control plane: a CA, serving and client certificates, SA keys."""
+"""A throwaway PKI for a test cluster: a CA, serving and client certificates, SA keys, kubeconfigs."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -127,3 +128,32 @@ class Pki:
         )
         _write_key(key, pair.key)
         return pair
+
+
+def write_kubeconfig(
+    path: Path,
+    *,
+    server: str,
+    ca: Path,
+    user: str,
+    client: KeyPair | None = None,
+    token: str | None = None,
+    namespace: str = "default",
+) -> Path:
+    """A kubeconfig for one user, by client certificate or bearer token."""
+    creds: dict[str, str] = {}
+    if client is not None:
+        creds = {"client-certificate": str(client.cert), "client-key": str(client.key)}
+    if token is not None:
+        creds = {"token": token}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": user, "user": creds}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": user, "namespace": namespace}}],
+        "current-context": "test",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path

@@ -1,9 +1,14 @@
-"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, controller-manager, scheduler.
+"""A one-node Kubernetes cluster inside a network namespace of the suite's own.
 
+etcd, kube-apiserver, controller-manager, scheduler and the node (containerd, kubelet,
+kube-proxy, CoreDNS: `e2e/node.py`) all run inside the namespace of `e2e/netns.py`.
 Certificates and service-account keys are generated per cluster; the API server runs
-with RBAC authorization, an audit log of every write, and client-certificate
-authentication; `kubeconfig` is an admin kubeconfig (group system:masters). No
-kubelet runs: `e2e/agent.py` stands in for one. Every process is stopped by PID.
+with Node and RBAC authorization, an audit log of every write, and client-certificate
+authentication. This machine reaches the API server, and any Service by its cluster
+IP, through loopback forwards into the namespace (`e2e/forward.py`); `kubeconfig` is
+an admin kubeconfig (group system:masters) through the API server's forward.
+`stop` ends every process by PID, removes the node's cgroups, and the namespaces end
+with their last process.
 
 Use it from Python (`with Cluster.start(workdir) as cluster: ...`) or from a shell:
 `python -m e2e.cluster up DIR` starts one and prints its kubeconfig path.
@@ -15,6 +20,7 @@ import argparse
 import contextlib
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,9 +31,12 @@ from types import TracebackType
 import yaml
 
 from e2e import servers
-from e2e.certs import KeyPair, Pki
+from e2e.certs import Pki, write_kubeconfig
+from e2e.netns import Namespace
+from e2e.node import CLUSTER_DOMAIN, NODE_IP, NODE_NAME, Node, NodeCredentials, set_up_network
 
 SERVICE_CIDR = "10.96.0.0/24"
+APISERVER_PORT = 6443
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
@@ -40,64 +49,66 @@ AUDIT_POLICY = {
 }
 
 
-def write_kubeconfig(
-    path: Path,
-    *,
-    server: str,
-    ca: Path,
-    user: str,
-    client: KeyPair | None = None,
-    token: str | None = None,
-    namespace: str = "default",
-) -> Path:
-    """A kubeconfig for one user, by client certificate or bearer token."""
-    creds: dict[str, str] = {}
-    if client is not None:
-        creds = {"client-certificate": str(client.cert), "client-key": str(client.key)}
-    if token is not None:
-        creds = {"token": token}
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "test", "cluster": {"server": server, "certificate-authority": str(ca)}}],
-        "users": [{"name": user, "user": creds}],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": user, "namespace": namespace}}],
-        "current-context": "test",
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
-
-
 @dataclass
 class Cluster:
-    """A running control plane and the files a client needs."""
+    """A running one-node cluster and the files a client needs."""
 
     workdir: Path
-    server: str
+    ns: Namespace
+    pki: Pki
     kubeconfig: Path
-    ca: Path
     audit_log: Path
-    etcd: servers.Etcd
+    server: str = ""
+    node: Node | None = None
     processes: list[servers.Process] = field(default_factory=list)
 
+    @property
+    def ca(self) -> Path:
+        """The cluster CA certificate."""
+        return self.pki.ca.cert
+
     @classmethod
-    def start(cls, workdir: Path, *, timeout: float = 120.0) -> Cluster:
-        """Generate the PKI, start every component, and wait until /readyz answers ok."""
+    def start(cls, workdir: Path, *, timeout: float = 180.0) -> Cluster:
+        """Create the namespace, start every component, and wait until the node is Ready."""
         workdir.mkdir(parents=True, exist_ok=True)
-        pki = Pki(workdir / "pki")
-        etcd = servers.start_etcd(workdir, name="kube-etcd")
-        port = servers.free_port()
-        server = f"https://127.0.0.1:{port}"
-        cluster = cls(workdir, server, workdir / "admin.kubeconfig", pki.ca.cert, workdir / "audit.log", etcd)
+        ns = Namespace.create(workdir / "ns")
+        cluster = cls(workdir, ns, Pki(workdir / "pki"), workdir / "admin.kubeconfig", workdir / "audit.log")
         try:
-            cluster._start_components(pki, port, timeout)
+            set_up_network(ns)
+            cluster._start_control_plane(timeout)
+            cluster.node = Node.start(ns, workdir / "node", cluster._node_credentials())
+            servers.wait_until("the node Ready", cluster._node_ready, timeout=timeout)
         except BaseException:
             cluster.stop()
             raise
         return cluster
 
-    def _start_components(self, pki: Pki, port: int, timeout: float) -> None:
+    def _inside_kubeconfig(self, name: str, cn: str, orgs: tuple[str, ...] = ()) -> Path:
+        client = self.pki.issue(name, cn, orgs=orgs)
+        return write_kubeconfig(
+            self.workdir / f"{name}.kubeconfig",
+            server=f"https://{NODE_IP}:{APISERVER_PORT}",
+            ca=self.ca,
+            user=name,
+            client=client,
+        )
+
+    def _node_credentials(self) -> NodeCredentials:
+        return NodeCredentials(
+            ca=self.ca,
+            kubelet=self._inside_kubeconfig("kubelet", f"system:node:{NODE_NAME}", ("system:nodes",)),
+            kube_proxy=self._inside_kubeconfig("kube-proxy", "system:kube-proxy"),
+            # CoreDNS is test infrastructure here, not a workload: it reads as admin
+            coredns=self._inside_kubeconfig("coredns", "coredns", ("system:masters",)),
+        )
+
+    def _start_control_plane(self, timeout: float) -> None:
+        pki = self.pki
+        data = self.workdir / "etcd-data"
+        etcd = servers.etcd_argv("kube-etcd", data, host="127.0.0.1", client=2379, peer=2380, metrics=2381)
+        self.processes.append(
+            self.ns.spawn("kube-etcd", etcd, log=self.workdir / "etcd.log", env=servers.ETCD_ENV)
+        )
         serving = pki.issue(
             "apiserver",
             "kube-apiserver",
@@ -107,33 +118,37 @@ class Cluster:
                 "kubernetes",
                 "kubernetes.default",
                 "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local",
+                f"kubernetes.default.svc.{CLUSTER_DOMAIN}",
             ),
-            server_ips=("127.0.0.1", "10.96.0.1"),
+            server_ips=("127.0.0.1", NODE_IP, "10.96.0.1"),
         )
         sa = pki.service_account_keys()
-        admin = pki.issue("admin", "admin", orgs=("system:masters",))
-        write_kubeconfig(self.kubeconfig, server=self.server, ca=self.ca, user="admin", client=admin)
+        kubelet_client = pki.issue(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", orgs=("system:masters",)
+        )
         policy = self.workdir / "audit-policy.yaml"
         policy.write_text(yaml.safe_dump(AUDIT_POLICY))
-        apiserver = servers.spawn(
+        apiserver = self.ns.spawn(
             "kube-apiserver",
             [
                 servers.binary("kube-apiserver"),
-                f"--etcd-servers={self.etcd.client_url}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={port}",
-                "--advertise-address=127.0.0.1",
+                "--etcd-servers=http://127.0.0.1:2379",
+                "--bind-address=0.0.0.0",  # the namespace's interfaces only
+                f"--secure-port={APISERVER_PORT}",
+                f"--advertise-address={NODE_IP}",
                 f"--cert-dir={self.workdir / 'apiserver-certs'}",
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-private-key-file={serving.key}",
                 f"--client-ca-file={self.ca}",
+                f"--kubelet-client-certificate={kubelet_client.cert}",
+                f"--kubelet-client-key={kubelet_client.key}",
+                "--kubelet-preferred-address-types=InternalIP",
                 f"--service-account-key-file={sa.cert}",
                 f"--service-account-signing-key-file={sa.key}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                "--authorization-mode=RBAC",
+                f"--service-account-issuer=https://kubernetes.default.svc.{CLUSTER_DOMAIN}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--endpoint-reconciler-type=none",
                 "--allow-privileged=true",
                 f"--audit-policy-file={policy}",
                 f"--audit-log-path={self.audit_log}",
@@ -143,6 +158,10 @@ class Cluster:
             log=self.workdir / "kube-apiserver.log",
         )
         self.processes.append(apiserver)
+        port = self.forward(NODE_IP, APISERVER_PORT)
+        self.server = f"https://127.0.0.1:{port}"
+        admin = pki.issue("admin", "admin", orgs=("system:masters",))
+        write_kubeconfig(self.kubeconfig, server=self.server, ca=self.ca, user="admin", client=admin)
         servers.wait_until("kube-apiserver", self._readyz, process=apiserver, timeout=timeout)
         for name, cn, extra in (
             (
@@ -158,12 +177,9 @@ class Cluster:
             ),
             ("kube-scheduler", "system:kube-scheduler", []),
         ):
-            client = pki.issue(name, cn)
-            kubeconfig = write_kubeconfig(
-                self.workdir / f"{name}.kubeconfig", server=self.server, ca=self.ca, user=name, client=client
-            )
+            kubeconfig = self._inside_kubeconfig(name, cn)
             self.processes.append(
-                servers.spawn(
+                self.ns.spawn(
                     name,
                     [
                         servers.binary(name),
@@ -171,7 +187,6 @@ class Cluster:
                         f"--authentication-kubeconfig={kubeconfig}",
                         f"--authorization-kubeconfig={kubeconfig}",
                         "--bind-address=127.0.0.1",
-                        f"--secure-port={servers.free_port()}",
                         "--leader-elect=false",
                         *extra,
                     ],
@@ -180,16 +195,57 @@ class Cluster:
             )
         servers.wait_until("kube-controller-manager and kube-scheduler", self._components_up, timeout=timeout)
 
+    def forward(self, host: str, port: int) -> int:
+        """A loopback port of this machine that reaches `host:port` inside the namespace."""
+        local = servers.free_port()
+        proc = servers.spawn(
+            f"forward-{host}-{port}",
+            [
+                sys.executable,
+                "-m",
+                "e2e.forward",
+                f"--holder={self.ns.holder.pid}",
+                f"--port={local}",
+                f"--to={host}:{port}",
+            ],
+            log=self.workdir / "forwards.log",
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        self.processes.append(proc)
+
+        def listening() -> bool:
+            with contextlib.closing(socket.socket()) as s:
+                return s.connect_ex(("127.0.0.1", local)) == 0
+
+        servers.wait_until(f"the forward to {host}:{port}", listening, process=proc, timeout=10)
+        return local
+
+    def service_port(self, name: str, port: int, namespace: str = "default") -> int:
+        """A loopback port of this machine that reaches Service `name`'s `port` (by its cluster IP)."""
+        ip = self.kubectl("get", "service", name, "-n", namespace, "-o", "jsonpath={.spec.clusterIP}").stdout
+        return self.forward(ip.strip(), port)
+
     def _readyz(self) -> bool:
         return self.kubectl("get", "--raw", "/readyz", check=False).stdout.strip() == "ok"
 
-    def _components_up(self) -> bool:
-        for proc in self.processes:
+    def _alive(self) -> None:
+        for proc in [*self.processes, *(self.node.processes if self.node else [])]:
             if not proc.alive():
                 raise servers.ServerError(f"{proc.name} exited\n{proc.tail()}")
+
+    def _components_up(self) -> bool:
+        self._alive()
         # The scheduler and the controller manager are up once they have read the API
         # server: the default service account of `default` is made by a controller.
         return self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0
+
+    def _node_ready(self) -> bool:
+        self._alive()
+        out = self.kubectl(
+            "get", "node", NODE_NAME, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
+            check=False,
+        )  # fmt: skip
+        return out.stdout.strip() == "True"
 
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60.0
@@ -204,44 +260,6 @@ class Cluster:
             timeout=timeout,
         )
 
-    def start_agent(
-        self, node: str = "agent-0", *, cwd: Path | None = None, timeout: float = 60.0
-    ) -> servers.Process:
-        """Start a process node agent (`e2e/agent.py`) as `node` and wait until the node is Ready.
-
-        The agent acts with the admin credentials: it is test infrastructure, not a
-        workload; the pods it runs get their own ServiceAccount tokens.
-        """
-        proc = servers.spawn(
-            f"agent-{node}",
-            [
-                sys.executable,
-                "-m",
-                "e2e.agent",
-                f"--kubeconfig={self.kubeconfig}",
-                f"--node={node}",
-                f"--workdir={self.workdir / 'agent' / node}",
-                f"--cwd={cwd or Path.cwd()}",
-            ],
-            log=self.workdir / f"agent-{node}.log",
-            cwd=Path(__file__).resolve().parent.parent,
-        )
-        self.processes.append(proc)
-
-        def node_ready() -> bool:
-            out = self.kubectl(
-                "get",
-                "node",
-                node,
-                "-o",
-                "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
-                check=False,
-            )
-            return out.stdout.strip() == "True"
-
-        servers.wait_until(f"agent {node}", node_ready, process=proc, timeout=timeout)
-        return proc
-
     def audit_writes(self) -> list[dict[str, object]]:
         """Every write the API server has audited (create, update, patch, delete), oldest first."""
         if not self.audit_log.exists():
@@ -252,10 +270,14 @@ class Cluster:
         ]
 
     def stop(self) -> None:
-        """Stop every component by PID, newest first, then etcd."""
-        for proc in reversed(self.processes):
-            proc.stop()
-        self.etcd.stop()
+        """Stop the node (containers, cgroups), every component by PID, then the namespaces."""
+        try:
+            if self.node is not None:
+                self.node.stop()
+        finally:
+            for proc in reversed(self.processes):
+                proc.stop()
+            self.ns.stop()
 
     def __enter__(self) -> Cluster:
         return self

@@ -176,15 +176,10 @@ class Etcd:
         self.process.stop()
 
 
-def start_etcd(
-    workdir: Path, *, name: str = "etcd", data_dir: Path | None = None, client_port: int | None = None
-) -> Etcd:
-    """Start etcd in `workdir` (or on an existing data dir and port, to restart it)."""
-    client = client_port or free_port()
-    peer = free_port()
-    data = data_dir or workdir / f"{name}-data"
-    url = f"http://127.0.0.1:{client}"
-    argv = [
+def etcd_argv(name: str, data: Path, *, host: str, client: int, peer: int, metrics: int) -> list[str]:
+    """The command line of a single-member etcd on `host`."""
+    url = f"http://{host}:{client}"
+    return [
         binary("etcd"),
         "--name",
         name,
@@ -195,15 +190,28 @@ def start_etcd(
         "--advertise-client-urls",
         url,
         "--listen-peer-urls",
-        f"http://127.0.0.1:{peer}",
+        f"http://{host}:{peer}",
         "--initial-advertise-peer-urls",
-        f"http://127.0.0.1:{peer}",
+        f"http://{host}:{peer}",
         "--initial-cluster",
-        f"{name}=http://127.0.0.1:{peer}",
+        f"{name}=http://{host}:{peer}",
         "--listen-metrics-urls",
-        f"http://127.0.0.1:{free_port()}",
+        f"http://{host}:{metrics}",
     ]
-    proc = spawn(name, argv, log=workdir / f"{name}.log", env={"ETCD_LOG_LEVEL": "warn"})
+
+
+ETCD_ENV = {"ETCD_LOG_LEVEL": "warn"}
+
+
+def start_etcd(
+    workdir: Path, *, name: str = "etcd", data_dir: Path | None = None, client_port: int | None = None
+) -> Etcd:
+    """Start etcd in `workdir` (or on an existing data dir and port, to restart it)."""
+    client = client_port or free_port()
+    data = data_dir or workdir / f"{name}-data"
+    url = f"http://127.0.0.1:{client}"
+    argv = etcd_argv(name, data, host="127.0.0.1", client=client, peer=free_port(), metrics=free_port())
+    proc = spawn(name, argv, log=workdir / f"{name}.log", env=ETCD_ENV)
     wait_until(name, lambda: http_ok(f"{url}/health", b'"health":"true"'), process=proc)
     return Etcd(proc, url, data)
 

@@ -268,6 +268,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         print(f"nopstream {args.command}: {err}", file=sys.stderr)
         return EXIT_USAGE
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _exit_on_sigterm(args.command)
     if args.command == "coordinator":
         return EXIT_OK if asyncio.run(coordinator.serve(config)) == 0 else EXIT_JOB_FAILED
     from nopstream.errors import RestoreRefused
@@ -280,6 +281,23 @@ def cmd_node(args: argparse.Namespace) -> int:
     except RestoreRefused as refused:  # the same for every attempt: not a failure to recover from
         recovery.exit_refused(refused)
     return EXIT_OK
+
+
+def _exit_on_sigterm(command: str) -> None:
+    """Exit at once on SIGTERM, with the status its default action gives (143).
+
+    A container's first process has no default signal actions: without a handler it
+    would ignore SIGTERM and its pod would take the whole grace period to stop. Exiting
+    without cleanup is what the default action does outside a container, and what a job
+    recovers from anyway: its state is in its durable epochs, not in this process.
+    """
+    import signal
+
+    def stop(signum: int, _frame: object) -> None:
+        print(f"nopstream {command}: stopped by SIGTERM", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Install or build, once, the real servers the tests use: etcd and PostgreSQL 15
 # (Debian), MinIO (its Go module), a Kafka broker (its jars from Maven Central), the
-# Kubernetes control plane and kubectl (k8s.io/kubernetes at one release) and helm
-# (its Go module). Everything lands in a cache outside the
-# repository; a second run finds it there and only prints what it reused.
+# Kubernetes control plane, kubectl, kubelet and kube-proxy (k8s.io/kubernetes at one
+# release), helm (its Go module), and the node of the e2e cluster: containerd and
+# CoreDNS (their Go modules), runc, the CNI plugins, iptables, conntrack, buildah and
+# mmdebstrap (Debian), and the runtime image (built on a Debian base made here).
+# Everything lands in a cache outside the repository; a second run finds it there and
+# only prints what it reused.
 #
-# Usage: scripts/install-servers.sh [etcd] [postgres] [minio] [kafka] [kube] [helm]   (default: all)
+# Usage: scripts/install-servers.sh [etcd] [postgres] [minio] [kafka] [kube] [helm] [node] [image]
+#        (default: all)
 set -euo pipefail
 
 CACHE="${NOPSTREAM_CACHE:-$HOME/.cache/nopstream}"
@@ -13,6 +17,8 @@ BIN="$CACHE/bin"
 MINIO_VERSION="v0.0.0-20260212201848-7aac2a2c5b7c"   # minio master of 2026-02-12
 KUBE_VERSION="v1.35.4"
 HELM_VERSION="v3.22.0"
+CONTAINERD_VERSION="v2.4.2"
+COREDNS_VERSION="v1.14.7"
 KAFKA_VERSION="4.4.0"   # also in scripts/kafka/pom.xml and e2e/servers.py
 TOP="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$BIN"
@@ -79,38 +85,43 @@ build_helm() {
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 }
 
-build_kube() {
+kube_module() {  # the Go module that builds k8s.io/kubernetes commands; prints its directory
   # k8s.io/kubernetes requires its staging modules at v0.0.0 (they are replaced by
   # local paths in its own tree), so a module that builds it must replace each one
   # with the published version of the same release: v1.X.Y -> v0.X.Y.
   local mod="$CACHE/kube-build-$KUBE_VERSION" staging="v0${KUBE_VERSION#v1}"
   mkdir -p "$mod"
-  local gomod
-  gomod=$(cd "$mod" && GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" \
-          | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
-  {
-    echo "module nopstream.local/kubebuild"
-    echo
-    echo "go 1.25"
-    echo
-    echo "require k8s.io/kubernetes $KUBE_VERSION"
-    echo
-    grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" | awk '{print $1}' | sort -u \
-      | while read -r m; do echo "replace $m => $m $staging"; done
-  } > "$mod/go.mod"
-  cat > "$mod/tools.go" <<'GO'
-//go:build tools
+  if [[ ! -f "$mod/.ready" ]]; then
+    local gomod
+    gomod=$(cd "$mod" && GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" \
+            | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+    {
+      echo "module nopstream.local/kubebuild"
+      echo
+      echo "go 1.25"
+      echo
+      echo "require k8s.io/kubernetes $KUBE_VERSION"
+      echo
+      grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" | awk '{print $1}' | sort -u \
+        | while read -r m; do echo "replace $m => $m $staging"; done
+    } > "$mod/go.mod"
+    {
+      printf '//go:build tools\n\npackage kubebuild\n\nimport (\n'
+      local cmd
+      for cmd in "${KUBE_COMMANDS[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$cmd"; done
+      printf ')\n'
+    } > "$mod/tools.go"
+    (cd "$mod" && GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>&1 || true)
+    touch "$mod/.ready"
+  fi
+  echo "$mod"
+}
 
-package kubebuild
+KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
-GO
-  (cd "$mod" && GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>&1 || true)
+build_kube() {  # build_kube CMD...: k8s.io/kubernetes/cmd/CMD into the cache's bin
+  local mod
+  mod=$(kube_module)
   # Stamp the release into the binaries, as the Kubernetes release build does, so
   # /version and `kubectl version` report it (helm reads it).
   local minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
@@ -120,14 +131,44 @@ GO
     ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   done
   local cmd
-  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for cmd in "$@"; do
     (cd "$mod" && GOFLAGS=-mod=mod go build -ldflags "$ldflags" -o "$BIN/$cmd" "k8s.io/kubernetes/cmd/$cmd")
     log "  built $cmd"
   done
 }
 
+install_node_packages() {
+  local missing=() p
+  for p in runc containernetworking-plugins iptables conntrack buildah mmdebstrap; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+  done
+  if [[ ${#missing[@]} -eq 0 ]]; then
+    log "node packages: present (runc $(dpkg-query -W -f='${Version}' runc))"
+    return 0
+  fi
+  local start=$SECONDS
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  log "node packages: installed ${missing[*]} from Debian in $((SECONDS - start))s"
+}
+
+build_containerd() {
+  # The shim is exec'd by containerd for every pod; static, as containerd's releases ship it.
+  local module="github.com/containerd/containerd/v2"
+  local ldflags="-X $module/version.Version=$CONTAINERD_VERSION"
+  GOBIN="$BIN" go install -tags "no_btrfs no_devmapper" -ldflags "$ldflags" \
+    "$module/cmd/containerd@$CONTAINERD_VERSION" "$module/cmd/ctr@$CONTAINERD_VERSION"
+  CGO_ENABLED=0 GOBIN="$BIN" go install -ldflags "$ldflags" \
+    "$module/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION"
+}
+
+build_coredns() {
+  GOBIN="$BIN" go install "github.com/coredns/coredns@$COREDNS_VERSION"
+}
+
 what=("$@")
-[[ ${#what[@]} -gt 0 ]] || what=(etcd postgres minio kafka kube helm)
+[[ ${#what[@]} -gt 0 ]] || what=(etcd postgres minio kafka kube helm node image)
 for w in "${what[@]}"; do
   case "$w" in
     etcd) install_etcd ;;
@@ -136,7 +177,13 @@ for w in "${what[@]}"; do
            timed "kafka $KAFKA_VERSION" "$CACHE/kafka-$KAFKA_VERSION/.fetched" fetch_kafka ;;
     minio) timed "minio $MINIO_VERSION" "$BIN/.minio-$MINIO_VERSION" build_minio ;;
     helm) timed "helm $HELM_VERSION" "$BIN/.helm-$HELM_VERSION-stamped" build_helm ;;
-    kube) timed "kubernetes $KUBE_VERSION" "$BIN/.kube-$KUBE_VERSION-stamped" build_kube ;;
-    *) log "unknown server '$w' (known: etcd postgres minio kafka kube helm)"; exit 2 ;;
+    kube) timed "kubernetes $KUBE_VERSION" "$BIN/.kube-$KUBE_VERSION-stamped" \
+            build_kube kube-apiserver kube-controller-manager kube-scheduler kubectl ;;
+    node) install_node_packages
+          timed "kubelet and kube-proxy $KUBE_VERSION" "$BIN/.kubenode-$KUBE_VERSION" build_kube kubelet kube-proxy
+          timed "containerd $CONTAINERD_VERSION" "$BIN/.containerd-$CONTAINERD_VERSION" build_containerd
+          timed "coredns $COREDNS_VERSION" "$BIN/.coredns-$COREDNS_VERSION" build_coredns ;;
+    image) "$TOP/scripts/build-image.sh" ;;
+    *) log "unknown server '$w' (known: etcd postgres minio kafka kube helm node image)"; exit 2 ;;
   esac
 done

@@ -108,6 +108,15 @@ def database(postgres_server, request, monkeypatch):
 
 
 @pytest.fixture(scope="session")
+def kube_cluster(tmp_path_factory):
+    """The one-node Kubernetes cluster (`e2e/cluster.py`) shared by the session, in its own namespace."""
+    from e2e.cluster import Cluster
+
+    with Cluster.start(tmp_path_factory.mktemp("kube")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
 def kafka_server(tmp_path_factory):
     """A real single-node Kafka broker (KRaft) shared by the session; each test makes its topics."""
     from e2e import servers

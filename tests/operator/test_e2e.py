@@ -1,16 +1,20 @@
-"""End to end on a Kubernetes API server: helm install, StreamJobs, kills, rescale, refusals, quiet passes.
+"""End to end on a Kubernetes cluster: helm install, StreamJobs, kills, rescale, refusals, quiet passes.
 
-By default the suite brings its own world: the control plane and the process node
-agent of `e2e/` (pods run as local processes of this checkout; the image is not
-used), and real etcd and MinIO servers. Given NOPSTREAM_E2E_KUBECONFIG it runs,
-unchanged, against that cluster instead; then it also needs
+By default the suite brings its own world: the session's one-node cluster of `e2e/`
+(containerd and a kubelet in a network namespace of the suite's own), pods that are
+containers of the runtime image built by scripts/build-image.sh, and the chart
+installed as users install it, with its bundled etcd and MinIO as pods reached by
+Service name; this process reaches them through loopback forwards into the
+namespace. Given NOPSTREAM_E2E_KUBECONFIG it runs, unchanged, against that cluster
+instead; then it also needs
   NOPSTREAM_E2E_ETCD              etcd host:port, reachable from here and from the pods
   NOPSTREAM_E2E_S3                S3 URL, reachable from here and from the pods
   NOPSTREAM_E2E_S3_ACCESS_KEY, NOPSTREAM_E2E_S3_SECRET_KEY
-  NOPSTREAM_E2E_VALUES            (optional) a Helm values file, e.g. the image with
-                                  tests/operator/e2efns.py (docs/operator.md)
-and kills pods by deleting them (there is no agent to kill their processes) and
-checks quiet passes by resource versions (there is no audit log to read).
+  NOPSTREAM_E2E_IMAGE             (optional) the jobs' image, holding tests/operator/e2efns.py
+                                  (default nopstream/runtime-e2e:0.1.0, docs/operator.md)
+  NOPSTREAM_E2E_VALUES            (optional) a Helm values file, e.g. the operator's image
+and kills pods by deleting them (there is no node of ours to kill their processes on)
+and checks quiet passes by resource versions (there is no audit log to read).
 The job: a word count at parallelism 3 from S3 to S3, strict exactly-once; its output
 is compared, as an exact multiset, with the output of the same model run on the
 embedded default (`nopstream run`) without faults.
@@ -23,11 +27,12 @@ import io
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,12 +41,15 @@ import pytest
 import yaml
 
 from e2e import servers
-from e2e.agent import KILL_ANNOTATION
 from e2e.cluster import Cluster
+from e2e.node import E2E_IMAGE
 from tests.conftest import ROOT, s3_records
 
 FNS_DIR = Path(__file__).resolve().parent  # e2efns.py: the jobs' user functions
 OPERATOR_USER = "system:serviceaccount:default:nopstream-operator"
+BUNDLED_S3 = "http://nopstream-minio:9000"  # the chart's MinIO, by Service name, as pods reach it
+# the jobs' image: the runtime with tests/operator/e2efns.py (runtime-image/Dockerfile.e2e)
+JOB_IMAGE = os.environ.get("NOPSTREAM_E2E_IMAGE", E2E_IMAGE.removeprefix("docker.io/"))
 
 
 @dataclass
@@ -49,14 +57,14 @@ class World:
     """Where the suite runs and the helpers its tests share."""
 
     kubeconfig: Path
-    etcd: str
-    s3_url: str
+    etcd: str  # host:port, from this process
+    s3_url: str  # from this process
+    pod_s3_url: str  # from the pods
     access_key: str
     secret_key: str
     workdir: Path
     values: list[Path] = field(default_factory=list)
-    agent_dir: Path | None = None  # our own agent: its pod logs, and kills by annotation
-    audit: Callable[[], list[dict[str, Any]]] | None = None  # our own API server's audit log
+    cluster: Cluster | None = None  # our own: kills of a container's process, the audit log
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
         return subprocess.run(
@@ -74,26 +82,34 @@ class World:
             if value:
                 return value
             time.sleep(0.25)
-        raise AssertionError(f"timed out waiting for {what}; operator log:\n{self.operator_log()}")
+        events = self.kubectl("get", "events", "--sort-by=.lastTimestamp", check=False).splitlines()[-25:]
+        raise AssertionError(
+            f"timed out waiting for {what}; events:\n"
+            + "\n".join(events)
+            + f"\noperator log:\n{self.operator_log()}"
+        )
 
     def operator_log(self) -> str:
-        if self.agent_dir is None:
-            return self.kubectl(
-                "logs", "-l", "app.kubernetes.io/component=operator", "--tail=60", check=False
-            )
-        logs = sorted(self.agent_dir.glob("pods/*operator*/operator.log"))
-        return "\n".join(p.read_text(errors="replace")[-3000:] for p in logs)
+        return self.kubectl("logs", "-l", "app.kubernetes.io/component=operator", "--tail=60", check=False)
 
     def pods(self, job: str) -> list[dict]:
         out = self.kubectl("get", "pods", "-l", f"nopstream.io/job={job}", "-o", "json")
         return json.loads(out)["items"]
 
     def kill(self, pod: str, nonce: int) -> None:
-        """SIGKILL a pod's processes (our agent), or delete the pod at once (any cluster)."""
-        if self.agent_dir is not None:
-            self.kubectl("annotate", "pod", pod, "--overwrite", f"{KILL_ANNOTATION}=KILL:{nonce}")
+        """Kill a pod: on our node, odd nonces SIGKILL its container's process from outside (as
+        the OOM killer would) and even ones force-delete it; on any cluster, force-delete it."""
+        if self.cluster is not None and self.cluster.node is not None and nonce % 2:
+            status = json.loads(self.kubectl("get", "pod", pod, "-o", "json"))["status"]
+            os.kill(
+                self.cluster.node.container_pid(status["containerStatuses"][0]["containerID"]), signal.SIGKILL
+            )
         else:
             self.kubectl("delete", "pod", pod, "--grace-period=0", "--force", "--wait=false")
+
+    def audit(self) -> list[dict[str, Any]] | None:
+        """Our own API server's audited writes, or None on a cluster of somebody else's."""
+        return self.cluster.audit_writes() if self.cluster is not None else None
 
 
 @pytest.fixture(scope="module")
@@ -101,10 +117,12 @@ def world(tmp_path_factory, request) -> Iterator[World]:
     workdir = tmp_path_factory.mktemp("e2e")
     given = os.environ.get("NOPSTREAM_E2E_KUBECONFIG")
     if given:
+        s3 = os.environ["NOPSTREAM_E2E_S3"]
         w = World(
             Path(given),
             os.environ["NOPSTREAM_E2E_ETCD"],
-            os.environ["NOPSTREAM_E2E_S3"],
+            s3,
+            s3,
             os.environ["NOPSTREAM_E2E_S3_ACCESS_KEY"],
             os.environ["NOPSTREAM_E2E_S3_SECRET_KEY"],
             workdir,
@@ -113,33 +131,26 @@ def world(tmp_path_factory, request) -> Iterator[World]:
         install_chart(w)
         yield w
         return
-    minio = request.getfixturevalue("minio_server")
-    etcd = servers.start_etcd(workdir / "etcd")
-    try:
-        with Cluster.start(workdir / "kube") as cluster:
-            cluster.start_agent("agent-0", cwd=workdir)
-            path = os.pathsep.join([str(ROOT), str(ROOT / "operator"), str(FNS_DIR)])
-            command = ["python", "-m", "nopstream"]
-            local = {
-                "operator": {"command": [*command, "operator"], "extraEnv": {"PYTHONPATH": path}},
-                "pods": {"command": command, "extraEnv": {"PYTHONPATH": path}},
-            }
-            (workdir / "local-values.yaml").write_text(yaml.safe_dump(local))
-            w = World(
-                cluster.kubeconfig,
-                "{}:{}".format(*etcd.endpoint),
-                minio.url,
-                minio.access_key,
-                minio.secret_key,
-                workdir,
-                [workdir / "local-values.yaml"],
-                agent_dir=cluster.workdir / "agent" / "agent-0",
-                audit=cluster.audit_writes,
-            )
-            install_chart(w)
-            yield w
-    finally:
-        etcd.stop()
+    cluster: Cluster = request.getfixturevalue("kube_cluster")
+    repository, _, tag = E2E_IMAGE.removeprefix("docker.io/").rpartition(":")
+    ours = {
+        "image": {"repository": repository, "tag": tag},
+        "etcd": {"bundled": True, "image": "nopstream-e2e/etcd:0.1.0"},
+        "minio": {"bundled": True, "image": "nopstream-e2e/minio:0.1.0"},
+    }
+    (workdir / "node-values.yaml").write_text(yaml.safe_dump(ours))
+    w = World(
+        cluster.kubeconfig, "", "", BUNDLED_S3, "e2e-access", "e2e-secret-key", workdir,
+        [workdir / "node-values.yaml"], cluster=cluster,
+    )  # fmt: skip
+    install_chart(w)
+    w.etcd = f"127.0.0.1:{cluster.service_port('nopstream-etcd', 2379)}"
+    w.s3_url = f"http://127.0.0.1:{cluster.service_port('nopstream-minio', 9000)}"
+    yield w
+    subprocess.run(
+        [servers.binary("helm"), "uninstall", "nopstream", "-n", "default", "--wait"],
+        capture_output=True, env=helm_env(w), timeout=120, check=False,
+    )  # fmt: skip
 
 
 @pytest.fixture
@@ -161,33 +172,37 @@ def bucket(s3_client, request):
     return name
 
 
-def install_chart(w: World) -> None:
-    """`helm install` the chart: two operator replicas, the world's etcd and S3 credentials."""
-    values = {
-        "operator": {"replicas": 2},  # kopf peering: one replica acts, the other waits
-        "pods": {"leaseTtlSeconds": 4},
-        "etcd": {"endpoint": w.etcd},
-        "storageSecret": {"create": True, "accessKey": w.access_key, "secretKey": w.secret_key},
-    }
-    (w.workdir / "values.yaml").write_text(yaml.safe_dump(values))
-    env = {
+def helm_env(w: World) -> dict[str, str]:
+    return {
         **os.environ,
         "KUBECONFIG": str(w.kubeconfig),
         "HELM_CACHE_HOME": str(w.workdir / "helm" / "cache"),
         "HELM_CONFIG_HOME": str(w.workdir / "helm" / "config"),
         "HELM_DATA_HOME": str(w.workdir / "helm" / "data"),
     }
+
+
+def install_chart(w: World) -> None:
+    """`helm install` the chart: two operator replicas, the world's etcd and S3 credentials."""
+    values: dict[str, Any] = {
+        "operator": {"replicas": 2},  # kopf peering: one replica acts, the other waits
+        "pods": {"leaseTtlSeconds": 4},
+        "storageSecret": {"create": True, "accessKey": w.access_key, "secretKey": w.secret_key},
+    }
+    if w.etcd:
+        values["etcd"] = {"endpoint": w.etcd}
+    (w.workdir / "values.yaml").write_text(yaml.safe_dump(values))
     files = [arg for v in [w.workdir / "values.yaml", *w.values] for arg in ("-f", str(v))]
     chart = str(ROOT / "charts" / "nopstream")
     install = [servers.binary("helm"), "install", "nopstream", chart, "-n", "default", *files]
-    subprocess.run(
+    done = subprocess.run(
         [*install, "--wait", "--timeout", "180s"],
-        check=True,
         capture_output=True,
         text=True,
-        env=env,
+        env=helm_env(w),
         timeout=240,
     )
+    assert done.returncode == 0, done.stderr
     w.wait(
         "both operator pods running",
         lambda: w.kubectl(
@@ -205,6 +220,7 @@ def wordcount(
         "kind": "StreamJob",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
+            "image": JOB_IMAGE,
             "semanticMode": "STRICT_EXACTLY_ONCE",
             "parallelism": parallelism,
             "checkpoint": {
@@ -320,10 +336,11 @@ def settled_state(w: World, job: str) -> dict[str, str]:
 
 def operator_writes(w: World) -> list[dict]:
     """The operator's writes in our API server's audit log, but for kopf's peering keep-alives."""
-    assert w.audit is not None
+    audited = w.audit()
+    assert audited is not None
     return [
         e
-        for e in w.audit()
+        for e in audited
         if e.get("user", {}).get("username") == OPERATOR_USER
         and e.get("objectRef", {}).get("resource") != "clusterkopfpeerings"
     ]
@@ -337,17 +354,19 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, s3
     expected = clean_output(w, s3_client, bucket, wordcount("wc-clean", bucket, w.s3_url, "clean"))
     assert sum(expected.values()) == 16 * 2500 * 8
 
-    job = wordcount("wordcount", bucket, w.s3_url, "faulty")
+    job = wordcount("wordcount", bucket, w.pod_s3_url, "faulty")
     w.kubectl("apply", "-f", "-", input=json.dumps(job))
     w.wait("Running", lambda: w.job("wordcount").get("status", {}).get("phase") == "Running")
     table = w.kubectl("get", "streamjobs")
     assert table.split("\n")[0].split() == ["NAME", "PHASE", "RUN", "MODE", "DURABLE", "AGE"]
-    assert table.split("\n")[1].split()[:4] == ["wordcount", "Running", "1", "STRICT_EXACTLY_ONCE"]
+    assert table.split("\n")[1].split()[:4] == ["wordcount", "Running", "1", "STRICT_EXACTLY_ONCE"], (
+        w.kubectl("get", "events", "--sort-by=.lastTimestamp")
+    )
     tasks = [p for p in w.pods("wordcount") if p["metadata"]["labels"]["nopstream.io/role"] == "task"]
     assert len(tasks) == w.job("wordcount")["status"]["tasksTotal"] == 6  # lines+split, count+out: 3 each
 
     # a keyed operator's key selector changes: refused, and the job keeps running as it was
-    changed = wordcount("wordcount", bucket, w.s3_url, "faulty", key_fn="e2efns:first_letter")
+    changed = wordcount("wordcount", bucket, w.pod_s3_url, "faulty", key_fn="e2efns:first_letter")
     w.kubectl("apply", "-f", "-", input=json.dumps(changed))
     condition = w.wait(
         "the change refused",
@@ -369,7 +388,7 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, s3
     # task pods killed; then the leading coordinator
     kills = kill_tasks(w, rng, 2, first_nonce=1)
     fingerprint = w.job("wordcount")["status"]["planFingerprint"]
-    rescaled = wordcount("wordcount", bucket, w.s3_url, "faulty", parallelism=4)
+    rescaled = wordcount("wordcount", bucket, w.pod_s3_url, "faulty", parallelism=4)
     w.kubectl("apply", "-f", "-", input=json.dumps(rescaled))
     w.wait(
         "the rescaled plan running",
@@ -400,10 +419,10 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, s3
 
     # passes over the finished, unchanged job write nothing
     state = settled_state(w, "wordcount")
-    before = len(operator_writes(w)) if w.audit else 0
+    before = len(operator_writes(w)) if w.cluster else 0
     time.sleep(6)
     assert settled_state(w, "wordcount") == state
-    if w.audit:
+    if w.cluster:
         assert len(operator_writes(w)) == before, operator_writes(w)[before:]
 
 
@@ -440,7 +459,7 @@ def test_a_savepoint_on_request_then_suspend_and_resume(world, s3_client, bucket
     expected = clean_output(
         w, s3_client, bucket, wordcount("pause-clean", bucket, w.s3_url, "clean", parallelism=2)
     )
-    job = wordcount("pausable", bucket, w.s3_url, "paused", parallelism=2)
+    job = wordcount("pausable", bucket, w.pod_s3_url, "paused", parallelism=2)
     w.kubectl("apply", "-f", "-", input=json.dumps(job))
     w.wait("Running", lambda: w.job("pausable").get("status", {}).get("phase") == "Running")
 
@@ -484,7 +503,7 @@ def test_a_savepoint_on_request_then_suspend_and_resume(world, s3_client, bucket
 def test_a_job_that_keeps_failing_is_failed_after_its_recoveries(world, s3_client, bucket):
     w = world
     upload_lines(s3_client, bucket, random.Random(3), files=2, lines=10, words=3)
-    job = wordcount("doomed", bucket, w.s3_url, "doomed", parallelism=1)
+    job = wordcount("doomed", bucket, w.pod_s3_url, "doomed", parallelism=1)
     job["spec"]["maxRecoveries"] = 2
     job["spec"]["model"]["operators"][0]["fn"] = "e2efns:explode"
     w.kubectl("apply", "-f", "-", input=json.dumps(job))
@@ -503,7 +522,7 @@ def test_a_finished_job_applied_again_recreated_and_restarted_emits_each_lineage
 ):
     w = world
     upload_lines(s3_client, bucket, random.Random(8), files=4, lines=300, words=5)
-    job = wordcount("again", bucket, w.s3_url, "again", parallelism=2)
+    job = wordcount("again", bucket, w.pod_s3_url, "again", parallelism=2)
 
     def objects(lineage: int) -> dict[str, bytes]:
         out = {}
@@ -562,8 +581,8 @@ def test_jobs_whose_joined_names_match_run_side_by_side_and_a_foreign_pod_is_nev
         return w.job(name).get("status", {}).get("phase") == "Succeeded"
 
     # job 'nc-x' with source 'lines' and job 'nc' with source 'x-lines' would both join to nc-x-lines-0
-    first = wordcount("nc-x", bucket, w.s3_url, "nc1", parallelism=1)
-    second = wordcount("nc", bucket, w.s3_url, "nc2", parallelism=1)
+    first = wordcount("nc-x", bucket, w.pod_s3_url, "nc1", parallelism=1)
+    second = wordcount("nc", bucket, w.pod_s3_url, "nc2", parallelism=1)
     second["spec"]["model"]["sources"][0]["id"] = "x-lines"
     for job in (first, second):
         w.kubectl("apply", "-f", "-", input=json.dumps(job))
@@ -580,7 +599,9 @@ def test_jobs_whose_joined_names_match_run_side_by_side_and_a_foreign_pod_is_nev
     }
     w.kubectl("apply", "-f", "-", input=json.dumps(foreign))
     before = json.loads(w.kubectl("get", "pod", "ncf-lines-0-r1", "-o", "json"))["metadata"]
-    w.kubectl("apply", "-f", "-", input=json.dumps(wordcount("ncf", bucket, w.s3_url, "nc3", parallelism=1)))
+    w.kubectl(
+        "apply", "-f", "-", input=json.dumps(wordcount("ncf", bucket, w.pod_s3_url, "nc3", parallelism=1))
+    )
     ready = w.wait(
         "the name conflict",
         lambda: next(
@@ -620,7 +641,7 @@ def test_a_kafka_job_on_the_cluster_counts_every_committed_line_once_through_pod
     out = kafka.create("counts", partitions=2)
     words = Counter(word for line in kafka.committed(source) for word in json.loads(line).split())
     assert "aborted" not in words and sum(words.values()) == 3 * 800 * 6
-    job = wordcount("kafka-wc", bucket, w.s3_url, "unused", parallelism=2)
+    job = wordcount("kafka-wc", bucket, w.pod_s3_url, "unused", parallelism=2)
     model = job["spec"]["model"]
     model["sources"] = [
         {
@@ -654,7 +675,7 @@ def test_a_job_whose_sink_cannot_start_fails_at_once_naming_why(world, bucket, k
     # A refused start is the same in every run: no recovery, the task and the cause in the status.
     w = world
     source = kafka.create("lines", partitions=1)
-    job = wordcount("no-topic", bucket, w.s3_url, "unused", parallelism=1)
+    job = wordcount("no-topic", bucket, w.pod_s3_url, "unused", parallelism=1)
     model = job["spec"]["model"]
     model["sources"] = [
         {"id": "lines", "type": "kafka", "config": {"bootstrapServers": kafka.bootstrap, "topic": source}}

@@ -11,12 +11,10 @@ import re
 import subprocess
 import tomllib
 
-import pytest
 import yaml
 from nopstream_operator.resources import PodSettings
 
 from e2e import servers
-from e2e.cluster import Cluster
 from nopstream.cli import _parser, dump_crd
 from tests.conftest import ROOT
 
@@ -45,7 +43,9 @@ def test_the_dockerfile_installs_the_runtime_lock_and_runs_commands_that_exist()
     assert project["scripts"]["nopstream"] == "nopstream.cli:main"
     assert 'ENTRYPOINT ["nopstream"]' in text
     assert re.search(r"^USER 10001$", text, flags=re.MULTILINE)  # not root
-    assert text.count("FROM python:3.11-slim") == 2 and project["requires-python"] == ">=3.11,<3.12"
+    # both stages on one base: the public slim image by default (the e2e node builds on its own)
+    assert "ARG BASE=python:3.11-slim-bookworm" in text and text.count("FROM ${BASE}") == 2
+    assert project["requires-python"] == ">=3.11,<3.12"
     commands = set(_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["operator"]["command"] == ["nopstream", "operator"]
@@ -133,13 +133,8 @@ def test_helm_lint_and_template(tmp_path):
     assert "at '/etcd/endpoint': 'nohost' does not match pattern" in bad.stderr
 
 
-@pytest.fixture(scope="module")
-def apiserver(tmp_path_factory):
-    with Cluster.start(tmp_path_factory.mktemp("kube")) as cluster:
-        yield cluster
-
-
-def test_the_rendered_chart_is_accepted_by_the_api_server(apiserver, tmp_path):
+def test_the_rendered_chart_is_accepted_by_the_api_server(kube_cluster, tmp_path):
+    apiserver = kube_cluster
     rendered = template(tmp_path, "--include-crds", *QUICK_START)
     assert rendered.returncode == 0, rendered.stderr
     crds = "\n---\n".join(

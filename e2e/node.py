@@ -1,0 +1,355 @@
+"""The node of the one-node test cluster: containerd, the kubelet, kube-proxy and CoreDNS.
+
+All run inside the suite's own namespace (`e2e/netns.py`): the node's address is on a
+veth interface there, pods get addresses on a bridge there (the CNI bridge plugin),
+Service IPs are iptables rules there (kube-proxy), and names resolve through CoreDNS
+listening on the node's address (the kubelet's clusterDNS). Pods are containers of
+images built by `scripts/build-image.sh` and imported into containerd at start: no
+registry is reached. The kubelet puts every pod's cgroups under a cgroup root of this
+node's own, removed (with every process in it killed) at stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from e2e import servers
+from e2e.netns import Namespace
+
+NODE_NAME = "node-0"
+NODE_IP = "10.250.0.2"
+POD_CIDR = "10.88.0.0/16"
+CLUSTER_DOMAIN = "cluster.local"
+PAUSE_IMAGE = "docker.io/nopstream-e2e/pause:0.1.0"
+# the runtime image with the e2e jobs' functions: what the suite's pods run
+E2E_IMAGE = "docker.io/nopstream/runtime-e2e:0.1.0"
+# the archives of scripts/build-image.sh the node imports (runtime-e2e holds runtime's layers)
+IMAGES = ("pause", "etcd", "minio", "runtime-e2e")
+CNI_PLUGINS = "/usr/lib/cni"  # Debian's containernetworking-plugins
+RUNC = "/usr/sbin/runc"  # Debian's runc
+CGROUP_FS = Path("/sys/fs/cgroup")
+
+
+def images_dir() -> Path:
+    """Where scripts/build-image.sh leaves the image archives."""
+    cache = Path(os.environ.get("NOPSTREAM_CACHE", Path.home() / ".cache" / "nopstream"))
+    return cache / "images"
+
+
+@dataclass(frozen=True)
+class NodeCredentials:
+    """What the node's components authenticate with: kubeconfigs and the cluster CA."""
+
+    ca: Path
+    kubelet: Path
+    kube_proxy: Path
+    coredns: Path
+
+
+def _cgroup_controllers() -> list[Path]:
+    """The mounted cgroup hierarchies (v1 controllers, the named systemd one, and v2)."""
+    return sorted(p for p in CGROUP_FS.iterdir() if p.is_dir() and not p.is_symlink())
+
+
+def set_up_network(ns: Namespace) -> None:
+    """Give the namespace the node's address and let it route pods' traffic.
+
+    The address sits on one end of a veth pair whose both ends stay inside (this kernel
+    has no dummy interfaces): the node's "uplink", which leads nowhere.
+    """
+    ns.run("ip", "link", "add", "node0", "type", "veth", "peer", "name", "node0-end")
+    ns.run("ip", "addr", "add", f"{NODE_IP}/24", "dev", "node0")
+    for link in ("node0", "node0-end"):
+        ns.run("ip", "link", "set", link, "up")
+    # A default route so that Service IPs (DNAT in OUTPUT) and the kubelet's node-IP
+    # checks find one; nothing leaves the namespace through it.
+    ns.run("ip", "route", "add", "default", "dev", "node0")
+    for key in ("net.ipv4.ip_forward=1", "net.bridge.bridge-nf-call-iptables=1"):
+        ns.run("sysctl", "-q", "-w", key)
+
+
+@dataclass
+class Node:
+    """A running node; `stop` removes its containers, processes and cgroups."""
+
+    ns: Namespace
+    workdir: Path
+    cgroup_root: str
+    processes: list[servers.Process] = field(default_factory=list)
+
+    # containerd's API socket and state: in the namespace's own /run (a socket path under a
+    # test's temporary directory is too long for a unix socket)
+    containerd_socket = Path("/run/containerd/containerd.sock")
+
+    @classmethod
+    def start(cls, ns: Namespace, workdir: Path, creds: NodeCredentials, *, timeout: float = 120.0) -> Node:
+        """Make the node's cgroup root, start its components, import the images (after `set_up_network`)."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        node = cls(ns, workdir, f"/nopstream-e2e-{os.getpid()}-{secrets.token_hex(3)}")
+        try:
+            node._make_cgroup_root()
+            node._containerd(timeout)
+            node._import_images()
+            node._kubelet(creds)
+            node._kube_proxy(creds)
+            node._coredns(creds)
+        except BaseException:
+            node.stop()
+            raise
+        return node
+
+    def _make_cgroup_root(self) -> None:
+        for controller in _cgroup_controllers():
+            path = controller / self.cgroup_root.lstrip("/")
+            path.mkdir(exist_ok=True)
+            if controller.name == "cpuset":  # a v1 cpuset starts empty: give it its parent's
+                for f in ("cpuset.cpus", "cpuset.mems"):
+                    (path / f).write_text((controller / f).read_text())
+
+    def _containerd(self, timeout: float) -> None:
+        d = self.workdir / "containerd"
+        cni = self.workdir / "cni"
+        (cni / "net.d").mkdir(parents=True, exist_ok=True)
+        (cni / "net.d" / "10-bridge.conflist").write_text(
+            json.dumps(
+                {
+                    "cniVersion": "1.0.0",
+                    "name": "e2e",
+                    "plugins": [
+                        {
+                            "type": "bridge",
+                            "bridge": "cni0",
+                            "isGateway": True,
+                            "ipMasq": True,
+                            "hairpinMode": True,
+                            "ipam": {
+                                "type": "host-local",
+                                "ranges": [[{"subnet": POD_CIDR}]],
+                                "routes": [{"dst": "0.0.0.0/0"}],
+                                "dataDir": str(cni / "ipam"),
+                            },
+                        },
+                        {"type": "portmap", "capabilities": {"portMappings": True}},
+                    ],
+                }
+            )
+        )
+        config = f"""version = 3
+root = "{d / "root"}"
+state = "/run/containerd"
+[grpc]
+  address = "{self.containerd_socket}"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+[plugins."io.containerd.cri.v1.runtime"]
+  # root here lacks CAP_SYS_RESOURCE: lowering a container's oom_score_adj fails
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+      BinaryName = "{RUNC}"
+      SystemdCgroup = false
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{CNI_PLUGINS}"]
+    conf_dir = "{cni / "net.d"}"
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "{NODE_IP}"
+"""
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.toml").write_text(config)
+        binaries = Path(servers.binary("containerd")).parent
+        proc = self.ns.spawn(
+            "containerd",
+            [servers.binary("containerd"), "--config", str(d / "config.toml")],
+            log=self.workdir / "containerd.log",
+            env={"PATH": f"{binaries}:{os.environ.get('PATH', '')}"},  # it finds its shim on PATH
+        )
+        self.processes.append(proc)
+        servers.wait_until(
+            "containerd",
+            lambda: self.ctr("version", check=False).returncode == 0,
+            process=proc,
+            timeout=timeout,
+        )
+
+    def ctr(self, *args: str, check: bool = True, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+        """Run `ctr` against this node's containerd, in the k8s.io namespace."""
+        return self.ns.run(
+            servers.binary("ctr"), f"--address={self.containerd_socket}", "-n", "k8s.io", *args,
+            check=check, timeout=timeout,
+        )  # fmt: skip
+
+    def _import_images(self) -> None:
+        for name in IMAGES:
+            archive = images_dir() / f"{name}.tar"
+            if not archive.exists():
+                raise servers.ServerError(f"no image {archive}: run scripts/install-servers.sh image")
+            self.ctr("images", "import", str(archive))
+
+    def _kubelet(self, creds: NodeCredentials) -> None:
+        # Its root dir (volumes, pod resources socket) and the pods' logs stay at their
+        # defaults, /var/lib/kubelet and /var/log/pods: inside, both are the namespace's tmpfs.
+        d = self.workdir / "kubelet"
+        d.mkdir(parents=True, exist_ok=True)
+        # the pods' resolv.conf: only the cluster's names resolve (nothing upstream is reachable)
+        (d / "resolv.conf").write_text(f"nameserver {NODE_IP}\n")
+        config = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "address": NODE_IP,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": False},
+                "x509": {"clientCAFile": str(creds.ca)},
+            },
+            "authorization": {"mode": "AlwaysAllow"},
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": self.cgroup_root,
+            "failCgroupV1": False,  # this machine mounts cgroup v1 (hybrid)
+            "failSwapOn": False,
+            "clusterDNS": [NODE_IP],
+            "clusterDomain": CLUSTER_DOMAIN,
+            "resolvConf": str(d / "resolv.conf"),
+            # a test machine's disk and memory are the machine's business, not the node's
+            "evictionHard": {"memory.available": "0%", "nodefs.available": "0%", "imagefs.available": "0%"},
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "serializeImagePulls": False,
+            "registerNode": True,
+            "maxPods": 110,
+            "shutdownGracePeriod": "0s",
+        }
+        (d / "config.yaml").write_text(yaml.safe_dump(config))
+        self.processes.append(
+            self.ns.spawn(
+                "kubelet",
+                [
+                    servers.binary("kubelet"),
+                    f"--config={d / 'config.yaml'}",
+                    f"--kubeconfig={creds.kubelet}",
+                    f"--node-ip={NODE_IP}",
+                    f"--hostname-override={NODE_NAME}",
+                    "--v=1",
+                ],
+                log=self.workdir / "kubelet.log",
+            )
+        )
+
+    def _kube_proxy(self, creds: NodeCredentials) -> None:
+        config = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "mode": "iptables",
+            "clientConnection": {"kubeconfig": str(creds.kube_proxy)},
+            "hostnameOverride": NODE_NAME,
+            "bindAddress": NODE_IP,
+            "clusterCIDR": POD_CIDR,
+            "healthzBindAddress": "127.0.0.1:10256",
+            "metricsBindAddress": "127.0.0.1:10249",
+            # conntrack limits are kernel-wide: leave them as they are
+            "conntrack": {
+                "maxPerCore": 0,
+                "min": 0,
+                "tcpEstablishedTimeout": "0s",
+                "tcpCloseWaitTimeout": "0s",
+            },
+        }
+        path = self.workdir / "kube-proxy.yaml"
+        path.write_text(yaml.safe_dump(config))
+        self.processes.append(
+            self.ns.spawn(
+                "kube-proxy",
+                [servers.binary("kube-proxy"), f"--config={path}", "--v=1"],
+                log=self.workdir / "kube-proxy.log",
+            )
+        )
+
+    def _coredns(self, creds: NodeCredentials) -> None:
+        corefile = self.workdir / "Corefile"
+        corefile.write_text(
+            f""".:53 {{
+    bind {NODE_IP}
+    errors
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {creds.coredns} test
+        pods insecure
+    }}
+    ready 127.0.0.1:8181
+}}
+"""
+        )
+        self.processes.append(
+            self.ns.spawn(
+                "coredns",
+                [servers.binary("coredns"), "-conf", str(corefile)],
+                log=self.workdir / "coredns.log",
+            )
+        )
+
+    def container_pid(self, container_id: str) -> int:
+        """The host PID of a container's first process, from its status `containerd://ID`."""
+        cid = container_id.removeprefix("containerd://")
+        for line in self.ctr("tasks", "ls").stdout.splitlines()[1:]:
+            task, pid, _status = line.split()
+            if task == cid:
+                return int(pid)
+        raise LookupError(f"no running task {cid}")
+
+    def _cgroup_tree(self) -> list[Path]:
+        """Every cgroup under the node's root, in every hierarchy, children before parents."""
+        found: list[Path] = []
+        for controller in _cgroup_controllers():
+            # cgroups come and go while this walks: a vanished one is simply not listed
+            for top, _dirs, _files in os.walk(controller / self.cgroup_root.lstrip("/"), topdown=False):
+                found.append(Path(top))
+        return found
+
+    def _cgroup_pids(self) -> set[int]:
+        pids: set[int] = set()
+        for cgroup in self._cgroup_tree():
+            with contextlib.suppress(OSError):
+                pids.update(int(p) for p in (cgroup / "cgroup.procs").read_text().split())
+        return pids
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the kubelet, kill every container process, stop the rest, remove the cgroups."""
+        for proc in self.processes:
+            if proc.name == "kubelet":
+                proc.stop(grace=5)  # first: it would restart what is killed next
+        deadline = time.monotonic() + timeout
+        while (left := self._cgroup_pids()) and time.monotonic() < deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        for proc in reversed(self.processes):
+            proc.stop(grace=5)
+        self._remove_cgroups(deadline)
+
+    def _remove_cgroups(self, deadline: float) -> None:
+        for path in self._cgroup_tree():
+            while True:  # a cgroup whose last process just died may be busy briefly
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
