@@ -388,18 +388,23 @@ KAFKA_VERSION = "4.4.0"
 
 @dataclass
 class Kafka:
-    """A single-node Kafka broker (KRaft: broker and controller in one JVM) on loopback."""
+    """A single-node Kafka broker (KRaft: broker and controller in one JVM)."""
 
     process: Process
-    port: int
-    controller_port: int
+    listeners: KafkaListeners
     config: Path = field(repr=False)
     workdir: Path = field(repr=False)
+    wrap: Callable[[list[str]], list[str]] = field(default=lambda argv: argv, repr=False)
 
     @property
     def bootstrap(self) -> str:
-        """The `bootstrap.servers` of the broker."""
-        return f"127.0.0.1:{self.port}"
+        """The `bootstrap.servers` of the broker, for clients on this machine."""
+        return "{}:{}".format(*self.listeners.advertised)
+
+    @property
+    def port(self) -> int:
+        """The port clients of this machine connect to."""
+        return self.listeners.advertised[1]
 
     def stop(self, grace: float = 20.0) -> None:
         """Stop the broker by PID (SIGTERM: a controlled shutdown)."""
@@ -408,8 +413,48 @@ class Kafka:
     def restart(self) -> None:
         """Stop the broker and start it again on the same ports and logs."""
         self.stop()
-        self.process = _kafka_process(self.workdir, self.config)
+        self.process = _kafka_process(self.workdir, self.config, self.wrap)
         _wait_kafka(self)
+
+
+@dataclass(frozen=True)
+class KafkaListeners:
+    """Where a broker listens and what it advertises (host, port).
+
+    `client` is bound for this machine's clients, who are told `advertised`; `pods`, when
+    given, is a second listener that advertises itself (for clients elsewhere, such as
+    pods in the test cluster's namespace).
+    """
+
+    client: tuple[str, int]
+    advertised: tuple[str, int]
+    controller: tuple[str, int]
+    pods: tuple[str, int] | None = None
+
+    @classmethod
+    def loopback(cls) -> KafkaListeners:
+        """Free loopback ports of this machine."""
+        port = free_port()
+        return cls(("127.0.0.1", port), ("127.0.0.1", port), ("127.0.0.1", free_port()))
+
+    def properties(self) -> list[str]:
+        """The server.properties lines of these listeners."""
+        listeners = ["PLAINTEXT://{}:{}".format(*self.client), "CONTROLLER://{}:{}".format(*self.controller)]
+        advertised = ["PLAINTEXT://{}:{}".format(*self.advertised)]
+        protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
+        if self.pods is not None:
+            listeners.append("PODS://{}:{}".format(*self.pods))
+            advertised.append("PODS://{}:{}".format(*self.pods))
+            protocols.append("PODS:PLAINTEXT")
+        return [
+            f"controller.quorum.voters=1@{self.controller[0]}:{self.controller[1]}",
+            f"listeners={','.join(listeners)}",
+            f"advertised.listeners={','.join(advertised)}",
+            f"listener.security.protocol.map={','.join(protocols)}",
+            # the broker talks to itself on the pods' listener when there is one: its
+            # advertised client address may be a forward that only this machine reaches
+            f"inter.broker.listener.name={'PODS' if self.pods is not None else 'PLAINTEXT'}",
+        ]
 
 
 def _kafka_classpath() -> str:
@@ -438,8 +483,8 @@ def _java(workdir: Path) -> list[str]:
     ]
 
 
-def _kafka_process(workdir: Path, config: Path) -> Process:
-    return spawn("kafka", [*_java(workdir), "kafka.Kafka", str(config)], log=workdir / "kafka.log")
+def _kafka_process(workdir: Path, config: Path, wrap: Callable[[list[str]], list[str]]) -> Process:
+    return spawn("kafka", wrap([*_java(workdir), "kafka.Kafka", str(config)]), log=workdir / "kafka.log")
 
 
 def _wait_kafka(kafka: Kafka) -> None:
@@ -456,25 +501,30 @@ def _wait_kafka(kafka: Kafka) -> None:
     wait_until("kafka", ready, process=kafka.process, timeout=120)
 
 
-def start_kafka(workdir: Path) -> Kafka:
-    """Format a fresh KRaft log directory and start the broker (replication factors 1)."""
+def start_kafka(
+    workdir: Path,
+    *,
+    listeners: KafkaListeners | None = None,
+    wrap: Callable[[list[str]], list[str]] = lambda argv: argv,
+) -> Kafka:
+    """Format a fresh KRaft log directory and start the broker (replication factors 1).
+
+    By default it listens on free loopback ports; `wrap` runs its JVM some other way
+    (inside the test cluster's namespace, say), `listeners` says where it listens then.
+    """
     import base64
     import uuid
 
     workdir.mkdir(parents=True, exist_ok=True)
-    port, controller = free_port(), free_port()
+    listeners = listeners or KafkaListeners.loopback()
     config = workdir / "server.properties"
     config.write_text(
         "\n".join(
             [
                 "process.roles=broker,controller",
                 "node.id=1",
-                f"controller.quorum.voters=1@127.0.0.1:{controller}",
-                f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
-                f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+                *listeners.properties(),
                 "controller.listener.names=CONTROLLER",
-                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-                "inter.broker.listener.name=PLAINTEXT",
                 f"log.dirs={workdir / 'kafka-logs'}",
                 "num.partitions=1",
                 "offsets.topic.replication.factor=1",
@@ -496,7 +546,7 @@ def start_kafka(workdir: Path) -> Kafka:
     )
     if formatted.returncode != 0:
         raise ServerError(f"kafka storage format failed:\n{formatted.stdout}{formatted.stderr}")
-    kafka = Kafka(_kafka_process(workdir, config), port, controller, config, workdir)
+    kafka = Kafka(_kafka_process(workdir, config, wrap), listeners, config, workdir, wrap)
     _wait_kafka(kafka)
     return kafka
 

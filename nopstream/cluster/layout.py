@@ -66,3 +66,8 @@ class Layout:
     def latest_durable(self) -> str:
         """The latest-durable pointer."""
         return self.prefix + "latest-durable"
+
+
+def operator_pass(namespace: str, name: str) -> str:
+    """The key an operator holds while it runs a pass over StreamJob `namespace/name`."""
+    return f"/nopstream-operator/passes/{namespace}/{name}"

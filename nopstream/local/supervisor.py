@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from nopstream import faults
 from nopstream.checkpoint.restore import NewLineage, RestorePoint, RestoreRequest
 from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.etcd import EtcdBackend
@@ -136,11 +137,16 @@ class Supervisor:
     def record(self, recovered: recovery.Recovery) -> None:
         if not self.options.quiet:
             print(f"recovering: {recovered.message}", file=sys.stderr)
+        os.environ.pop(faults.ENV, None)  # fault points fire in the first run only, as in `Runner`
 
     def stop(self, run: int) -> None:
         _stop(self.tasks)
 
     def start(self, run: int) -> None:
+        # A coordinator that saw the final epoch committed has exited 0; a task lost after
+        # that still needs the new run led (its restore point says finished, its tasks
+        # publish what they hold and exit), so a candidate takes each finished one's place.
+        self.coordinators = [c if c.popen.poll() is None else self._candidate() for c in self.coordinators]
         self.tasks = self._start_tasks(run)
 
     def _request(self, run: int, lineage: NewLineage | None) -> None:

@@ -1,9 +1,13 @@
 """The kopf handlers: thin decorators around `reconcile` (run as `kopf run -m nopstream_operator`).
 
 One daemon per StreamJob runs a pass every PASS_SECONDS (observe, validate,
-reconcile) in a worker thread, so the passes of one job never overlap; a pass that fails is logged and
-the next one tries again. Deleting a StreamJob runs `cleanup` behind kopf's
-finalizer (pods and plan ConfigMaps go; checkpoints stay in storage).
+reconcile) in a worker thread. Each pass holds the job's key in etcd
+(`layout.operator_pass`), so the passes of one job never overlap, not even across
+operator replicas: when kopf peering hands over, the paused replica's daemon may be in
+a pass while the newly active one starts its own, and two passes with two views of one
+job would each take a run. A pass that fails is logged and the next one tries again.
+Deleting a StreamJob runs `cleanup` behind kopf's finalizer (pods and plan ConfigMaps go;
+checkpoints stay in storage).
 """
 
 from __future__ import annotations
@@ -18,11 +22,14 @@ from typing import Any
 
 import kopf
 
+from nopstream.cluster.layout import operator_pass
 from nopstream_operator.kube import EtcdView, Kube, load_config
 from nopstream_operator.reconcile import Context, cleanup, reconcile_once
 from nopstream_operator.resources import GROUP, PLURAL, VERSION, PodSettings
 
 PASS_SECONDS = 1.0
+# How long a pass's key outlives an operator that died holding it.
+PASS_LEASE_SECONDS = 30
 FINALIZER = "nopstream.io/finalizer"
 
 
@@ -80,15 +87,25 @@ async def drive(
     settings = pod_settings()
     etcd = await asyncio.to_thread(EtcdView, settings.etcd)
     ctx = Context(await asyncio.to_thread(Kube), etcd, settings, _emit)
+    namespace = namespace or "default"
+    holder = f"{socket.gethostname()}/{os.getpid()}"
     try:
         while not stopped:
             try:
-                await asyncio.to_thread(reconcile_once, ctx, namespace or "default", name)
+                await asyncio.to_thread(exclusive_pass, ctx, etcd, namespace, name, holder)
             except Exception:
                 logger.exception("pass over %s/%s failed; the next pass tries again", namespace, name)
             await stopped.wait(PASS_SECONDS)
     finally:
         await asyncio.to_thread(etcd.close)
+
+
+def exclusive_pass(ctx: Context, etcd: EtcdView, namespace: str, name: str, holder: str) -> bool:
+    """One pass over the job unless another pass (of any replica) holds it; whether it ran."""
+    with etcd.exclusive(operator_pass(namespace, name), holder, PASS_LEASE_SECONDS) as ours:
+        if ours:
+            reconcile_once(ctx, namespace, name)
+        return ours
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

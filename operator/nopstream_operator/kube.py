@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kubernetes import client, config
@@ -189,6 +190,19 @@ class EtcdView:
         """Close the client and the loop."""
         self.loop.run_until_complete(self.backend.close())
         self.loop.close()
+
+    @contextlib.contextmanager
+    def exclusive(self, key: str, holder: str, ttl: int) -> Iterator[bool]:
+        """Hold `key` for the block (bound to a lease of `ttl` s); False, holding nothing, while another does.
+
+        A holder that dies inside the block frees the key when its lease expires.
+        """
+        lease = self.loop.run_until_complete(self.backend.grant(ttl))
+        try:
+            created = self.loop.run_until_complete(self.backend.create(key, holder.encode(), lease=lease))
+            yield created is not None
+        finally:
+            self.loop.run_until_complete(self.backend.revoke(lease))  # deletes the key if it is ours
 
     def run(self, layout: Layout) -> int:
         """The job's current run (0 before the first)."""

@@ -603,6 +603,13 @@ class _PodSteps:
         for pod in self.current.values():
             if not pod.deleting:
                 self.ctx.kube.delete_pod(self.deployment.namespace, pod.name, grace=0)
+        # A coordinator that saw the final epoch committed has completed (exit 0, not
+        # restarted); a task lost after that still needs the new run led (its restore point
+        # says finished, its tasks publish what they hold and exit): the next pass recreates it.
+        for name in self.deployment.coordinators:
+            pod = self.seen.pods.get(name)
+            if pod is not None and pod.phase == "Succeeded" and not pod.deleting:
+                self.ctx.kube.delete_pod(self.deployment.namespace, name, grace=0)
 
     def start(self, run: int) -> None:
         """Nothing yet: the next pass creates the run's pods."""

@@ -195,3 +195,36 @@ def test_etcd_outage_longer_than_the_lease_ends_with_the_job_complete_and_exact(
         print(f"\n[etcd job] etcd stopped 8 s; job went on (run {run_now}) and ended")
     got = committed(tmp_path / "etcd", "out")
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
+
+
+def test_a_task_lost_after_the_final_epoch_is_committed_still_gets_its_recovery_led(tmp_path, etcd_server):
+    """The only epoch is the final one (a 60 s interval); each sink dies before publishing it.
+
+    The coordinator has committed it and exited 0 by then: the recovery's run needs a
+    coordinator of its own to say "finished", or its tasks wait for a restore point for ever.
+    """
+    job = "etcd-final-lost"
+    model = wordcount_model(job, interval_ms=60_000)
+    words = " ".join(f"w{i % 50}" for i in range(400))
+    inputs = {f"part-{i}.txt": f"{words}\n" * 5 for i in range(4)}
+    prepare(tmp_path / "clean", model, inputs)
+    code, err = run(tmp_path / "clean")
+    assert code == 0, err
+    expected = committed(tmp_path / "clean", "out")
+    prepare(tmp_path / "etcd", model, inputs)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path / "etcd")]),
+        "NOPSTREAM_FAULTS": "before-publish@1",
+    }
+    etcd = "{}:{}".format(*etcd_server.endpoint)
+    done = subprocess.run(
+        [sys.executable, "-m", "nopstream", "run", "job.yaml", "--etcd", etcd],
+        cwd=tmp_path / "etcd", env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    entries, run_now, _ = coordination(etcd_server.endpoint, job)
+    assert [(e.epoch, e.detail["kind"]) for e in entries] == [(1, "final")]
+    assert run_now == 2 and done.stderr.count("recovering: ") == 1, done.stderr
+    got = committed(tmp_path / "etcd", "out")
+    assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"

@@ -42,7 +42,7 @@ import yaml
 
 from e2e import servers
 from e2e.cluster import Cluster
-from e2e.node import E2E_IMAGE
+from e2e.node import E2E_IMAGE, NODE_IP
 from tests.conftest import ROOT, s3_records
 
 FNS_DIR = Path(__file__).resolve().parent  # e2efns.py: the jobs' user functions
@@ -151,6 +151,46 @@ def world(tmp_path_factory, request) -> Iterator[World]:
         [servers.binary("helm"), "uninstall", "nopstream", "-n", "default", "--wait"],
         capture_output=True, env=helm_env(w), timeout=120, check=False,
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Broker:
+    """A Kafka broker for the jobs: its bootstrap for this process and for the pods."""
+
+    here: str
+    pods: str
+
+
+@pytest.fixture(scope="module")
+def broker(world, tmp_path_factory) -> Iterator[Broker]:
+    """On our node, a broker inside the cluster's namespace: pods reach it at the node's
+    address, this process through a forward (its second listener advertises the forward)."""
+    if world.cluster is None:
+        given = os.environ.get("NOPSTREAM_E2E_KAFKA")
+        if not given:
+            pytest.skip("NOPSTREAM_E2E_KAFKA (host:port reachable from here and the pods) is not set")
+        yield Broker(given, given)
+        return
+    port = world.cluster.forward(NODE_IP, 9093)
+    listeners = servers.KafkaListeners(
+        client=(NODE_IP, 9093),
+        advertised=("127.0.0.1", port),
+        controller=("127.0.0.1", 9094),
+        pods=(NODE_IP, 9092),
+    )
+    kafka = servers.start_kafka(
+        tmp_path_factory.mktemp("broker"), listeners=listeners, wrap=world.cluster.ns.wrap
+    )
+    yield Broker(kafka.bootstrap, f"{NODE_IP}:9092")
+    kafka.stop()
+
+
+@pytest.fixture
+def kafka(broker, request):
+    """Topics on the jobs' broker (this module's, not the session's loopback one)."""
+    from tests.kafka_util import Topics
+
+    return Topics(broker.here, request.node.name)
 
 
 @pytest.fixture
@@ -632,7 +672,9 @@ def test_jobs_whose_joined_names_match_run_side_by_side_and_a_foreign_pod_is_nev
         w.kubectl("delete", "streamjob", name, "--wait=true", "--timeout=60s")
 
 
-def test_a_kafka_job_on_the_cluster_counts_every_committed_line_once_through_pod_kills(world, bucket, kafka):
+def test_a_kafka_job_on_the_cluster_counts_every_committed_line_once_through_pod_kills(
+    world, bucket, kafka, broker
+):
     from tests.chaos.jobs import fill_kafka
 
     w = world
@@ -647,14 +689,14 @@ def test_a_kafka_job_on_the_cluster_counts_every_committed_line_once_through_pod
         {
             "id": "lines",
             "type": "kafka",
-            "config": {"bootstrapServers": kafka.bootstrap, "topic": source, "bounded": True},
+            "config": {"bootstrapServers": broker.pods, "topic": source, "bounded": True},
         }
     ]
     model["sinks"] = [
         {
             "id": "out",
             "type": "kafka",
-            "config": {"bootstrapServers": kafka.bootstrap, "topic": out, "keyField": "key"},
+            "config": {"bootstrapServers": broker.pods, "topic": out, "keyField": "key"},
         }
     ]
     w.kubectl("apply", "-f", "-", input=json.dumps(job))
@@ -671,17 +713,17 @@ def test_a_kafka_job_on_the_cluster_counts_every_committed_line_once_through_pod
     w.kubectl("delete", "streamjob", "kafka-wc", "--wait=true", "--timeout=60s")
 
 
-def test_a_job_whose_sink_cannot_start_fails_at_once_naming_why(world, bucket, kafka):
+def test_a_job_whose_sink_cannot_start_fails_at_once_naming_why(world, bucket, kafka, broker):
     # A refused start is the same in every run: no recovery, the task and the cause in the status.
     w = world
     source = kafka.create("lines", partitions=1)
     job = wordcount("no-topic", bucket, w.pod_s3_url, "unused", parallelism=1)
     model = job["spec"]["model"]
     model["sources"] = [
-        {"id": "lines", "type": "kafka", "config": {"bootstrapServers": kafka.bootstrap, "topic": source}}
+        {"id": "lines", "type": "kafka", "config": {"bootstrapServers": broker.pods, "topic": source}}
     ]
     model["sinks"] = [
-        {"id": "out", "type": "kafka", "config": {"bootstrapServers": kafka.bootstrap, "topic": "nowhere"}}
+        {"id": "out", "type": "kafka", "config": {"bootstrapServers": broker.pods, "topic": "nowhere"}}
     ]
     w.kubectl("apply", "-f", "-", input=json.dumps(job))
     w.wait("Failed", lambda: w.job("no-topic").get("status", {}).get("phase") == "Failed", timeout=120)
@@ -691,8 +733,7 @@ def test_a_job_whose_sink_cannot_start_fails_at_once_naming_why(world, bucket, k
     pod, _, why = ready["message"].partition(": ")
     assert pod.startswith("no-topic-count-0-") and pod.endswith("-r1"), ready["message"]
     assert why == (
-        "cannot start: kafka sink 'out': topic 'nowhere' does not exist on"
-        f" {kafka.bootstrap} (create it first)"
+        f"cannot start: kafka sink 'out': topic 'nowhere' does not exist on {broker.pods} (create it first)"
     )
     w.wait("no pods", lambda: w.pods("no-topic") == [])
     w.kubectl("delete", "streamjob", "no-topic", "--wait=true", "--timeout=60s")

@@ -195,6 +195,22 @@ def test_a_failed_task_pod_is_a_global_recovery_recorded_before_its_pods_go(worl
     assert all(n.endswith("-r2") for k, n in kube.objects if k == "Pod" and "coordinator" not in n)
 
 
+def test_a_task_lost_after_the_coordinators_completed_gets_its_recovery_led_by_new_ones(world):
+    # The coordinators saw the final epoch committed and exited 0 (Succeeded, not restarted);
+    # a task pod is lost before it published: the new run must have coordinators again.
+    ctx, kube, etcd, _events = world
+    passes(ctx, 2)
+    kube.set_pods("coordinator", "Succeeded", ready=False, exit_code=0)
+    kube.set_pods("task", "Failed", ready=False, exit_code=137)
+    coordinators = sorted(n for k, n in kube.objects if k == "Pod" and "coordinator" in n)
+    passes(ctx)
+    assert (status(kube)["phase"], etcd.current_run) == ("Recovering", 2)
+    assert all(f"delete Pod {n}" in kube.writes for n in coordinators)
+    passes(ctx)
+    assert sorted(n for k, n in kube.objects if k == "Pod" and "coordinator" in n) == coordinators
+    assert all(kube.objects[("Pod", n)].get("status") is None for n in coordinators)  # new pods
+
+
 def test_past_its_recoveries_the_job_fails_and_its_pods_go(world):
     ctx, kube, _etcd, _events = world
     kube.streamjob["spec"]["maxRecoveries"] = 1
