@@ -35,3 +35,5 @@ bench: setup
 	$(PY) bench/checkpoint.py
 	@scripts/install-servers.sh kafka
 	$(PY) bench/kafka.py
+	@scripts/install-servers.sh kube helm node image
+	$(PY) bench/cluster.py

@@ -5,7 +5,7 @@ process moves into the test namespace (`setns`), where every accepted connection
 relayed to the target. So the suite reaches the API server, and Services by their
 cluster IP, while nothing of the cluster listens on this machine's interfaces.
 
-Run: `python -m e2e.forward --netns /proc/PID/ns/net --port P --to HOST:PORT`.
+Run: `python -m e2e.forward --holder PID --port P --to HOST:PORT` (PID: the namespace holder).
 """
 
 from __future__ import annotations

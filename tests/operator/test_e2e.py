@@ -131,7 +131,16 @@ def world(tmp_path_factory, request) -> Iterator[World]:
         install_chart(w)
         yield w
         return
-    cluster: Cluster = request.getfixturevalue("kube_cluster")
+    w = own_world(request.getfixturevalue("kube_cluster"), workdir)
+    yield w
+    subprocess.run(
+        [servers.binary("helm"), "uninstall", "nopstream", "-n", "default", "--wait"],
+        capture_output=True, env=helm_env(w), timeout=120, check=False,
+    )  # fmt: skip
+
+
+def own_world(cluster: Cluster, workdir: Path) -> World:
+    """The chart installed on our node, with its bundled etcd and MinIO, and forwards to both."""
     repository, _, tag = E2E_IMAGE.removeprefix("docker.io/").rpartition(":")
     ours = {
         "image": {"repository": repository, "tag": tag},
@@ -146,11 +155,7 @@ def world(tmp_path_factory, request) -> Iterator[World]:
     install_chart(w)
     w.etcd = f"127.0.0.1:{cluster.service_port('nopstream-etcd', 2379)}"
     w.s3_url = f"http://127.0.0.1:{cluster.service_port('nopstream-minio', 9000)}"
-    yield w
-    subprocess.run(
-        [servers.binary("helm"), "uninstall", "nopstream", "-n", "default", "--wait"],
-        capture_output=True, env=helm_env(w), timeout=120, check=False,
-    )  # fmt: skip
+    return w
 
 
 @dataclass(frozen=True)

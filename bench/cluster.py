@@ -1,0 +1,135 @@
+"""The job on the real node (`e2e/cluster.py`): recovery time, start time, the operator's idle CPU.
+
+A one-node cluster of its own (containerd, kubelet, kube-proxy, CoreDNS in a network
+namespace of its own), the chart installed as the e2e suite installs it (bundled etcd
+and MinIO), and a rolling word count at parallelism 3 from MinIO to MinIO under
+STRICT_EXACTLY_ONCE (the e2e job: 16 files of 2,500 lines, 3 ms a line in `split`,
+checkpoints every 500 ms), whose sink publishes an object per subtask and epoch as
+each epoch commits. It measures, in one run:
+  apply -> Running        `kubectl apply` of the StreamJob until its phase is Running
+  kill -> new output      a task pod force-deleted (`--grace-period=0 --force`) until the
+                          first output object of an epoch above the one the recovery
+                          restored (the job's latest durable epoch once its run moved):
+                          what a user watching the output waits; three kills, each after
+                          the job runs again (target < 10 s)
+  operator CPU            CPU time of the active operator's container over a quiet minute
+                          (the job finished, nothing to do), as a share of one core
+Ratios: each figure over its target, measured in this run. Not a test: no CI timing.
+Run: `python bench/cluster.py` (after scripts/install-servers.sh).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from minio import Minio
+
+from e2e.cluster import Cluster
+from tests.operator.test_e2e import BUNDLED_S3, World, own_world, upload_lines, wordcount
+
+EPOCH = re.compile(r"\.(\d{10})\.\w+$")
+KILLS = 3
+RECOVERY_TARGET_S = 10.0
+
+
+def output_epochs(client: Minio, bucket: str, prefix: str) -> set[int]:
+    """The epochs of the committed output objects under `prefix`."""
+    names = (o.object_name for o in client.list_objects(bucket, prefix=prefix))
+    return {int(m.group(1)) for n in names if (m := EPOCH.search(n))}
+
+
+def until(what: str, check, timeout: float = 300.0, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(step)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def kill_to_new_output(w: World, client: Minio, bucket: str, rng: random.Random) -> float | None:
+    """Seconds from a task pod's force-delete to the first output of an epoch the new run made."""
+    status = w.job("bench")["status"]
+    if status.get("phase") != "Running":
+        return None
+    run = status["run"]
+    tasks = [
+        p["metadata"]["name"]
+        for p in w.pods("bench")
+        if p["metadata"]["labels"].get("nopstream.io/run") == str(run)
+        and p["status"].get("phase") == "Running"
+    ]
+    killed = time.monotonic()
+    w.kubectl("delete", "pod", rng.choice(sorted(tasks)), "--grace-period=0", "--force", "--wait=false")
+    moved = until("the next run", lambda: (s := w.job("bench")["status"])["run"] > run and s, step=0.02)
+    restored = moved.get("latestDurableEpoch") or 0
+    until(
+        "output of the new run",
+        lambda: (
+            max(output_epochs(client, bucket, "out/"), default=0) > restored
+            or w.job("bench")["status"].get("phase") == "Succeeded"
+        ),
+        step=0.05,
+    )
+    return time.monotonic() - killed
+
+
+def operator_cpu_share(w: World, seconds: float = 60.0) -> float:
+    """The active operator container's CPU time over `seconds`, as a share of one core."""
+    assert w.cluster is not None and w.cluster.node is not None
+    pids = []
+    for pod in json.loads(
+        w.kubectl("get", "pods", "-l", "app.kubernetes.io/component=operator", "-o", "json")
+    )["items"]:
+        pids.append(w.cluster.node.container_pid(pod["status"]["containerStatuses"][0]["containerID"]))
+
+    def usage(pid: int) -> int:
+        line = next(x for x in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if ":cpuacct" in x)
+        path = line.split(":", 2)[2]
+        return int(Path(f"/sys/fs/cgroup/cpuacct{path}/cpuacct.usage").read_text())
+
+    before = {pid: usage(pid) for pid in pids}
+    time.sleep(seconds)
+    return max(usage(pid) - before[pid] for pid in pids) / 1e9 / seconds  # the active one uses the most
+
+
+def main() -> None:
+    rng = random.Random(11)
+    with tempfile.TemporaryDirectory() as tmp, Cluster.start(Path(tmp) / "kube") as cluster:
+        w = own_world(cluster, Path(tmp))
+        host, _, port = w.s3_url.removeprefix("http://").partition(":")
+        client = Minio(f"{host}:{port}", w.access_key, w.secret_key, secure=False)
+        bucket = "bench-cluster"
+        client.make_bucket(bucket)
+        upload_lines(client, bucket, rng, files=16, lines=2500, words=8)
+        job = wordcount("bench", bucket, BUNDLED_S3, "out")
+        job["spec"]["model"]["operators"][2]["emit"] = "rolling"
+        applied = time.monotonic()
+        w.kubectl("apply", "-f", "-", input=json.dumps(job))
+        until("Running", lambda: w.job("bench").get("status", {}).get("phase") == "Running")
+        start_s = time.monotonic() - applied
+        until("a first committed output", lambda: output_epochs(client, bucket, "out/"))
+        recoveries = [
+            s for _ in range(KILLS) if (s := kill_to_new_output(w, client, bucket, rng)) is not None
+        ]
+        until("Succeeded", lambda: w.job("bench")["status"].get("phase") == "Succeeded", timeout=600)
+        cpu = operator_cpu_share(w)
+    print(f"apply -> Running           {start_s:6.1f} s")
+    for i, s in enumerate(recoveries, 1):
+        print(f"kill {i} -> new output       {s:6.1f} s   ratio to the target {s / RECOVERY_TARGET_S:.2f}")
+    if recoveries:
+        median = statistics.median(recoveries)
+        print(
+            f"kill -> new output, median {median:6.1f} s   ratio {median / RECOVERY_TARGET_S:.2f} (< 1: met)"
+        )
+    print(f"operator CPU, quiet minute {cpu * 100:6.2f} % of one core")
+
+
+if __name__ == "__main__":
+    main()
