@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,16 @@ def enter_net(holder_pid: int) -> None:
             raise OSError(err, f"setns into the network namespace of {holder_pid}: {os.strerror(err)}")
     finally:
         os.close(fd)
+
+
+def kill_until_gone(find: Callable[[], Iterable[int]], deadline: float) -> list[int]:
+    """SIGKILL what `find` lists until it lists nothing or `deadline` passes; what was left."""
+    while (left := list(find())) and time.monotonic() < deadline:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    return left
 
 
 def ns_inode(pid: int, kind: str) -> int | None:
@@ -128,12 +139,7 @@ class Namespace:
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGKILL every process left inside, then the holder: the namespaces end with them."""
-        deadline = time.monotonic() + timeout
-        while (left := self.members()) and time.monotonic() < deadline:
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.1)
+        left = kill_until_gone(self.members, time.monotonic() + timeout)
         self.holder.stop(grace=2)
         if left:
             raise servers.ServerError(f"processes still in the test namespace after {timeout}s: {left}")

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from e2e import servers
-from e2e.netns import Namespace
+from e2e.netns import Namespace, kill_until_gone
 
 NODE_NAME = "node-0"
 NODE_IP = "10.250.0.2"
@@ -332,11 +331,7 @@ state = "/run/containerd"
             if proc.name == "kubelet":
                 proc.stop(grace=5)  # first: it would restart what is killed next
         deadline = time.monotonic() + timeout
-        while (left := self._cgroup_pids()) and time.monotonic() < deadline:
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.1)
+        kill_until_gone(self._cgroup_pids, deadline)
         for proc in reversed(self.processes):
             proc.stop(grace=5)
         self._remove_cgroups(deadline)

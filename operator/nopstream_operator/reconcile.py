@@ -607,8 +607,8 @@ class _PodSteps:
         # restarted); a task lost after that still needs the new run led (its restore point
         # says finished, its tasks publish what they hold and exit): the next pass recreates it.
         for name in self.deployment.coordinators:
-            pod = self.seen.pods.get(name)
-            if pod is not None and pod.phase == "Succeeded" and not pod.deleting:
+            coordinator = self.seen.pods.get(name)
+            if coordinator is not None and coordinator.phase == "Succeeded" and not coordinator.deleting:
                 self.ctx.kube.delete_pod(self.deployment.namespace, name, grace=0)
 
     def start(self, run: int) -> None:
