@@ -23,8 +23,17 @@ mkdir -p "$OUT"
 
 log() { printf '[build-image] %s\n' "$*" >&2; }
 
-# buildah keeps its layers in the cache (vfs: no overlay mounts are left on this machine).
-buildah_() { buildah --root "$CACHE/buildah/root" --runroot "$CACHE/buildah/run" --storage-driver vfs "$@"; }
+# buildah keeps its layers in the cache. It runs in a mount namespace of its own, so
+# the overlay mounts of its builds end with it, even when it is killed: none is left here.
+buildah_() {
+  unshare --mount --propagation private -- \
+    buildah --root "$CACHE/buildah-overlay/root" --runroot "$CACHE/buildah-overlay/run" --storage-driver overlay "$@"
+}
+
+base_in_store() {  # the base from its archive, when buildah's store (a cache) does not hold it
+  buildah_ inspect --type image "localhost/nopstream-base:$SUITE" >/dev/null 2>&1 \
+    || buildah_ pull --quiet "docker-archive:$OUT/base.tar" >/dev/null
+}
 
 hash_of() {  # hash_of PATH...: one hash of the contents and names of every file under PATHs
   find "$@" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | sort -z \
@@ -69,6 +78,7 @@ build_base() {
 }
 
 build_runtime() {
+  base_in_store
   # pip inside the build reaches the package index through this machine's CA bundle and
   # pip configuration: both are mounted for the RUN steps only, not copied into the image.
   local mounts=()
@@ -85,6 +95,7 @@ build_runtime() {
 }
 
 build_server_image() {  # build_server_image NAME BINARY: the base with BINARY as /usr/local/bin/NAME
+  base_in_store
   local c
   c=$(buildah_ from --pull=never "localhost/nopstream-base:$SUITE")
   buildah_ copy --quiet "$c" "$2" "/usr/local/bin/$1" >/dev/null
@@ -93,6 +104,7 @@ build_server_image() {  # build_server_image NAME BINARY: the base with BINARY a
 }
 
 build_pause() {
+  base_in_store
   local c
   c=$(buildah_ from --pull=never "localhost/nopstream-base:$SUITE")
   buildah_ config --entrypoint '["/usr/bin/tini", "--", "sleep", "infinity"]' "$c"

@@ -174,6 +174,21 @@ def test_a_deleted_pod_is_stopped_and_its_process_ends(cluster):
         os.kill(pid, 0)
 
 
+def test_a_nopstream_process_as_a_containers_first_process_stops_at_once_on_sigterm(cluster):
+    # PID 1 of a container has no default signal actions: without the handler `nopstream task`
+    # and `nopstream coordinator` install, this pod would take its whole 30 s grace period.
+    wait = (
+        "from nopstream.cli import _exit_on_sigterm; _exit_on_sigterm('task'); import time; time.sleep(600)"
+    )
+    pod = running_pod(cluster, "term", ["python", "-c", wait], terminationGracePeriodSeconds=30)
+    pid = container_pid(cluster, pod)
+    assert Path(f"/proc/{pid}/status").read_text().count("NSpid:") == 1  # its own PID namespace
+    assert Path(f"/proc/{pid}/status").read_text().split("NSpid:")[1].split()[-1] == "1"
+    started = time.monotonic()
+    cluster.kubectl("delete", "pod", "term", "--wait=true", "--timeout=60s")
+    assert time.monotonic() - started < 10
+
+
 def test_a_container_killed_from_outside_is_restarted_by_its_restart_policy(cluster):
     pod = running_pod(cluster, "restarter", ["sleep", "600"])
     os.kill(container_pid(cluster, pod), signal.SIGKILL)  # as the kernel's OOM killer would
