@@ -8,10 +8,10 @@ checkpoints every 500 ms), whose sink publishes an object per subtask and epoch 
 each epoch commits. It measures, in one run:
   apply -> Running        `kubectl apply` of the StreamJob until its phase is Running
   kill -> new output      a task pod force-deleted (`--grace-period=0 --force`) until the
-                          first output object of an epoch above the one the recovery
-                          restored (the job's latest durable epoch once its run moved):
-                          what a user watching the output waits; three kills, each after
-                          the job runs again (target < 10 s)
+                          first output object of an epoch of the new run (at or above
+                          the first epoch of its restore point in etcd): what a user
+                          watching the output waits; three kills, each once the job
+                          runs again (target < 10 s)
   operator CPU            CPU time of the active operator's container over a quiet minute
                           (the job finished, nothing to do), as a share of one core
 Ratios: each figure over its target, measured in this run. Not a test: no CI timing.
@@ -20,6 +20,7 @@ Run: `python bench/cluster.py` (after scripts/install-servers.sh).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
@@ -31,6 +32,9 @@ from pathlib import Path
 from minio import Minio
 
 from e2e.cluster import Cluster
+from nopstream.checkpoint.restore import RestorePoint
+from nopstream.cluster.etcd import EtcdBackend
+from nopstream.cluster.layout import Layout
 from tests.operator.test_e2e import BUNDLED_S3, World, own_world, upload_lines, wordcount
 
 EPOCH = re.compile(r"\.(\d{10})\.\w+$")
@@ -53,8 +57,24 @@ def until(what: str, check, timeout: float = 300.0, step: float = 0.05):
     raise SystemExit(f"timed out waiting for {what}")
 
 
+def first_epoch_of(w: World, run: int) -> int:
+    """The first epoch number of run `run` (its restore point in etcd, once its coordinator chose it)."""
+
+    async def read() -> int | None:
+        host, _, port = w.etcd.rpartition(":")
+        backend = EtcdBackend(host, int(port))
+        try:
+            entry = await backend.get(Layout("default", "bench", "main").restore(run))
+            return RestorePoint.from_json(entry.value).next_epoch if entry is not None else None
+        finally:
+            await backend.close()
+
+    return until(f"run {run}'s restore point", lambda: asyncio.run(read()), step=0.1)
+
+
 def kill_to_new_output(w: World, client: Minio, bucket: str, rng: random.Random) -> float | None:
     """Seconds from a task pod's force-delete to the first output of an epoch the new run made."""
+    until("Running", lambda: w.job("bench")["status"].get("phase") in ("Running", "Succeeded"))
     status = w.job("bench")["status"]
     if status.get("phase") != "Running":
         return None
