@@ -101,11 +101,6 @@ class Namespace:
         inside = ns_inode(self.holder.pid, "net")
         return inside is not None and inside != own
 
-    @property
-    def net_path(self) -> str:
-        """The network namespace as a path, for `setns` or `nsenter --net=`."""
-        return f"/proc/{self.holder.pid}/ns/net"
-
     def wrap(self, argv: list[str]) -> list[str]:
         """`argv` run inside both namespaces (nsenter execs it: the PID stays the command's)."""
         return ["nsenter", f"--target={self.holder.pid}", "--net", "--mount", "--", *argv]

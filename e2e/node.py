@@ -34,15 +34,10 @@ PAUSE_IMAGE = "docker.io/nopstream-e2e/pause:0.1.0"
 E2E_IMAGE = "docker.io/nopstream/runtime-e2e:0.1.0"
 # the archives of scripts/build-image.sh the node imports (runtime-e2e holds runtime's layers)
 IMAGES = ("pause", "etcd", "minio", "runtime-e2e")
+IMAGES_DIR = servers.CACHE / "images"  # where scripts/build-image.sh leaves them
 CNI_PLUGINS = "/usr/lib/cni"  # Debian's containernetworking-plugins
 RUNC = "/usr/sbin/runc"  # Debian's runc
 CGROUP_FS = Path("/sys/fs/cgroup")
-
-
-def images_dir() -> Path:
-    """Where scripts/build-image.sh leaves the image archives."""
-    cache = Path(os.environ.get("NOPSTREAM_CACHE", Path.home() / ".cache" / "nopstream"))
-    return cache / "images"
 
 
 @dataclass(frozen=True)
@@ -192,7 +187,7 @@ state = "/run/containerd"
 
     def _import_images(self) -> None:
         for name in IMAGES:
-            archive = images_dir() / f"{name}.tar"
+            archive = IMAGES_DIR / f"{name}.tar"
             if not archive.exists():
                 raise servers.ServerError(f"no image {archive}: run scripts/install-servers.sh image")
             self.ctr("images", "import", str(archive))
