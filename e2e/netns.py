@@ -68,7 +68,6 @@ class Namespace:
     """The holder of a network + mount namespace, and how to run commands inside it."""
 
     holder: servers.Process
-    workdir: Path
 
     @classmethod
     def create(cls, workdir: Path) -> Namespace:
@@ -79,7 +78,7 @@ class Namespace:
             ["unshare", "--net", "--mount", "--propagation", "private", "--", "sleep", "infinity"],
             log=workdir / "holder.log",
         )
-        ns = cls(holder, workdir)
+        ns = cls(holder)
         try:
             servers.wait_until("the namespaces", ns._entered, process=holder, timeout=10)
             ns.run("ip", "link", "set", "lo", "up")

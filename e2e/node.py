@@ -102,9 +102,12 @@ class Node:
             raise
         return node
 
+    def _roots(self) -> list[tuple[Path, Path]]:
+        """(hierarchy, the node's cgroup root in it) for every mounted cgroup hierarchy."""
+        return [(c, c / self.cgroup_root.lstrip("/")) for c in _cgroup_controllers()]
+
     def _make_cgroup_root(self) -> None:
-        for controller in _cgroup_controllers():
-            path = controller / self.cgroup_root.lstrip("/")
+        for controller, path in self._roots():
             path.mkdir(exist_ok=True)
             if controller.name == "cpuset":  # a v1 cpuset starts empty: give it its parent's
                 for f in ("cpuset.cpus", "cpuset.mems"):
@@ -307,9 +310,9 @@ state = "/run/containerd"
     def _cgroup_tree(self) -> list[Path]:
         """Every cgroup under the node's root, in every hierarchy, children before parents."""
         found: list[Path] = []
-        for controller in _cgroup_controllers():
+        for _controller, root in self._roots():
             # cgroups come and go while this walks: a vanished one is simply not listed
-            for top, _dirs, _files in os.walk(controller / self.cgroup_root.lstrip("/"), topdown=False):
+            for top, _dirs, _files in os.walk(root, topdown=False):
                 found.append(Path(top))
         return found
 

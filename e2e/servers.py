@@ -401,11 +401,6 @@ class Kafka:
         """The `bootstrap.servers` of the broker, for clients on this machine."""
         return "{}:{}".format(*self.listeners.advertised)
 
-    @property
-    def port(self) -> int:
-        """The port clients of this machine connect to."""
-        return self.listeners.advertised[1]
-
     def stop(self, grace: float = 20.0) -> None:
         """Stop the broker by PID (SIGTERM: a controlled shutdown)."""
         self.process.stop(grace)
