@@ -570,7 +570,8 @@ class _PodSteps:
     """A global recovery of a job's pods (`node.recovery`).
 
     The new run goes into etcd and the status first, then the old run's pods are
-    deleted; the next pass creates the new run's.
+    deleted and the new run's created (a pass cut short is finished by the next one,
+    which creates whatever of the run is missing).
     """
 
     ctx: Context
@@ -612,7 +613,9 @@ class _PodSteps:
                 self.ctx.kube.delete_pod(self.deployment.namespace, name, grace=0)
 
     def start(self, run: int) -> None:
-        """Nothing yet: the next pass creates the run's pods."""
+        """Create the run's task pods now: waiting a pass would add its period to every recovery."""
+        for task in self.deployment.tasks:
+            self.ctx.kube.create(task_pod(self.seen.job, self.deployment, task, run, self.ctx.pods))
 
 
 def _recover(

@@ -126,3 +126,44 @@ def test_slow_chains_get_smaller_source_batches_and_fast_ones_grow_back():
     assert next_batch_size(16, 16, 0.0001, settings) == 32
     assert next_batch_size(800, 800, 0.01, settings) == 1000  # never above the configured size
     assert next_batch_size(10, 10, 60.0, settings) == 1
+
+
+def test_a_source_reads_one_record_first_then_doubles_while_the_chain_is_fast():
+    import asyncio
+
+    from nopstream.local import inprocess
+    from nopstream.model.load import load_data
+    from nopstream.plan import compiler
+    from nopstream.runtime.task import TaskSettings
+
+    model = {
+        "jobId": "ramp",
+        "parallelism": 1,
+        "semanticMode": "AT_LEAST_ONCE",
+        "model": {
+            "sources": [{"id": "gen", "type": "generator", "config": {"count": 5_000}}],
+            "operators": [],
+            "sinks": [{"id": "out", "type": "stdout", "inputs": ["gen"]}],
+        },
+    }
+    plan = compiler.compile_model(load_data(model), backend="local").partitioned
+    (task,) = inprocess.build_tasks(plan, settings=TaskSettings(batch_size=1000, batch_target_ms=10_000))
+    reader, asked = task.source, []
+    assert reader is not None
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(reader, name)
+
+        def read(self, size):
+            asked.append(size)
+            return reader.read(size)
+
+    task.source = Recording()
+
+    async def scenario():
+        await task.connect()
+        await task.run()  # no listener: the source ends at end of input
+
+    asyncio.run(scenario())
+    assert asked[:12] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000, 1000]
