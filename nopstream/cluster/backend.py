@@ -9,9 +9,13 @@ bound to a lease is deleted when the lease expires or is revoked. The contract s
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Protocol
+
+EMPTY: Mapping[str, bytes] = MappingProxyType({})
+"""No further writes (the default of `compare_and_swap`'s `also`)."""
 
 
 class StoreUnavailable(ConnectionError):
@@ -77,8 +81,11 @@ class Backend(Protocol):
         """Write a key only if it does not exist; its create revision, or None when it existed."""
         ...
 
-    async def compare_and_swap(self, key: str, expected: bytes | None, value: bytes) -> bool:
-        """Write a key only if its value is `expected` (None: absent); whether it did."""
+    async def compare_and_swap(
+        self, key: str, expected: bytes | None, value: bytes, *, also: Mapping[str, bytes] = EMPTY
+    ) -> bool:
+        """Write a key (and every key of `also`, in the same transaction) only if its value is
+        `expected` (None: absent); whether it did."""
         ...
 
     async def put_if_created_at(self, writes: dict[str, bytes], *, guard: str, create_revision: int) -> bool:

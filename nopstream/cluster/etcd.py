@@ -9,13 +9,13 @@ reach etcd become `StoreUnavailable`; a lease that etcd no longer knows becomes
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Mapping
 from typing import Any, TypeVar
 
 import aetcd
 import aetcd.exceptions
 
-from nopstream.cluster.backend import Entry, Event, LeaseExpired, StoreUnavailable
+from nopstream.cluster.backend import EMPTY, Entry, Event, LeaseExpired, StoreUnavailable
 
 T = TypeVar("T")
 _UNAVAILABLE = (
@@ -110,11 +110,14 @@ class EtcdBackend:
         )
         return int(responses[0].response_put.header.revision) if ok else None
 
-    async def compare_and_swap(self, key: str, expected: bytes | None, value: bytes) -> bool:
-        """Write a key only if its value is `expected` (None: absent)."""
+    async def compare_and_swap(
+        self, key: str, expected: bytes | None, value: bytes, *, also: Mapping[str, bytes] = EMPTY
+    ) -> bool:
+        """Write a key, and `also` in the same transaction, only if its value is `expected` (None: absent)."""
         tx = self.client.transactions
         compare = tx.create(key.encode()) == 0 if expected is None else tx.value(key.encode()) == expected
-        ok, _ = await self._txn([compare], [tx.put(key.encode(), value)])
+        puts = [tx.put(key.encode(), value), *(tx.put(k.encode(), v) for k, v in also.items())]
+        ok, _ = await self._txn([compare], puts)
         return ok
 
     async def put_if_created_at(self, writes: dict[str, bytes], *, guard: str, create_revision: int) -> bool:

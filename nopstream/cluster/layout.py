@@ -5,6 +5,7 @@ Under `/nopstream/{namespace}/{jobId}/{pipelineId}/`:
   run                            the current run, advanced by compare-and-swap
   runs/{run}/tasks/{taskId}      a task's registration (bound to the task's lease)
   runs/{run}/restore             the epoch the run's tasks restore (fenced, set once per run)
+  runs/{run}/takeover            the plan whose standby tasks serve the run (written with the run)
   epochs/{epoch:020d}            an epoch-log entry (fenced writes)
   latest-durable                 the latest durable epoch (fenced writes)
 """
@@ -52,6 +53,10 @@ class Layout:
     def restore_request(self, run: int) -> str:
         """What the operator or `nopstream run --etcd` asks the run's coordinator to restore from."""
         return f"{self.prefix}runs/{run}/restore-request"
+
+    def takeover(self, run: int) -> str:
+        """The plan whose standby tasks serve the run: written with the run, and by a recovery only."""
+        return f"{self.prefix}runs/{run}/takeover"
 
     @property
     def epochs(self) -> str:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 
-from nopstream.cluster.backend import Entry, Event, LeaseExpired
+from nopstream.cluster.backend import EMPTY, Entry, Event, LeaseExpired
 
 
 class LocalBackend:
@@ -106,13 +106,16 @@ class LocalBackend:
             raise LeaseExpired(f"lease {lease} has expired")
         return self._put(key, value, lease)
 
-    async def compare_and_swap(self, key: str, expected: bytes | None, value: bytes) -> bool:
-        """Write a key only if its value is `expected`."""
+    async def compare_and_swap(
+        self, key: str, expected: bytes | None, value: bytes, *, also: Mapping[str, bytes] = EMPTY
+    ) -> bool:
+        """Write a key, and `also` with it, only if its value is `expected`."""
         self.expire_leases()
         current = self._data.get(key)
         if (current.value if current else None) != expected:
             return False
-        self._put(key, value, 0)
+        for k, v in {key: value, **also}.items():
+            self._put(k, v, 0)
         return True
 
     async def put_if_created_at(self, writes: dict[str, bytes], *, guard: str, create_revision: int) -> bool:

@@ -8,12 +8,13 @@ the task dies its registration goes with its lease, and watchers see the departu
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from nopstream.cluster.backend import Backend
+from nopstream.cluster.backend import Backend, StoreUnavailable
 from nopstream.cluster.layout import Layout
 
 
@@ -48,19 +49,44 @@ class Registry:
         entry = await self.backend.get(self.layout.run)
         return 0 if entry is None else int(entry.value)
 
-    async def advance_run(self, expected: int) -> bool:
-        """Move the run from `expected` to `expected + 1`; False when it had moved already."""
-        old = None if expected == 0 else str(expected).encode()
-        return await self.backend.compare_and_swap(self.layout.run, old, str(expected + 1).encode())
+    async def advance_run(self, expected: int, *, takeover: str | None = None) -> bool:
+        """Move the run from `expected` to `expected + 1`; False when it had moved already.
 
-    async def next_run(self, expected: int) -> int:
+        With `takeover` (a plan fingerprint), the standby tasks of that plan waiting for
+        the new run serve it (`standby`); the key is written in the run's transaction, so
+        no run is ever entered with another run's takeover.
+        """
+        old = None if expected == 0 else str(expected).encode()
+        also = {self.layout.takeover(expected + 1): takeover.encode()} if takeover else {}
+        return await self.backend.compare_and_swap(
+            self.layout.run, old, str(expected + 1).encode(), also=also
+        )
+
+    async def next_run(self, expected: int, *, takeover: str | None = None) -> int:
         """Advance the run from `expected`; the run now current either way.
 
         When another watcher of the same failure advanced it first, its run is ours too.
         """
-        if await self.advance_run(expected):
+        if await self.advance_run(expected, takeover=takeover):
             return expected + 1
         return await self.current_run()
+
+    async def standby(self, run: int, plan: str, *, poll: float = 0.1) -> bool:
+        """Wait, as a standby task of `plan` made for `run`, until that run or a later one is current.
+
+        True when `run` became current with this plan's takeover (a recovery: serve it);
+        False when it began without one (a restart, an upgrade, a resume: its own pods
+        serve it) or is already past (this standby was never needed).
+        """
+        while True:
+            with contextlib.suppress(StoreUnavailable):
+                current = await self.current_run()
+                if current == run:
+                    entry = await self.backend.get(self.layout.takeover(run))
+                    return entry is not None and entry.value == plan.encode()
+                if current > run:
+                    return False
+            await asyncio.sleep(poll)
 
     async def register(self, run: int, registration: Registration, *, lease: int) -> None:
         """Register a task under a run, bound to its lease."""

@@ -224,6 +224,9 @@ class StreamModel(Spec):
     savepoint_nonce: str | None = None
     restart_nonce: str | None = None
     max_recoveries: StrictInt = Field(default=10, ge=0)
+    # On Kubernetes, a started pod per task waits for the next run, so that a recovery
+    # need not wait for pods to start (twice the task pods while the job runs).
+    standby_tasks: bool = False
     graph: GraphSpec = Field(alias="model")
 
 

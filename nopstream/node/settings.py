@@ -6,6 +6,7 @@ The operator (and `nopstream run --etcd`) sets these on every pod (process):
   NOPSTREAM_ATTEMPT     this process's unique name (the pod name)
   NOPSTREAM_TASK_ID     the task this process runs (tasks only)
   NOPSTREAM_RUN         the run this task belongs to (tasks only)
+  NOPSTREAM_STANDBY     "true": a standby task, made before its run began (`Registry.standby`)
   NOPSTREAM_HOST        address to listen on (default 127.0.0.1; 0.0.0.0 in a pod)
   NOPSTREAM_ADVERTISE   address others reach this process at (the pod IP; default the host)
   NOPSTREAM_PORT        port to listen on (default 0: any free port)
@@ -49,6 +50,7 @@ class NodeSettings:
     secret: str = field(repr=False)
     task_id: str | None = None
     run: int | None = None
+    standby: bool = False
 
     @property
     def partitioned_path(self) -> Path:
@@ -83,6 +85,13 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None, *, minim
     return value
 
 
+def _bool(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw not in ("", "true", "false"):
+        raise SettingsError(f"{name}={raw!r} must be true or false")
+    return raw == "true"
+
+
 def _secret(env: Mapping[str, str]) -> str:
     path = env.get("NOPSTREAM_SECRET_FILE", "").strip() or SECRET_FILE
     try:
@@ -115,6 +124,9 @@ def from_env(role: str, env: Mapping[str, str] = os.environ) -> NodeSettings:
     )
     if role == "task":
         return dataclasses.replace(
-            settings, task_id=_required(env, "NOPSTREAM_TASK_ID"), run=_int(env, "NOPSTREAM_RUN", minimum=1)
+            settings,
+            task_id=_required(env, "NOPSTREAM_TASK_ID"),
+            run=_int(env, "NOPSTREAM_RUN", minimum=1),
+            standby=_bool(env, "NOPSTREAM_STANDBY"),
         )
     return settings

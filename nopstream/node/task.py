@@ -7,6 +7,11 @@ runs, and exits 0 once the final epoch is committed. ACKs and source-finished go
 whichever coordinator leads, retried through a failover (`node.coordinator_api`). When
 its lease is lost the process exits non-zero (crash-only): its pod's failure is what
 triggers the global recovery.
+
+A standby task (NOPSTREAM_STANDBY) is made before its run begins, so that a recovery
+need not wait for a process to start: it imports and loads its plan, then waits until
+its run is current. It serves the run only when a recovery entered it for this plan
+(`Registry.standby`); otherwise it exits 0 without registering.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from nopstream.node import checkpointing, guard, recovery
 from nopstream.node.coordinator_api import CoordinatorLink
 from nopstream.node.settings import NodeSettings
 from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task, load_deployment, load_plan
+from nopstream.plan.deployment import DeploymentPlan
 from nopstream.runtime.task import Task, run_until
 
 log = logging.getLogger(__name__)
@@ -62,6 +68,9 @@ async def serve(settings: NodeSettings) -> None:
     backend = EtcdBackend(settings.etcd_host, settings.etcd_port)
     layout = Layout(deployment.namespace, plan.identity.job_id, plan.identity.pipeline_id)
     try:
+        if settings.standby and not await _stand_by(settings, Registry(backend, layout), deployment):
+            log.info("standby task %s was not needed: run %d began without it", who.task_id, who.run)
+            return
         async with (
             ThreadedLeaseKeeper(
                 lambda: EtcdBackend(settings.etcd_host, settings.etcd_port), settings.lease_ttl
@@ -93,6 +102,26 @@ async def serve(settings: NodeSettings) -> None:
                 await server.close()
     finally:
         await backend.close()
+
+
+async def _stand_by(settings: NodeSettings, registry: Registry, deployment: DeploymentPlan) -> bool:
+    """Wait, imported and loaded, until this standby's run begins; whether a recovery handed it over.
+
+    The task port accepts (and closes) connections meanwhile, so the pod's TCP probes
+    pass while it waits; the task's own server takes the port over after.
+    """
+    assert settings.run is not None
+    probes = await asyncio.start_server(_close, settings.host, settings.port)
+    log.info("task %s stands by for run %d", settings.task_id, settings.run)
+    try:
+        return await registry.standby(settings.run, deployment.partitioned_fingerprint)
+    finally:
+        probes.close()
+        await probes.wait_closed()
+
+
+async def _close(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.close()
 
 
 async def restore_point(backend: Backend, layout: Layout, run: int) -> RestorePoint:

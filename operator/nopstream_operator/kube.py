@@ -208,9 +208,13 @@ class EtcdView:
         """The job's current run (0 before the first)."""
         return self.loop.run_until_complete(Registry(self.backend, layout).current_run())
 
-    def advance_run(self, layout: Layout, expected: int) -> int:
-        """Advance the run from `expected` by compare-and-swap; the run now current either way."""
-        return self.loop.run_until_complete(Registry(self.backend, layout).next_run(expected))
+    def advance_run(self, layout: Layout, expected: int, *, takeover: str | None = None) -> int:
+        """Advance the run from `expected` by compare-and-swap; the run now current either way.
+
+        `takeover`: the plan whose standby tasks serve the new run (a recovery's).
+        """
+        registry = Registry(self.backend, layout)
+        return self.loop.run_until_complete(registry.next_run(expected, takeover=takeover))
 
     def epochs(self, layout: Layout) -> tuple[int | None, int | None, list[int]]:
         """(latest durable, latest committed, committed savepoints) from the epoch log."""

@@ -45,6 +45,7 @@ from nopstream_operator.resources import (
     JOB_SECRET_KEY,
     LABEL_ROLE,
     LABEL_RUN,
+    LABEL_STANDBY,
     LABEL_TASK,
     PodSettings,
     coordinator_pod,
@@ -74,6 +75,7 @@ class PodView:
     ready: bool
     deleting: bool
     fingerprint: str | None = None
+    standby: bool = False  # made for the next run while this one runs (`task_pod`)
     exit_code: int | None = None  # of its container, once terminated
     message: str = ""  # the container's termination message (the end of its log, when it failed)
 
@@ -101,6 +103,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         ready=conditions.get("Ready") == "True",
         deleting=bool(meta.get("deletionTimestamp")),
         fingerprint=(meta.get("annotations") or {}).get(ANNOTATION_FINGERPRINT),
+        standby=labels.get(LABEL_STANDBY) == "true",
         exit_code=terminated.get("exitCode"),
         message=terminated.get("message") or "",
     )
@@ -530,8 +533,9 @@ def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) ->
         ) and not pod.deleting:
             ctx.kube.delete_pod(ns, name, grace=0)
     tasks = [p for p in seen.pods.values() if p.role == "task"]
+    waiting = {p.task: p for p in tasks if _waiting_standby(seen, deployment, p)}
     for pod in tasks:
-        if pod.run != run and not pod.deleting:
+        if pod.run != run and not pod.deleting and waiting.get(pod.task) is not pod:
             ctx.kube.delete_pod(ns, pod.name, grace=0)
     current = {p.task: p for p in tasks if p.run == run}
     if seen.status.phase == "Succeeded":
@@ -552,7 +556,28 @@ def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) ->
     for t in deployment.tasks:
         if t.name not in current:
             ctx.kube.create(task_pod(seen.job, deployment, t, run, ctx.pods))
-    _refresh(ctx, seen, deployment, current)
+    if _refresh(ctx, seen, deployment, current) == "Running" and _standby_tasks(seen):
+        for t in deployment.tasks:  # made once the run is running: a recovery's start has the cores first
+            if t.name not in waiting:
+                ctx.kube.create(task_pod(seen.job, deployment, t, run + 1, ctx.pods, standby=True))
+
+
+def _standby_tasks(seen: Observed) -> bool:
+    """Whether the job keeps a standby pod per task for the next run (spec.standbyTasks)."""
+    return bool((seen.job.get("spec") or {}).get("standbyTasks"))
+
+
+def _waiting_standby(seen: Observed, deployment: DeploymentPlan, pod: PodView) -> bool:
+    """Whether `pod` is a standby the next run of this plan may still take (else it goes)."""
+    return (
+        _standby_tasks(seen)
+        and pod.standby
+        and pod.run == seen.run + 1
+        and pod.fingerprint == deployment.partitioned_fingerprint
+        and pod.phase in ("Pending", "Running")
+        and not pod.deleting
+        and seen.status.phase != "Succeeded"
+    )
 
 
 def _fail(ctx: Context, seen: Observed, deployment: DeploymentPlan, reason: str, message: str) -> None:
@@ -584,7 +609,8 @@ class _PodSteps:
         layout = _layout(self.deployment)
         if nonce:  # a lineage the failed run may not have started yet (once per nonce: harmless after)
             self.ctx.etcd.request_restore(layout, run + 1, RestoreRequest(NewLineage(nonce)))
-        return self.ctx.etcd.advance_run(layout, run)
+        # the standby pods of this plan waiting for the new run serve it (`start` adopts them)
+        return self.ctx.etcd.advance_run(layout, run, takeover=self.deployment.partitioned_fingerprint)
 
     def record(self, recovered: recovery.Recovery) -> None:
         message = f"{recovered.message}: restoring the latest durable epoch"
@@ -613,7 +639,8 @@ class _PodSteps:
                 self.ctx.kube.delete_pod(self.deployment.namespace, name, grace=0)
 
     def start(self, run: int) -> None:
-        """Create the run's task pods now: waiting a pass would add its period to every recovery."""
+        """Create the run's task pods now (a standby's name is taken: it is adopted as it is);
+        waiting a pass would add its period to every recovery."""
         for task in self.deployment.tasks:
             self.ctx.kube.create(task_pod(self.seen.job, self.deployment, task, run, self.ctx.pods))
 
@@ -644,8 +671,8 @@ def _refresh(
     seen: Observed,
     deployment: DeploymentPlan,
     current: dict[str | None, PodView],
-) -> None:
-    """The run's pods all created: phase, readiness and epochs from what was observed."""
+) -> str | None:
+    """The run's pods all created: phase, readiness and epochs from what was observed; the phase."""
     total = len(deployment.tasks)
     ready = sum(1 for p in current.values() if p.ready and p.phase == "Running")
     succeeded = len(current) == total and all(p.phase == "Succeeded" for p in current.values())
@@ -676,6 +703,7 @@ def _refresh(
         savepoint_request=request,
         conditions=conditions,
     )
+    return phase
 
 
 def cleanup(kube: Kube, namespace: str, job_id: str) -> None:

@@ -34,6 +34,7 @@ LABEL_RUN = "nopstream.io/run"
 LABEL_VERTEX = "nopstream.io/vertex"
 LABEL_SUBTASK = "nopstream.io/subtask"
 LABEL_TASK = "nopstream.io/task"
+LABEL_STANDBY = "nopstream.io/standby"
 ANNOTATION_FINGERPRINT = "nopstream.io/plan-fingerprint"
 MANAGED = {"app.kubernetes.io/name": "nopstream", "app.kubernetes.io/managed-by": "nopstream-operator"}
 
@@ -271,9 +272,19 @@ def task_pod_name(task: TaskDeployment, run: int) -> str:
 
 
 def task_pod(
-    job: dict[str, Any], deployment: DeploymentPlan, task: TaskDeployment, run: int, settings: PodSettings
+    job: dict[str, Any],
+    deployment: DeploymentPlan,
+    task: TaskDeployment,
+    run: int,
+    settings: PodSettings,
+    *,
+    standby: bool = False,
 ) -> dict[str, Any]:
-    """The pod of one task in one run: never restarted (its failure is a global recovery)."""
+    """The pod of one task in one run: never restarted (its failure is a global recovery).
+
+    A standby pod is made for the next run while this one runs; a recovery into that run
+    adopts it by its name (`node.task`).
+    """
     return _pod(
         job,
         deployment,
@@ -285,8 +296,13 @@ def task_pod(
             LABEL_VERTEX: task.vertex_id,
             LABEL_SUBTASK: str(task.subtask),
             LABEL_TASK: task.name,
+            **({LABEL_STANDBY: "true"} if standby else {}),
         },
-        env={"NOPSTREAM_TASK_ID": task.task_id, "NOPSTREAM_RUN": str(run)},
+        env={
+            "NOPSTREAM_TASK_ID": task.task_id,
+            "NOPSTREAM_RUN": str(run),
+            **({"NOPSTREAM_STANDBY": "true"} if standby else {}),
+        },
         restart="Never",
     )
 

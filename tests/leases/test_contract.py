@@ -33,8 +33,14 @@ def test_revisions_and_conditional_writes(backend_factory, layout, run_async):
         assert await b.compare_and_swap(key, b"two", b"three") is True
         assert await b.compare_and_swap(layout.prefix + "absent", None, b"1") is True
         assert await b.compare_and_swap(layout.prefix + "absent", None, b"2") is False
+        # `also` is written in the same transaction: with the swap, or not at all
+        also = {layout.prefix + "with": b"w"}
+        assert await b.compare_and_swap(key, b"two", b"four", also=also) is False
+        assert await b.get(layout.prefix + "with") is None
+        assert await b.compare_and_swap(key, b"three", b"four", also=also) is True
+        assert (await b.get(key)).value == b"four" and (await b.get(layout.prefix + "with")).value == b"w"
         assert sorted(await b.get_prefix(layout.prefix)) == [
-            layout.prefix + k for k in ("absent", "k", "new")
+            layout.prefix + k for k in ("absent", "k", "new", "with")
         ]
         assert await b.delete(key) is True and await b.get(key) is None
         assert await b.revision() >= created

@@ -258,7 +258,14 @@ def install_chart(w: World) -> None:
 
 
 def wordcount(
-    name: str, bucket: str, minio_url: str, out: str, *, key_fn: str = "e2efns:word", parallelism: int = 3
+    name: str,
+    bucket: str,
+    minio_url: str,
+    out: str,
+    *,
+    key_fn: str = "e2efns:word",
+    parallelism: int = 3,
+    standby: bool = False,
 ) -> dict:
     return {
         "apiVersion": "nopstream.io/v1alpha1",
@@ -268,6 +275,7 @@ def wordcount(
             "image": JOB_IMAGE,
             "semanticMode": "STRICT_EXACTLY_ONCE",
             "parallelism": parallelism,
+            "standbyTasks": standby,
             "checkpoint": {
                 "intervalMs": 500,
                 "storage": {
@@ -399,7 +407,8 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, s3
     expected = clean_output(w, s3_client, bucket, wordcount("wc-clean", bucket, w.s3_url, "clean"))
     assert sum(expected.values()) == 16 * 2500 * 8
 
-    job = wordcount("wordcount", bucket, w.pod_s3_url, "faulty")
+    # with a standby pod per task: recoveries are served by them, the rescale is not
+    job = wordcount("wordcount", bucket, w.pod_s3_url, "faulty", standby=True)
     w.kubectl("apply", "-f", "-", input=json.dumps(job))
     w.wait("Running", lambda: w.job("wordcount").get("status", {}).get("phase") == "Running")
     table = w.kubectl("get", "streamjobs")
@@ -407,11 +416,13 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, s3
     assert table.split("\n")[1].split()[:4] == ["wordcount", "Running", "1", "STRICT_EXACTLY_ONCE"], (
         w.kubectl("get", "events", "--sort-by=.lastTimestamp")
     )
-    tasks = [p for p in w.pods("wordcount") if p["metadata"]["labels"]["nopstream.io/role"] == "task"]
+    tasks = [p for p in w.pods("wordcount") if p["metadata"]["labels"].get("nopstream.io/run") == "1"]
     assert len(tasks) == w.job("wordcount")["status"]["tasksTotal"] == 6  # lines+split, count+out: 3 each
 
     # a keyed operator's key selector changes: refused, and the job keeps running as it was
-    changed = wordcount("wordcount", bucket, w.pod_s3_url, "faulty", key_fn="e2efns:first_letter")
+    changed = wordcount(
+        "wordcount", bucket, w.pod_s3_url, "faulty", key_fn="e2efns:first_letter", standby=True
+    )
     w.kubectl("apply", "-f", "-", input=json.dumps(changed))
     condition = w.wait(
         "the change refused",
@@ -432,8 +443,15 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, s3
     # two task pods killed; parallelism 3 -> 4 (a rescale from a stop savepoint); three more
     # task pods killed; then the leading coordinator
     kills = kill_tasks(w, rng, 2, first_nonce=1)
+    run = w.job("wordcount")["status"]["run"]
+    served = {
+        p["metadata"]["name"]: p["metadata"]["labels"].get("nopstream.io/standby")
+        for p in w.pods("wordcount")
+        if p["metadata"]["labels"].get("nopstream.io/run") == str(run)
+    }
+    assert len(served) == 6 and set(served.values()) == {"true"}, served  # the standbys took the run
     fingerprint = w.job("wordcount")["status"]["planFingerprint"]
-    rescaled = wordcount("wordcount", bucket, w.pod_s3_url, "faulty", parallelism=4)
+    rescaled = wordcount("wordcount", bucket, w.pod_s3_url, "faulty", parallelism=4, standby=True)
     w.kubectl("apply", "-f", "-", input=json.dumps(rescaled))
     w.wait(
         "the rescaled plan running",

@@ -56,8 +56,9 @@ class FakeKube:
         return str(found["stringData"][key])
 
     def create(self, manifest: dict[str, Any]) -> None:
+        """Create an object; one of this name already there is kept as it is (the API's 409, adopted)."""
         self.writes.append(f"create {manifest['kind']} {manifest['metadata']['name']}")
-        self.objects[(manifest["kind"], manifest["metadata"]["name"])] = copy.deepcopy(manifest)
+        self.objects.setdefault((manifest["kind"], manifest["metadata"]["name"]), copy.deepcopy(manifest))
 
     def delete_pod(self, namespace: str, name: str, *, grace: int = 5) -> None:
         self.writes.append(f"delete Pod {name}")
@@ -74,11 +75,20 @@ class FakeKube:
         self.streamjob["status"] = held
 
     def set_pods(
-        self, role: str, phase: str, *, ready: bool = True, exit_code: int | None = None, log: str = ""
+        self,
+        role: str,
+        phase: str,
+        *,
+        ready: bool = True,
+        exit_code: int | None = None,
+        log: str = "",
+        names: set[str] | None = None,
     ):
-        """Give every pod of a role a phase, as a kubelet would report it."""
-        for (kind, _), pod in self.objects.items():
+        """Give every pod of a role (or of those `names`) a phase, as a kubelet would report it."""
+        for (kind, name), pod in self.objects.items():
             if kind != "Pod" or pod["metadata"]["labels"]["nopstream.io/role"] != role:
+                continue
+            if names is not None and name not in names:
                 continue
             state = {"terminated": {"exitCode": exit_code, "message": log}} if exit_code is not None else {}
             pod["status"] = {
@@ -95,13 +105,15 @@ class FakeEtcd:
         self.current_run = 0
         self.durable: int | None = None
         self.requests: dict[int, RestoreRequest] = {}
+        self.takeovers: dict[int, str | None] = {}
 
     def run(self, layout: Any) -> int:
         return self.current_run
 
-    def advance_run(self, layout: Any, expected: int) -> int:
+    def advance_run(self, layout: Any, expected: int, *, takeover: str | None = None) -> int:
         if self.current_run == expected:
             self.current_run += 1
+            self.takeovers[self.current_run] = takeover
         return self.current_run
 
     def epochs(self, layout: Any) -> tuple[int | None, int | None, list[int]]:
@@ -280,3 +292,91 @@ def test_a_new_restart_nonce_starts_a_new_lineage_in_the_next_run(world):
     assert (status(kube)["run"], status(kube)["restartNonce"]) == (2, "again")
     assert etcd.requests[2].new_lineage is not None and etcd.requests[2].new_lineage.nonce == "again"
     assert not [k for k in kinds(kube) if k.startswith("Pod")]
+
+
+def task_pods(kube: FakeKube, run: int) -> dict[str, dict[str, Any]]:
+    """The task pods of one run, by name."""
+    return {
+        n: o
+        for (k, n), o in kube.objects.items()
+        if k == "Pod" and o["metadata"]["labels"].get("nopstream.io/run") == str(run)
+    }
+
+
+def running_with_standbys(ctx: Context, kube: FakeKube) -> dict[str, dict[str, Any]]:
+    """A job with spec.standbyTasks brought to Running: its standby pods for run 2, by name."""
+    kube.streamjob["spec"]["standbyTasks"] = True
+    passes(ctx, 2)
+    assert not task_pods(kube, 2)  # none while the run starts: its pods have the cores first
+    kube.set_pods("task", "Running")
+    kube.set_pods("coordinator", "Running")
+    passes(ctx)
+    assert status(kube)["phase"] == "Running"
+    standbys = task_pods(kube, 2)
+    assert len(standbys) == status(kube)["tasksTotal"]
+    return standbys
+
+
+def test_a_running_job_keeps_a_standby_pod_per_task_for_the_next_run(world):
+    ctx, kube, _etcd, _events = world
+    standbys = running_with_standbys(ctx, kube)
+    for pod in standbys.values():
+        assert pod["metadata"]["labels"]["nopstream.io/standby"] == "true"
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert (env["NOPSTREAM_RUN"], env["NOPSTREAM_STANDBY"]) == ("2", "true")
+    kube.set_pods("task", "Running")  # the standbys started too: they wait
+    before = list(kube.writes)
+    passes(ctx, 3)
+    assert kube.writes == before  # kept, not recreated, and no recovery
+
+
+def test_a_recovery_hands_the_new_run_to_the_standby_pods_of_its_plan(world):
+    ctx, kube, etcd, events = world
+    standbys = running_with_standbys(ctx, kube)
+    old = task_pods(kube, 1)
+    kube.set_pods("task", "Running")
+    kube.set_pods("task", "Failed", ready=False, exit_code=137, names={sorted(old)[0]})
+    before = len(kube.writes)
+    passes(ctx)
+    assert (status(kube)["run"], etcd.current_run) == (2, 2)
+    fingerprint = status(kube)["planFingerprint"]
+    assert etcd.takeovers[2] == fingerprint  # written with the run: these standbys serve it
+    writes = kube.writes[before:]
+    assert sorted(w for w in writes if w.startswith("delete Pod")) == sorted(f"delete Pod {n}" for n in old)
+    assert task_pods(kube, 2) == standbys  # adopted as they are, none replaced
+    assert [r for r, _ in events].count("Recovery") == 1
+
+
+def test_a_standby_pod_that_failed_is_replaced_without_a_recovery(world):
+    ctx, kube, etcd, _events = world
+    standbys = running_with_standbys(ctx, kube)
+    lost = sorted(standbys)[0]
+    kube.set_pods("task", "Failed", ready=False, exit_code=137, names={lost})
+    before = len(kube.writes)
+    passes(ctx)
+    assert (status(kube)["run"], etcd.current_run) == (1, 1)
+    assert kube.writes[before:] == [f"delete Pod {lost}", f"create Pod {lost}"]  # made again at once
+    assert kube.objects[("Pod", lost)].get("status") is None  # a new pod
+
+
+def test_standby_pods_go_when_the_job_succeeds_or_the_spec_turns_them_off(world):
+    ctx, kube, _etcd, _events = world
+    standbys = running_with_standbys(ctx, kube)
+    kube.streamjob["spec"]["standbyTasks"] = False
+    passes(ctx)
+    assert not task_pods(kube, 2)
+    kube.streamjob["spec"]["standbyTasks"] = True
+    passes(ctx)
+    assert set(task_pods(kube, 2)) == set(standbys)
+    kube.set_pods("task", "Succeeded", ready=False, exit_code=0, names=set(task_pods(kube, 1)))
+    passes(ctx, 2)
+    assert status(kube)["phase"] == "Succeeded" and not task_pods(kube, 2)
+
+
+def test_runs_begun_otherwise_than_by_a_recovery_hand_nothing_to_standby_pods(world):
+    ctx, kube, etcd, _events = world
+    running_with_standbys(ctx, kube)
+    kube.streamjob["spec"]["restartNonce"] = "again"
+    passes(ctx)
+    assert etcd.current_run == 2 and etcd.takeovers[2] is None
+    assert not [k for k in kinds(kube) if k.startswith("Pod")]  # the standbys went with the rest
