@@ -533,9 +533,9 @@ def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) ->
         ) and not pod.deleting:
             ctx.kube.delete_pod(ns, name, grace=0)
     tasks = [p for p in seen.pods.values() if p.role == "task"]
-    waiting = {p.task: p for p in tasks if _waiting_standby(seen, deployment, p)}
+    standbys = {p.task: p for p in tasks if _next_runs_standby(seen, deployment, p)}
     for pod in tasks:
-        if pod.run != run and not pod.deleting and waiting.get(pod.task) is not pod:
+        if pod.run != run and not pod.deleting and standbys.get(pod.task) is not pod:
             ctx.kube.delete_pod(ns, pod.name, grace=0)
     current = {p.task: p for p in tasks if p.run == run}
     if seen.status.phase == "Succeeded":
@@ -557,8 +557,11 @@ def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) ->
         if t.name not in current:
             ctx.kube.create(task_pod(seen.job, deployment, t, run, ctx.pods))
     if _refresh(ctx, seen, deployment, current) == "Running" and _standby_tasks(seen):
-        for t in deployment.tasks:  # made once the run is running: a recovery's start has the cores first
-            if t.name not in waiting:
+        # Made once the run is running (a recovery's start has the cores first), once per
+        # run: one that failed stays, and is not adopted, until the next run replaces it,
+        # so a standby that cannot start never churns pods.
+        for t in deployment.tasks:
+            if t.name not in standbys:
                 ctx.kube.create(task_pod(seen.job, deployment, t, run + 1, ctx.pods, standby=True))
 
 
@@ -567,15 +570,13 @@ def _standby_tasks(seen: Observed) -> bool:
     return bool((seen.job.get("spec") or {}).get("standbyTasks"))
 
 
-def _waiting_standby(seen: Observed, deployment: DeploymentPlan, pod: PodView) -> bool:
-    """Whether `pod` is a standby the next run of this plan may still take (else it goes)."""
+def _next_runs_standby(seen: Observed, deployment: DeploymentPlan, pod: PodView) -> bool:
+    """Whether `pod` is a standby of this plan for the next run, kept while the job goes on."""
     return (
         _standby_tasks(seen)
         and pod.standby
         and pod.run == seen.run + 1
         and pod.fingerprint == deployment.partitioned_fingerprint
-        and pod.phase in ("Pending", "Running")
-        and not pod.deleting
         and seen.status.phase != "Succeeded"
     )
 
@@ -639,9 +640,16 @@ class _PodSteps:
                 self.ctx.kube.delete_pod(self.deployment.namespace, name, grace=0)
 
     def start(self, run: int) -> None:
-        """Create the run's task pods now (a standby's name is taken: it is adopted as it is);
-        waiting a pass would add its period to every recovery."""
+        """Create the run's task pods now: waiting a pass would add its period to every recovery.
+
+        A standby holding a pod's name is adopted as it is, unless it failed (then it is
+        replaced).
+        """
+        ns = self.deployment.namespace
         for task in self.deployment.tasks:
+            standby = self.seen.pods.get(task_pod_name(task, run))
+            if standby is not None and (standby.phase not in ("Pending", "Running") or standby.deleting):
+                self.ctx.kube.delete_pod(ns, standby.name, grace=0)
             self.ctx.kube.create(task_pod(self.seen.job, self.deployment, task, run, self.ctx.pods))
 
 

@@ -347,16 +347,22 @@ def test_a_recovery_hands_the_new_run_to_the_standby_pods_of_its_plan(world):
     assert [r for r, _ in events].count("Recovery") == 1
 
 
-def test_a_standby_pod_that_failed_is_replaced_without_a_recovery(world):
+def test_a_standby_pod_that_failed_is_no_recovery_and_the_next_run_replaces_it(world):
     ctx, kube, etcd, _events = world
     standbys = running_with_standbys(ctx, kube)
     lost = sorted(standbys)[0]
     kube.set_pods("task", "Failed", ready=False, exit_code=137, names={lost})
     before = len(kube.writes)
-    passes(ctx)
+    passes(ctx, 3)
     assert (status(kube)["run"], etcd.current_run) == (1, 1)
-    assert kube.writes[before:] == [f"delete Pod {lost}", f"create Pod {lost}"]  # made again at once
-    assert kube.objects[("Pod", lost)].get("status") is None  # a new pod
+    assert kube.writes[before:] == []  # kept as it is: a standby that cannot start never churns pods
+    kube.set_pods("task", "Failed", ready=False, exit_code=1, names={sorted(task_pods(kube, 1))[0]})
+    passes(ctx)
+    assert etcd.current_run == 2
+    assert kube.writes.count(f"delete Pod {lost}") == 1 and kube.objects[("Pod", lost)].get("status") is None
+    assert "nopstream.io/standby" not in kube.objects[("Pod", lost)]["metadata"]["labels"]  # a new pod
+    others = set(standbys) - {lost}
+    assert all(f"delete Pod {n}" not in kube.writes for n in others)  # the others adopted
 
 
 def test_standby_pods_go_when_the_job_succeeds_or_the_spec_turns_them_off(world):
