@@ -9,10 +9,14 @@ bound to a lease is deleted when the lease expires or is revoked. The contract s
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
+
+log = logging.getLogger(__name__)
 
 EMPTY: Mapping[str, bytes] = MappingProxyType({})
 """No further writes (the default of `compare_and_swap`'s `also`)."""
@@ -103,3 +107,14 @@ class Backend(Protocol):
     async def close(self) -> None:
         """Release connections and background work."""
         ...
+
+
+async def wait_reachable(backend: Backend, *, retry: float = 0.4) -> None:
+    """Return once the store answers: a process started while it is down (or slow) waits, not dies."""
+    while True:
+        try:
+            await backend.revision()
+            return
+        except StoreUnavailable as exc:
+            log.info("%s; waiting for it", exc)
+            await asyncio.sleep(retry)

@@ -30,7 +30,7 @@ from aiohttp import web
 from nopstream.checkpoint import catalog, restore
 from nopstream.checkpoint.restore import RestorePoint, RestoreRequest
 from nopstream.checkpoint.storage import Storage
-from nopstream.cluster.backend import StoreUnavailable
+from nopstream.cluster.backend import StoreUnavailable, wait_reachable
 from nopstream.cluster.election import Election, Leadership
 from nopstream.cluster.epochlog import EpochEntry, EpochLog, EpochState
 from nopstream.cluster.errors import Fenced
@@ -80,7 +80,7 @@ class CoordinatorProcess:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         endpoint = f"http://{self.settings.advertise}:{port}"
         try:
-            await _reachable(self.backend)
+            await wait_reachable(self.backend)  # before campaigning
             async with (
                 LeaseKeeper(self.backend, self.settings.lease_ttl) as keeper,
                 aiohttp.ClientSession(headers=guard.headers(self.settings.secret)) as session,
@@ -285,17 +285,6 @@ class CoordinatorProcess:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
-
-
-async def _reachable(backend: EtcdBackend) -> None:
-    """Return once etcd answers: a candidate started while it is down waits instead of dying."""
-    while True:
-        try:
-            await backend.revision()
-            return
-        except StoreUnavailable:
-            log.info("etcd is unreachable; waiting for it before campaigning")
-            await asyncio.sleep(RETRY * 2)
 
 
 def _stopped_at(last: EpochEntry | None, run: int) -> bool:

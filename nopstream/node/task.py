@@ -27,7 +27,7 @@ import aiohttp
 
 from nopstream.checkpoint.restore import RestorePoint
 from nopstream.checkpoint.storage import Storage
-from nopstream.cluster.backend import Backend, StoreUnavailable
+from nopstream.cluster.backend import Backend, StoreUnavailable, wait_reachable
 from nopstream.cluster.election import Election
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
@@ -68,6 +68,7 @@ async def serve(settings: NodeSettings) -> None:
     backend = EtcdBackend(settings.etcd_host, settings.etcd_port)
     layout = Layout(deployment.namespace, plan.identity.job_id, plan.identity.pipeline_id)
     try:
+        await wait_reachable(backend)  # a start on a busy node or during an etcd outage waits
         if settings.standby and not await _stand_by(settings, Registry(backend, layout), deployment):
             log.info("standby task %s was not needed: run %d began without it", who.task_id, who.run)
             return

@@ -182,7 +182,11 @@ def _pod(
 ) -> dict[str, Any]:
     # A TCP probe: the kernel accepts while the process listens, even when a user
     # function holds the record loop for a while (an HTTP probe would time out then).
+    # The startup probe holds the others off until the process first listens (up to
+    # 2 minutes): on a busy node a start can take longer than a liveness probe allows,
+    # and killing it there only starts another recovery on the same busy node.
     probe = {"tcpSocket": {"port": TASK_PORT}, "periodSeconds": 5, "failureThreshold": 3}
+    startup = {"tcpSocket": {"port": TASK_PORT}, "periodSeconds": 1, "failureThreshold": 120}
     resources = {
         k: v
         for k, v in (("requests", deployment.resources.requests), ("limits", deployment.resources.limits))
@@ -238,8 +242,9 @@ def _pod(
                     "ports": [{"name": "http", "containerPort": TASK_PORT}],
                     # a refused start tells why in its last log line: the operator reads it there
                     "terminationMessagePolicy": "FallbackToLogsOnError",
-                    "readinessProbe": {**probe, "initialDelaySeconds": 1},
-                    "livenessProbe": {**probe, "initialDelaySeconds": 10},
+                    "startupProbe": startup,
+                    "readinessProbe": probe,
+                    "livenessProbe": probe,
                     "resources": resources,
                     "securityContext": {
                         "allowPrivilegeEscalation": False,

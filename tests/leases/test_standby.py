@@ -153,3 +153,23 @@ def test_a_standby_whose_run_began_otherwise_leaves_without_registering(standby,
     assert standby.proc.wait(20) == 0, standby.text()
     assert f"standby task {standby.task_id} was not needed: run 2 began without it" in standby.text()
     assert not standby.registered()
+
+
+def test_a_task_started_while_etcd_is_down_waits_for_it_instead_of_failing(tmp_path):
+    port = servers.free_port()
+    task = StandbyTask(tmp_path, ("127.0.0.1", port), "standby-etcd-late")
+    task.start()
+    try:
+        task.until("it waits for etcd", lambda: "etcd is unreachable" in task.text())
+        assert task.proc is not None and task.proc.poll() is None  # still there, not failed
+        etcd = servers.start_etcd(tmp_path / "etcd", client_port=port)
+        try:
+            task.registry(lambda r: r.advance_run(0))
+            task.until("standing by", task.standing_by)
+            assert task.registry(lambda r: r.advance_run(1, takeover=task.plan))
+            task.until("its registration in run 2", task.registered, timeout=10)
+        finally:
+            task.stop()
+            etcd.stop()
+    finally:
+        task.stop()

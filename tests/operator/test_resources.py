@@ -72,7 +72,9 @@ def test_a_task_pod_has_its_identity_run_plan_and_probes():
         "NOPSTREAM_SECRET_FILE": "/var/run/nopstream/job-secret/secret",
         "A": "1",
     }
-    assert c["readinessProbe"]["tcpSocket"] == {"port": 7700}
+    assert c["readinessProbe"]["tcpSocket"] == c["livenessProbe"]["tcpSocket"] == {"port": 7700}
+    # liveness only once the process first listened: a slow start is not killed
+    assert c["startupProbe"] == {"tcpSocket": {"port": 7700}, "periodSeconds": 1, "failureThreshold": 120}
     fp = p.deployment.partitioned_fingerprint
     assert spec["volumes"] == [
         {"name": "plan", "configMap": {"name": f"wordcount-plan-{fp[7:17]}"}},
