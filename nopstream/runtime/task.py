@@ -391,10 +391,7 @@ class Task:
         reader, gen, ts_fn = self.source, self._generator, self._timestamps
         # asked once: a protocol isinstance check is too slow for every batch
         floor = reader.event_time_floor if gen is not None and isinstance(reader, SplitEventTime) else None
-        # The first batch is one record: until a batch is timed nothing says how long the
-        # chain takes, and a full batch of a slow function would hold the loop (and the
-        # first barrier of a restarted run) for seconds. It doubles while it is fast.
-        size, idle = 1, self.settings.idle_poll_ms / 1000
+        size, idle = self.settings.batch_size, self.settings.idle_poll_ms / 1000
         while True:
             while self._pending_barriers:
                 await self._snapshot_and_forward(self._pending_barriers.popleft())

@@ -75,6 +75,7 @@ def test_crd_is_accepted_and_a_streamjob_round_trips(cluster):
                 "streamjobs.nopstream.io",
                 "-o",
                 "jsonpath={.status.conditions[?(@.type=='Established')].status}",
+                check=False,  # a just-started API server may refuse a request for a moment
             ).stdout
             == "True"
         ),

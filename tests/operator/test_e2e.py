@@ -340,21 +340,24 @@ def clean_output(w: World, client, bucket: str, model: dict) -> Counter[str]:
 
 
 def leader(w: World, job: str) -> str:
+    from nopstream.cluster.backend import StoreUnavailable
     from nopstream.cluster.election import Election
     from nopstream.cluster.etcd import EtcdBackend
     from nopstream.cluster.layout import Layout
 
-    async def read() -> str:
+    async def read() -> str | None:
         host, _, port = w.etcd.rpartition(":")
         backend = EtcdBackend(host, int(port))
         try:
             found = await Election(backend, Layout("default", job, "main"), "test").leader()
             assert found is not None, "no coordinator leads"
             return found[0]
+        except StoreUnavailable:  # the forward into the namespace, on a busy node: ask again
+            return None
         finally:
             await backend.close()
 
-    return asyncio.run(read())
+    return w.wait("the leading coordinator", lambda: asyncio.run(read()))
 
 
 def kill_tasks(w: World, rng: random.Random, count: int, *, first_nonce: int, job: str = "wordcount") -> int:
