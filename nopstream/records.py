@@ -46,6 +46,8 @@ class TaskSnapshot:
     """The source's watermark generator (`runtime.watermarks.WatermarkGenerator`)."""
     data_ended: bool = False
     """Whether the operators flushed at end of data already (never twice)."""
+    read_size: int | None = None
+    """A source task's adapted read size at the barrier: a restored source starts there."""
 
     def progress(self) -> dict[str, Any]:
         """The task's progress through time as one JSON object (one segment)."""
@@ -56,6 +58,8 @@ class TaskSnapshot:
             out["sourceWatermark"] = self.source_watermark
         if self.data_ended:
             out["dataEnded"] = True
+        if self.read_size is not None:
+            out["readSize"] = self.read_size
         return out
 
     def with_progress(self, progress: dict[str, Any]) -> TaskSnapshot:
@@ -65,6 +69,7 @@ class TaskSnapshot:
             watermarks=progress.get("watermarks"),
             source_watermark=progress.get("sourceWatermark"),
             data_ended=bool(progress.get("dataEnded", False)),
+            read_size=progress.get("readSize"),
         )
 
     def pending_transactions(self) -> list[dict[str, Any]]:

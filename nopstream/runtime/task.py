@@ -163,6 +163,7 @@ class Task:
         self.final_epoch: int | None = None
         self.finished_before = False  # restored from the job's final epoch: nothing left to do
         self._data_ended = False  # operators flushed at end of data (kept in snapshots: never twice)
+        self._read_size = self.settings.batch_size  # adapted to the chain's speed (`next_batch_size`)
         self._final_committed = asyncio.Event()
         self._sink_io = asyncio.Lock()  # one sink call at a time: barriers and commit commands alike
         self._failure: BaseException | None = None  # a sink call failed outside the record loop
@@ -282,6 +283,10 @@ class Task:
             self._generator.restore(state.source_watermark)
         self.watermarks.restore(state.watermarks or {})
         self._data_ended = state.data_ended
+        if state.read_size is not None:
+            # a slow chain's first batch after a restore would otherwise be a full one,
+            # holding the first barrier (and the first new output) back by seconds
+            self._read_size = max(1, min(self.settings.batch_size, int(state.read_size)))
 
     def trigger_barrier(self, epoch: int, kind: EpochKind = EpochKind.CHECKPOINT) -> bool:
         """Ask a source task to inject barrier `epoch` at its next safe point; False if it already has.
@@ -391,7 +396,7 @@ class Task:
         reader, gen, ts_fn = self.source, self._generator, self._timestamps
         # asked once: a protocol isinstance check is too slow for every batch
         floor = reader.event_time_floor if gen is not None and isinstance(reader, SplitEventTime) else None
-        size, idle = self.settings.batch_size, self.settings.idle_poll_ms / 1000
+        idle = self.settings.idle_poll_ms / 1000
         while True:
             while self._pending_barriers:
                 await self._snapshot_and_forward(self._pending_barriers.popleft())
@@ -399,7 +404,7 @@ class Task:
                 await self._barrier_arrived.wait()
                 self._barrier_arrived.clear()
                 continue
-            batch = reader.read(size)
+            batch = reader.read(self._read_size)
             if batch is None:
                 break
             if not batch.records:
@@ -417,7 +422,9 @@ class Task:
                 gen.observe(batch.timestamps)
             held = _LoopHold()
             await self._push(0, batch, 0)
-            size = next_batch_size(size, len(batch.records), held.seconds(), self.settings)
+            self._read_size = next_batch_size(
+                self._read_size, len(batch.records), held.seconds(), self.settings
+            )
             await self._source_watermark(gen, floor)
             await self._tick()
             await asyncio.sleep(0)
@@ -620,7 +627,11 @@ class Task:
             "watermarks": self.watermarks.snapshot(),
             "source_watermark": self._generator.snapshot() if self._generator is not None else None,
         }
-        return TaskSnapshot(**orjson.loads(orjson.dumps(state)), data_ended=self._data_ended)
+        return TaskSnapshot(
+            **orjson.loads(orjson.dumps(state)),
+            data_ended=self._data_ended,
+            read_size=self._read_size if self.source is not None else None,
+        )
 
     async def _snapshot_and_forward(self, barrier: Barrier) -> None:
         await self._flush_combiners()  # partials of records before the barrier go before it
