@@ -1,7 +1,8 @@
 """The kopf handlers: thin decorators around `reconcile` (run as `kopf run -m nopstream_operator`).
 
 One daemon per StreamJob runs a pass every PASS_SECONDS (observe, validate,
-reconcile) in a worker thread. Each pass holds the job's key in etcd
+reconcile) in a worker thread, and at once when the pod watch sees one of the job's
+pods lost (`wakeups`). Each pass holds the job's key in etcd
 (`layout.operator_pass`), so the passes of one job never overlap, not even across
 operator replicas: when kopf peering hands over, the paused replica's daemon may be in
 a pass while the newly active one starts its own, and two passes with two views of one
@@ -25,12 +26,14 @@ import kopf
 from nopstream.cluster.layout import operator_pass
 from nopstream_operator.kube import EtcdView, Kube, load_config
 from nopstream_operator.reconcile import Context, cleanup, reconcile_once
-from nopstream_operator.resources import GROUP, PLURAL, VERSION, PodSettings
+from nopstream_operator.resources import GROUP, LABEL_JOB, PLURAL, VERSION, PodSettings
+from nopstream_operator.wakeups import Wakeups, is_loss
 
 PASS_SECONDS = 1.0
 # How long a pass's key outlives an operator that died holding it.
 PASS_LEASE_SECONDS = 30
 FINALIZER = "nopstream.io/finalizer"
+WAKEUPS = Wakeups()
 
 
 def pod_settings(env: dict[str, str] | None = None) -> PodSettings:
@@ -69,11 +72,19 @@ def _emit(job: dict[str, Any], kind: str, reason: str, message: str) -> None:
     kopf.event(job, type=kind, reason=reason, message=message)  # type: ignore[arg-type]
 
 
+@kopf.on.event("v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
+async def pod_event(event: kopf.RawEvent, body: kopf.Body, namespace: str | None, **_: Any) -> None:
+    """One of a job's pods lost: its daemon's next pass starts now (async: on the daemons' loop)."""
+    if is_loss(event.get("type"), body):
+        WAKEUPS.wake(namespace or "default", body.metadata.labels[LABEL_JOB])
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def drive(
     stopped: kopf.DaemonStopped,
     name: str,
     namespace: str | None,
+    spec: kopf.Spec,
     logger: logging.Logger | logging.LoggerAdapter[Any],
     **_: Any,
 ) -> None:
@@ -88,15 +99,18 @@ async def drive(
     etcd = await asyncio.to_thread(EtcdView, settings.etcd)
     ctx = Context(await asyncio.to_thread(Kube), etcd, settings, _emit)
     namespace = namespace or "default"
+    job_id = spec.get("jobId") or name  # what the job's pods are labelled with
     holder = f"{socket.gethostname()}/{os.getpid()}"
+    WAKEUPS.watch(namespace, job_id)
     try:
         while not stopped:
             try:
                 await asyncio.to_thread(exclusive_pass, ctx, etcd, namespace, name, holder)
             except Exception:
                 logger.exception("pass over %s/%s failed; the next pass tries again", namespace, name)
-            await stopped.wait(PASS_SECONDS)
+            await WAKEUPS.wait(namespace, job_id, PASS_SECONDS)
     finally:
+        WAKEUPS.forget(namespace, job_id)
         await asyncio.to_thread(etcd.close)
 
 

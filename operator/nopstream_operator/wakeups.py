@@ -1,0 +1,57 @@
+"""Pod events that cut a job's wait for its next pass short: a lost pod is acted on at once.
+
+Each job's daemon passes every PASS_SECONDS and, between passes, waits on its job's
+event here; the pod watch sets it when one of the job's pods is deleted, is being
+deleted, has ended or has a container that terminated. Other pod changes (created,
+scheduled, ready) wake nothing: the periodic pass sees them, and a pass per status
+change of every pod would only add load while a run starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+_ENDED = frozenset({"Failed", "Succeeded"})
+
+
+def is_loss(event_type: str | None, pod: Mapping[str, Any]) -> bool:
+    """Whether a pod event says the pod is gone or going: deleted or deleting, ended, or terminated."""
+    if event_type == "DELETED" or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return True
+    status = pod.get("status") or {}
+    if status.get("phase") in _ENDED:
+        return True
+    return any("terminated" in (c.get("state") or {}) for c in status.get("containerStatuses") or [])
+
+
+class Wakeups:
+    """One asyncio event per job (namespace, job id), on the operator's event loop."""
+
+    def __init__(self) -> None:
+        """No job waits yet."""
+        self._events: dict[tuple[str, str], asyncio.Event] = {}
+
+    def watch(self, namespace: str, job_id: str) -> None:
+        """A daemon drives the job here from now on: its wakes are kept until it waits."""
+        self._events.setdefault((namespace, job_id), asyncio.Event())
+
+    def wake(self, namespace: str, job_id: str) -> None:
+        """Start the job's next pass now (nothing when no daemon drives the job here)."""
+        if (event := self._events.get((namespace, job_id))) is not None:
+            event.set()
+
+    async def wait(self, namespace: str, job_id: str, seconds: float) -> bool:
+        """Wait up to `seconds` for a wake of the watched job; whether one came (it is consumed)."""
+        event = self._events[(namespace, job_id)]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), seconds)
+        woken = event.is_set()
+        event.clear()
+        return woken
+
+    def forget(self, namespace: str, job_id: str) -> None:
+        """The job's daemon ended: drop its event."""
+        self._events.pop((namespace, job_id), None)

@@ -1,0 +1,82 @@
+"""A lost pod starts its job's next pass at once; other pod changes wait for the periodic pass."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from nopstream_operator.wakeups import Wakeups, is_loss
+
+RUNNING = {
+    "metadata": {"name": "wc-count-0-r1", "labels": {"nopstream.io/job": "wc"}},
+    "status": {
+        "phase": "Running",
+        "containerStatuses": [
+            {
+                "name": "task",
+                "ready": True,
+                "state": {"running": {"startedAt": "2026-12-02T04:00:00Z"}},
+                # an earlier restart of the coordinator's container: not a loss now
+                "lastState": {"terminated": {"exitCode": 137, "reason": "Error"}},
+            }
+        ],
+    },
+}
+
+
+def with_status(**status) -> dict:
+    return {**RUNNING, "status": {**RUNNING["status"], **status}}
+
+
+def test_what_counts_as_a_lost_pod():
+    assert not is_loss("ADDED", RUNNING)
+    assert not is_loss("MODIFIED", RUNNING)
+    assert not is_loss(None, {"metadata": {"name": "new"}})  # listed before it has a status
+    assert not is_loss("MODIFIED", with_status(phase="Pending", containerStatuses=[]))
+    assert is_loss("DELETED", RUNNING)
+    assert is_loss("MODIFIED", {**RUNNING, "metadata": {**RUNNING["metadata"], "deletionTimestamp": "now"}})
+    assert is_loss("MODIFIED", with_status(phase="Failed"))
+    assert is_loss("MODIFIED", with_status(phase="Succeeded"))
+    killed = {"name": "task", "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}
+    assert is_loss("MODIFIED", with_status(containerStatuses=[killed]))
+
+
+def test_a_wake_cuts_the_wait_short_and_is_consumed():
+    async def scenario() -> tuple[bool, float, bool, float]:
+        wakeups = Wakeups()
+        wakeups.watch("ns", "wc")
+        asyncio.get_running_loop().call_later(0.05, wakeups.wake, "ns", "wc")
+        start = time.monotonic()
+        woken = await wakeups.wait("ns", "wc", 5.0)
+        cut = time.monotonic() - start
+        start = time.monotonic()
+        again = await wakeups.wait("ns", "wc", 0.2)  # the wake was consumed: the full period now
+        return woken, cut, again, time.monotonic() - start
+
+    woken, cut, again, full = asyncio.run(scenario())
+    assert woken and cut < 1.0
+    assert not again and full >= 0.2
+
+
+def test_a_wake_during_a_pass_is_kept_for_the_next_wait_and_other_jobs_are_not_woken():
+    async def scenario() -> tuple[bool, bool]:
+        wakeups = Wakeups()
+        wakeups.watch("ns", "wc")
+        wakeups.watch("ns", "other")
+        wakeups.wake("ns", "wc")  # while the daemon was in its pass
+        wakeups.wake("ns", "nobody")  # no daemon drives that job here: dropped
+        return await wakeups.wait("ns", "wc", 0.01), await wakeups.wait("ns", "other", 0.01)
+
+    assert asyncio.run(scenario()) == (True, False)
+
+
+def test_a_wake_after_the_daemon_ended_is_not_kept_for_the_next_daemon():
+    async def scenario() -> bool:
+        wakeups = Wakeups()
+        wakeups.watch("ns", "wc")
+        wakeups.forget("ns", "wc")  # the job's daemon ended
+        wakeups.wake("ns", "wc")  # its pods' deletions arrive after
+        wakeups.watch("ns", "wc")  # a job of the same name again
+        return await wakeups.wait("ns", "wc", 0.01)
+
+    assert asyncio.run(scenario()) is False
