@@ -77,10 +77,7 @@ class Election:
 
     async def leader(self) -> tuple[str, int] | None:
         """(candidate, token) of the current leader, if any."""
-        entry = await self.backend.get(self.layout.coordinator)
-        if entry is None:
-            return None
-        return json.loads(entry.value)["candidate"], entry.create_revision
+        return await leader_of(self.backend, self.layout)
 
     async def leader_endpoint(self) -> str | None:
         """Where the current leader serves (tasks send it their ACKs), if there is one."""
@@ -89,3 +86,11 @@ class Election:
             return None
         endpoint: str = json.loads(entry.value).get("endpoint", "")
         return endpoint or None
+
+
+async def leader_of(backend: Backend, layout: Layout) -> tuple[str, int] | None:
+    """(candidate, fencing token) of the job's current leader, if it has one."""
+    entry = await backend.get(layout.coordinator)
+    if entry is None:
+        return None
+    return json.loads(entry.value)["candidate"], entry.create_revision

@@ -87,12 +87,32 @@ def streamjob_crd() -> dict[str, Any]:
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [
                         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                        {
+                            "name": "Ready",
+                            "type": "string",
+                            "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+                        },
                         {"name": "Run", "type": "integer", "jsonPath": ".status.run"},
                         {"name": "Mode", "type": "string", "jsonPath": ".status.semanticMode"},
                         {
                             "name": "Durable",
                             "type": "integer",
                             "jsonPath": ".status.latestDurableEpoch",
+                        },
+                        # a date column shows its age: how long since an epoch last became durable
+                        {"name": "Last-Durable", "type": "date", "jsonPath": ".status.latestDurableAt"},
+                        {
+                            "name": "Committed",
+                            "type": "integer",
+                            "jsonPath": ".status.latestCommittedEpoch",
+                            "priority": 1,
+                        },
+                        {"name": "Leader", "type": "string", "jsonPath": ".status.leader.pod", "priority": 1},
+                        {
+                            "name": "Token",
+                            "type": "integer",
+                            "jsonPath": ".status.leader.token",
+                            "priority": 1,
                         },
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],

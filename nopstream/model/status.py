@@ -53,6 +53,13 @@ class SavepointRequest(Spec):
     after: int
 
 
+class Leader(Spec):
+    """The leading coordinator: its pod, and the fencing token its writes carry."""
+
+    pod: str
+    token: int
+
+
 class StreamJobStatus(Spec):
     """What the operator observed and decided; a write-ahead log of runs and plans."""
 
@@ -62,7 +69,12 @@ class StreamJobStatus(Spec):
     plan_fingerprint: str | None = None
     semantic_mode: str | None = None
     latest_durable_epoch: int | None = None
+    latest_durable_at: str | None = None
     latest_committed_epoch: int | None = None
+    latest_committed_at: str | None = None
+    pending_commits: list[int] = Field(default_factory=list)
+    """Durable epochs whose sink transactions are not all committed yet."""
+    leader: Leader | None = None
     savepoints: list[Savepoint] = Field(default_factory=list)
     tasks_ready: int | None = None
     tasks_total: int | None = None

@@ -12,12 +12,14 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from nopstream.checkpoint.restore import RestoreRequest
+from nopstream.cluster.election import leader_of
 from nopstream.cluster.epochlog import EpochEntry, EpochLog, EpochState
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
@@ -34,6 +36,21 @@ def load_config() -> None:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
+
+
+@dataclass(frozen=True)
+class EpochSummary:
+    """What a pass shows of a job's epoch log (times in ms since the Unix epoch, the coordinator's clock)."""
+
+    durable: int | None = None
+    durable_at: int | None = None
+    committed: int | None = None
+    committed_at: int | None = None
+    savepoints: tuple[int, ...] = ()
+    pending_commits: tuple[int, ...] = ()
+    """Durable epochs whose sink transactions are not all committed yet."""
+    leader: tuple[str, int] | None = None
+    """The leading coordinator: (its pod, its fencing token)."""
 
 
 class NameTaken(RuntimeError):
@@ -216,13 +233,21 @@ class EtcdView:
         registry = Registry(self.backend, layout)
         return self.loop.run_until_complete(registry.next_run(expected, takeover=takeover))
 
-    def epochs(self, layout: Layout) -> tuple[int | None, int | None, list[int]]:
-        """(latest durable, latest committed, committed savepoints) from the epoch log."""
+    def epochs(self, layout: Layout) -> EpochSummary:
+        """The epoch log as a pass shows it, with the leading coordinator."""
         entries = self._entries(layout)
-        durable = self.loop.run_until_complete(EpochLog(self.backend, layout).latest_durable())
+        durable, durable_at = self.loop.run_until_complete(EpochLog(self.backend, layout).latest_durable_at())
         committed = [e for e in entries if e.state is EpochState.COMMITTED]
-        savepoints = [e.epoch for e in committed if e.kind.is_savepoint]
-        return durable, (committed[-1].epoch if committed else None), savepoints
+        leader = self.loop.run_until_complete(leader_of(self.backend, layout))
+        return EpochSummary(
+            durable=durable,
+            durable_at=durable_at,
+            committed=committed[-1].epoch if committed else None,
+            committed_at=committed[-1].at if committed else None,
+            savepoints=tuple(e.epoch for e in committed if e.kind.is_savepoint),
+            pending_commits=tuple(e.epoch for e in entries if e.state is EpochState.DURABLE),
+            leader=leader,
+        )
 
     def _entries(self, layout: Layout) -> list[EpochEntry]:
         return self.loop.run_until_complete(EpochLog(self.backend, layout).entries())

@@ -16,7 +16,6 @@ standby leads meanwhile.
 
 from __future__ import annotations
 
-import datetime
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from nopstream.model.load import load_data
 from nopstream.model.status import (
     Condition,
     ConditionStatus,
+    Leader,
     Savepoint,
     SavepointRequest,
     Stopping,
@@ -39,6 +39,7 @@ from nopstream.node import guard, recovery
 from nopstream.plan import compat, compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.partitioned import PartitionedPlan
+from nopstream_operator import health
 from nopstream_operator.kube import EtcdView, Kube, NameTaken
 from nopstream_operator.resources import (
     ANNOTATION_FINGERPRINT,
@@ -195,7 +196,7 @@ def reconcile_once(ctx: Context, namespace: str, name: str) -> None:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return health.rfc3339(health.now_ms())
 
 
 def with_condition(
@@ -211,8 +212,22 @@ def with_condition(
     return sorted([*(c for c in conditions if c.type != kind), condition], key=lambda c: c.type)
 
 
+def _has_condition(conditions: list[Condition], kind: str, reason: str) -> bool:
+    """Whether condition `kind` holds with this reason."""
+    return any(c.type == kind and c.reason == reason for c in conditions)
+
+
 def _patch(ctx: Context, seen: Observed, **changes: Any) -> None:
-    """Patch these StreamJobStatus fields where they differ from the observed status (settled: no write)."""
+    """Patch these StreamJobStatus fields where they differ from the observed status (settled: no write).
+
+    Progressing and Degraded are derived here from the phase and Ready, for every write.
+    """
+    phase = changes.get("phase", seen.status.phase)
+    if phase is not None:
+        conditions = changes.get("conditions", seen.status.conditions)
+        for kind, status, reason, message in health.health(conditions, phase):
+            conditions = with_condition(conditions, kind, status, reason, message)
+        changes["conditions"] = conditions
     held = dict(seen.job.get("status") or {})
     diff = {k: v for k, v in StreamJobStatus.patch(**changes).items() if held.get(k) != v}
     if "conditions" in diff and _timeless(diff["conditions"]) == _timeless(held.get("conditions") or []):
@@ -686,16 +701,22 @@ def _refresh(
     succeeded = len(current) == total and all(p.phase == "Succeeded" for p in current.values())
     phase = seen.status.phase
     conditions = seen.status.conditions
+    epochs = ctx.etcd.epochs(_layout(deployment))
     if succeeded:
         phase = "Succeeded"
         conditions = with_condition(conditions, "Ready", "False", "Succeeded", "the final epoch is committed")
     elif ready == total and seen.status.stopping is None:  # stopping: still Upgrading
         phase = "Running"
-        conditions = with_condition(
-            conditions, "Ready", "True", "AllTasksReady", f"{ready}/{total} tasks ready"
-        )
-    durable, committed, epochs = ctx.etcd.epochs(_layout(deployment))
-    savepoints, request = _savepoints(ctx, seen, epochs)
+        checkpoint = deployment.checkpoint
+        if health.stalled_for(checkpoint, conditions, epochs.durable_at, now=health.now_ms()) is not None:
+            message = health.stalled_message(checkpoint, epochs.durable)
+            if not _has_condition(conditions, "Ready", health.STALLED):
+                ctx.emit(seen.job, "Warning", health.STALLED, message)
+            conditions = with_condition(conditions, "Ready", "False", health.STALLED, message)
+        else:
+            message = f"{ready}/{total} tasks ready"
+            conditions = with_condition(conditions, "Ready", "True", "AllTasksReady", message)
+    savepoints, request = _savepoints(ctx, seen, list(epochs.savepoints))
     if phase != seen.status.phase and phase in ("Running", "Succeeded"):
         ctx.emit(seen.job, "Normal", phase, f"run {seen.run}: {ready}/{total} tasks ready")
     _patch(
@@ -705,8 +726,12 @@ def _refresh(
         phase=phase,
         tasks_ready=ready,
         tasks_total=total,
-        latest_durable_epoch=durable,
-        latest_committed_epoch=committed,
+        latest_durable_epoch=epochs.durable,
+        latest_durable_at=None if epochs.durable_at is None else health.rfc3339(epochs.durable_at),
+        latest_committed_epoch=epochs.committed,
+        latest_committed_at=None if epochs.committed_at is None else health.rfc3339(epochs.committed_at),
+        pending_commits=list(epochs.pending_commits),
+        leader=None if epochs.leader is None else Leader(pod=epochs.leader[0], token=epochs.leader[1]),
         savepoints=savepoints,
         savepoint_request=request,
         conditions=conditions,

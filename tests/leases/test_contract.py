@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 
 import pytest
 
@@ -94,6 +95,7 @@ def test_watch_sees_puts_and_deletes_in_order(backend_factory, layout, run_async
 def test_election_tokens_and_fenced_epoch_log(backend_factory, layout, run_async):
     async def scenario(b):
         log = EpochLog(b, layout)
+        before_ms = int(time.time() * 1000)
         async with LeaseKeeper(b, 5) as first_lease, LeaseKeeper(b, 5) as second_lease:
             first = await Election(b, layout, "coord-a").campaign(first_lease)
             assert await Election(b, layout, "x").leader() == ("coord-a", first.token)
@@ -118,6 +120,10 @@ def test_election_tokens_and_fenced_epoch_log(backend_factory, layout, run_async
         ]
         assert await log.latest_durable() == 1
         assert json.loads((await b.get(layout.latest_durable)).value)["writer"] == "coord-a"
+        # when each entry was written, and when the latest durable epoch became durable
+        assert all(before_ms <= e.at <= time.time() * 1000 for e in entries)
+        epoch, durable_at = await log.latest_durable_at()
+        assert epoch == 1 and before_ms <= durable_at <= entries[1].at
 
     run_async(backend_factory, scenario)
 

@@ -43,12 +43,20 @@ def test_schema_is_structural_and_has_status_and_columns():
     (version,) = crd["spec"]["versions"]
     assert version["name"] == "v1alpha1"
     assert version["subresources"] == {"status": {}}
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+    assert [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")] == [
         "Phase",
+        "Ready",
         "Run",
         "Mode",
         "Durable",
+        "Last-Durable",
         "Age",
+    ]
+    # `kubectl get -o wide` adds the committed epoch and the leading coordinator with its token
+    assert [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority")] == [
+        "Committed",
+        "Leader",
+        "Token",
     ]
     problems: list[str] = []
     _walk(version["schema"]["openAPIV3Schema"], "", problems)

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
-from nopstream_operator.kube import NameTaken
+from nopstream_operator.health import now_ms, rfc3339
+from nopstream_operator.kube import EpochSummary, NameTaken
 from nopstream_operator.reconcile import Context, reconcile_once
 from nopstream_operator.resources import PodSettings
 
@@ -104,6 +105,8 @@ class FakeEtcd:
     def __init__(self) -> None:
         self.current_run = 0
         self.durable: int | None = None
+        self.durable_at: int | None = None  # ms
+        self.leader: tuple[str, int] | None = None
         self.requests: dict[int, RestoreRequest] = {}
         self.takeovers: dict[int, str | None] = {}
 
@@ -116,8 +119,10 @@ class FakeEtcd:
             self.takeovers[self.current_run] = takeover
         return self.current_run
 
-    def epochs(self, layout: Any) -> tuple[int | None, int | None, list[int]]:
-        return self.durable, self.durable, []
+    def epochs(self, layout: Any) -> EpochSummary:
+        return EpochSummary(
+            durable=self.durable, durable_at=self.durable_at, committed=self.durable, leader=self.leader
+        )
 
     def last_epoch(self, layout: Any) -> int:
         return self.durable or 0
@@ -386,3 +391,84 @@ def test_runs_begun_otherwise_than_by_a_recovery_hand_nothing_to_standby_pods(wo
     passes(ctx)
     assert etcd.current_run == 2 and etcd.takeovers[2] is None
     assert not [k for k in kinds(kube) if k.startswith("Pod")]  # the standbys went with the rest
+
+
+def condition(kube: FakeKube, kind: str) -> tuple[str, str, str]:
+    found = next(c for c in status(kube)["conditions"] if c["type"] == kind)
+    return found["status"], found["reason"], found.get("message", "")
+
+
+def test_ready_only_while_epochs_keep_becoming_durable_and_degraded_while_they_do_not(world):
+    ctx, kube, etcd, events = world
+    kube.streamjob["spec"]["checkpoint"]["timeoutMs"] = 5_000  # bound: 1 s interval + 5 s timeout
+    passes(ctx, 2)
+    assert condition(kube, "Progressing")[:2] == ("True", "Pending")
+    kube.set_pods("task", "Running")
+    kube.set_pods("coordinator", "Running")
+    etcd.durable, etcd.durable_at = 4, now_ms() - 1_000
+    etcd.leader = ("wordcount-coordinator-0", 17)
+    passes(ctx)
+    assert condition(kube, "Ready")[:2] == ("True", "AllTasksReady")
+    assert condition(kube, "Progressing")[:2] == ("False", "Running")
+    assert condition(kube, "Degraded")[:2] == ("False", "AsExpected")
+    got = status(kube)
+    assert got["leader"] == {"pod": "wordcount-coordinator-0", "token": 17}
+    assert got["latestDurableAt"] == rfc3339(etcd.durable_at)
+
+    for c in status(kube)["conditions"]:  # the run has been running for ten minutes
+        if c["type"] == "Progressing":
+            c["lastTransitionTime"] = rfc3339(now_ms() - 600_000)
+    passes(ctx)
+    assert condition(kube, "Ready")[:2] == ("True", "AllTasksReady")
+    etcd.durable_at = now_ms() - 7_000  # and nothing durable for longer than the bound
+    passes(ctx, 2)
+    message = (
+        "no epoch became durable for longer than 6 s (checkpoint interval + timeout);"
+        " the latest durable is epoch 4"
+    )
+    assert condition(kube, "Ready") == ("False", "EpochsStalled", message)
+    assert condition(kube, "Degraded") == ("True", "EpochsStalled", message)
+    assert status(kube)["phase"] == "Running"  # still running: not ready
+    assert [m for r, m in events if r == "EpochsStalled"] == [message]  # one event, not one per pass
+    before = list(kube.writes)
+    passes(ctx, 2)
+    assert kube.writes == before  # a stalled job's passes write nothing more
+
+    etcd.durable, etcd.durable_at = 5, now_ms()
+    passes(ctx)
+    assert condition(kube, "Ready")[:2] == ("True", "AllTasksReady")
+    assert condition(kube, "Degraded")[:2] == ("False", "AsExpected")
+
+
+def test_a_new_run_is_judged_from_its_start_not_from_the_old_runs_last_epoch(world):
+    ctx, kube, etcd, _events = world
+    kube.streamjob["spec"]["checkpoint"]["timeoutMs"] = 5_000
+    passes(ctx, 2)
+    kube.set_pods("coordinator", "Running")
+    etcd.durable, etcd.durable_at = 3, now_ms() - 600_000  # the old run stalled long ago
+    kube.set_pods("task", "Failed", ready=False, exit_code=137)
+    passes(ctx)
+    assert status(kube)["phase"] == "Recovering"
+    assert condition(kube, "Progressing")[:2] == ("True", "Recovering")
+    assert condition(kube, "Degraded")[:2] == ("False", "AsExpected")
+    kube.set_pods("task", "Running")
+    passes(ctx)
+    assert condition(kube, "Ready")[:2] == ("True", "AllTasksReady")
+
+
+def test_a_failed_or_invalid_job_is_degraded_with_its_reason(world):
+    ctx, kube, _etcd, _events = world
+    kube.streamjob["spec"]["maxRecoveries"] = 0
+    passes(ctx, 2)
+    kube.set_pods("task", "Failed", ready=False, exit_code=1)
+    passes(ctx)
+    assert status(kube)["phase"] == "Failed"
+    assert condition(kube, "Degraded")[:2] == ("True", "TooManyRecoveries")
+    assert condition(kube, "Progressing")[:2] == ("False", "Failed")
+
+    kube.streamjob["spec"]["parallelism"] = 0
+    kube.streamjob["metadata"]["generation"] = 2
+    passes(ctx)
+    assert status(kube)["phase"] == "Invalid"
+    status_, reason, message = condition(kube, "Degraded")
+    assert (status_, reason) == ("True", "ValidationFailed") and "parallelism" in message
