@@ -260,7 +260,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from nopstream.node import coordinator, recovery, settings, task
+    from nopstream.node import coordinator, liveness, recovery, settings, task
 
     try:
         config = settings.from_env(args.command)
@@ -269,6 +269,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     _exit_on_sigterm(args.command)
+    if config.health_port is not None:
+        liveness.serve(config.host, config.health_port)
     if args.command == "coordinator":
         return EXIT_OK if asyncio.run(coordinator.serve(config)) == 0 else EXIT_JOB_FAILED
     from nopstream.errors import RestoreRefused

@@ -10,6 +10,7 @@ The operator (and `nopstream run --etcd`) sets these on every pod (process):
   NOPSTREAM_HOST        address to listen on (default 127.0.0.1; 0.0.0.0 in a pod)
   NOPSTREAM_ADVERTISE   address others reach this process at (the pod IP; default the host)
   NOPSTREAM_PORT        port to listen on (default 0: any free port)
+  NOPSTREAM_HEALTH_PORT port of the liveness endpoint (`node.liveness`; default none)
   NOPSTREAM_LEASE_TTL   seconds of the process's etcd lease (default 10)
   NOPSTREAM_SECRET_FILE the file holding the job's secret (`node.guard`; default SECRET_FILE)
 S3 credentials: `nopstream.s3.credentials`.
@@ -29,6 +30,9 @@ PARTITIONED_FILE = "partitioned.json"
 DEPLOYMENT_FILE = "deployment.json"
 SECRET_FILE = "/var/run/nopstream/job-secret/secret"
 """Where a pod finds its job's secret: the operator mounts the job's Secret there."""
+
+
+HEALTH = "NOPSTREAM_HEALTH_PORT"
 
 
 class SettingsError(ValueError):
@@ -51,6 +55,7 @@ class NodeSettings:
     task_id: str | None = None
     run: int | None = None
     standby: bool = False
+    health_port: int | None = None
 
     @property
     def partitioned_path(self) -> Path:
@@ -121,6 +126,7 @@ def from_env(role: str, env: Mapping[str, str] = os.environ) -> NodeSettings:
         port=_int(env, "NOPSTREAM_PORT", 0),
         lease_ttl=_int(env, "NOPSTREAM_LEASE_TTL", 10, minimum=2),
         secret=_secret(env),
+        health_port=_int(env, HEALTH, minimum=1) if env.get(HEALTH, "").strip() else None,
     )
     if role == "task":
         return dataclasses.replace(

@@ -36,6 +36,8 @@ LABEL_SUBTASK = "nopstream.io/subtask"
 LABEL_TASK = "nopstream.io/task"
 LABEL_STANDBY = "nopstream.io/standby"
 ANNOTATION_FINGERPRINT = "nopstream.io/plan-fingerprint"
+HEALTH_PORT = 7701
+"""Where a pod's process answers its liveness probe (`nopstream.node.liveness`)."""
 MANAGED = {"app.kubernetes.io/name": "nopstream", "app.kubernetes.io/managed-by": "nopstream-operator"}
 
 
@@ -159,6 +161,7 @@ def _env(deployment: DeploymentPlan, settings: PodSettings, extra: dict[str, str
         {"name": "NOPSTREAM_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "NOPSTREAM_ADVERTISE", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "NOPSTREAM_PORT", "value": str(TASK_PORT)},
+        {"name": "NOPSTREAM_HEALTH_PORT", "value": str(HEALTH_PORT)},
         {"name": "NOPSTREAM_LEASE_TTL", "value": str(settings.lease_ttl)},
     ]
     env += [{"name": k, "value": v} for k, v in sorted(extra.items())]
@@ -180,12 +183,23 @@ def _pod(
     env: dict[str, str],
     restart: str,
 ) -> dict[str, Any]:
-    # A TCP probe: the kernel accepts while the process listens, even when a user
-    # function holds the record loop for a while (an HTTP probe would time out then).
+    # Readiness is a TCP probe: the kernel accepts while the process listens, even when a
+    # user function holds the record loop for a while (an HTTP probe would time out then).
+    # Liveness asks the process's own liveness thread (`node.liveness`): a TCP probe
+    # passes for a stopped process too (the kernel completes the handshake), and a task
+    # that is stopped or wedged must fail its pod so that the job recovers.
     # The startup probe holds the others off until the process first listens (up to
     # 2 minutes): on a busy node a start can take longer than a liveness probe allows,
     # and killing it there only starts another recovery on the same busy node.
-    probe = {"tcpSocket": {"port": TASK_PORT}, "periodSeconds": 5, "failureThreshold": 3}
+    readiness = {"tcpSocket": {"port": TASK_PORT}, "periodSeconds": 5, "failureThreshold": 3}
+    liveness = {
+        "httpGet": {"path": "/healthz", "port": HEALTH_PORT},
+        "periodSeconds": 5,
+        "timeoutSeconds": 2,
+        "failureThreshold": 3,
+        # a stopped process holds SIGTERM pending: the pod's 30 s grace would only delay the recovery
+        "terminationGracePeriodSeconds": 1,
+    }
     startup = {"tcpSocket": {"port": TASK_PORT}, "periodSeconds": 1, "failureThreshold": 120}
     resources = {
         k: v
@@ -243,8 +257,8 @@ def _pod(
                     # a refused start tells why in its last log line: the operator reads it there
                     "terminationMessagePolicy": "FallbackToLogsOnError",
                     "startupProbe": startup,
-                    "readinessProbe": probe,
-                    "livenessProbe": probe,
+                    "readinessProbe": readiness,
+                    "livenessProbe": liveness,
                     "resources": resources,
                     "securityContext": {
                         "allowPrivilegeEscalation": False,

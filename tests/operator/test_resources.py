@@ -66,13 +66,16 @@ def test_a_task_pod_has_its_identity_run_plan_and_probes():
         "NOPSTREAM_HOST": {"fieldRef": {"fieldPath": "status.podIP"}},
         "NOPSTREAM_ADVERTISE": {"fieldRef": {"fieldPath": "status.podIP"}},
         "NOPSTREAM_PORT": "7700",
+        "NOPSTREAM_HEALTH_PORT": "7701",
         "NOPSTREAM_LEASE_TTL": "7",
         "NOPSTREAM_TASK_ID": "wordcount/main/lines/1",
         "NOPSTREAM_RUN": "4",
         "NOPSTREAM_SECRET_FILE": "/var/run/nopstream/job-secret/secret",
         "A": "1",
     }
-    assert c["readinessProbe"]["tcpSocket"] == c["livenessProbe"]["tcpSocket"] == {"port": 7700}
+    assert c["readinessProbe"]["tcpSocket"] == {"port": 7700}
+    # liveness asks the process's liveness thread: a stopped process fails it (a TCP probe would pass)
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 7701}
     # liveness only once the process first listened: a slow start is not killed
     assert c["startupProbe"] == {"tcpSocket": {"port": 7700}, "periodSeconds": 1, "failureThreshold": 120}
     fp = p.deployment.partitioned_fingerprint
