@@ -4,11 +4,12 @@
 # Kubernetes control plane, kubectl, kubelet and kube-proxy (k8s.io/kubernetes at one
 # release), helm (its Go module), and the node of the e2e cluster: containerd and
 # CoreDNS (their Go modules), runc, the CNI plugins, iptables, conntrack, buildah and
-# mmdebstrap (Debian), and the runtime image (built on a Debian base made here).
+# mmdebstrap (Debian), the runtime image (built on a Debian base made here), and Lua 5.1
+# with lua-cjson (Debian) for the Argo CD health check.
 # Everything lands in a cache outside the repository; a second run finds it there and
 # only prints what it reused.
 #
-# Usage: scripts/install-servers.sh [etcd] [postgres] [minio] [kafka] [kube] [helm] [node] [image]
+# Usage: scripts/install-servers.sh [etcd] [postgres] [minio] [kafka] [kube] [helm] [node] [image] [lua]
 #        (default: all)
 set -euo pipefail
 
@@ -137,20 +138,20 @@ build_kube() {  # build_kube CMD...: k8s.io/kubernetes/cmd/CMD into the cache's 
   done
 }
 
-install_node_packages() {
-  local missing=() p
-  for p in runc containernetworking-plugins iptables conntrack buildah mmdebstrap; do
+install_debian_packages() {  # install_debian_packages LABEL PACKAGE...: those missing, from Debian
+  local label="$1" missing=() p; shift
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
   done
   if [[ ${#missing[@]} -eq 0 ]]; then
-    log "node packages: present (runc $(dpkg-query -W -f='${Version}' runc))"
+    log "$label: present ($(dpkg-query -W -f='${Package} ${Version}' "$1"))"
     return 0
   fi
   local start=$SECONDS
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  log "node packages: installed ${missing[*]} from Debian in $((SECONDS - start))s"
+  log "$label: installed ${missing[*]} from Debian in $((SECONDS - start))s"
 }
 
 build_containerd() {
@@ -168,7 +169,7 @@ build_coredns() {
 }
 
 what=("$@")
-[[ ${#what[@]} -gt 0 ]] || what=(etcd postgres minio kafka kube helm node image)
+[[ ${#what[@]} -gt 0 ]] || what=(etcd postgres minio kafka kube helm node image lua)
 for w in "${what[@]}"; do
   case "$w" in
     etcd) install_etcd ;;
@@ -179,11 +180,13 @@ for w in "${what[@]}"; do
     helm) timed "helm $HELM_VERSION" "$BIN/.helm-$HELM_VERSION-stamped" build_helm ;;
     kube) timed "kubernetes $KUBE_VERSION" "$BIN/.kube-$KUBE_VERSION-stamped" \
             build_kube kube-apiserver kube-controller-manager kube-scheduler kubectl ;;
-    node) install_node_packages
+    node) install_debian_packages "node packages" runc containernetworking-plugins iptables conntrack buildah mmdebstrap
           timed "kubelet and kube-proxy $KUBE_VERSION" "$BIN/.kubenode-$KUBE_VERSION" build_kube kubelet kube-proxy
           timed "containerd $CONTAINERD_VERSION" "$BIN/.containerd-$CONTAINERD_VERSION" build_containerd
           timed "coredns $COREDNS_VERSION" "$BIN/.coredns-$COREDNS_VERSION" build_coredns ;;
     image) "$TOP/scripts/build-image.sh" ;;
-    *) log "unknown server '$w' (known: etcd postgres minio kafka kube helm node image)"; exit 2 ;;
+    # Argo CD runs health checks in Lua 5.1 (gopher-lua): the StreamJob check is tested on it
+    lua) install_debian_packages "lua" lua5.1 lua-cjson ;;
+    *) log "unknown server '$w' (known: etcd postgres minio kafka kube helm node image lua)"; exit 2 ;;
   esac
 done
