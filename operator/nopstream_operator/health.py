@@ -37,14 +37,10 @@ def _ms(text: str) -> int:
     return int(parsed.timestamp() * 1000)
 
 
-def stalled_for(
-    checkpoint: CheckpointSettings,
-    conditions: list[Condition],
-    durable_at: int | None,
-    *,
-    now: int,
-) -> float | None:
-    """Seconds since the last sign of progress, when past the bound; None while epochs keep coming.
+def stalled(
+    checkpoint: CheckpointSettings, conditions: list[Condition], durable_at: int | None, *, now: int
+) -> bool:
+    """Whether no epoch became durable for longer than the bound (interval + timeout) in this run.
 
     The run's start is when Progressing last turned False (the run became ready); a
     recovery's new run is not judged by the old run's last epoch.
@@ -55,9 +51,7 @@ def stalled_for(
         if progressing is not None and progressing.status == "False" and progressing.last_transition_time
         else now
     )
-    since = max(started, durable_at or 0)
-    age = now - since
-    return age / 1000 if age > checkpoint.interval_ms + checkpoint.timeout_ms else None
+    return now - max(started, durable_at or 0) > checkpoint.interval_ms + checkpoint.timeout_ms
 
 
 def stalled_message(checkpoint: CheckpointSettings, durable: int | None) -> str:

@@ -708,7 +708,7 @@ def _refresh(
     elif ready == total and seen.status.stopping is None:  # stopping: still Upgrading
         phase = "Running"
         checkpoint = deployment.checkpoint
-        if health.stalled_for(checkpoint, conditions, epochs.durable_at, now=health.now_ms()) is not None:
+        if health.stalled(checkpoint, conditions, epochs.durable_at, now=health.now_ms()):
             message = health.stalled_message(checkpoint, epochs.durable)
             if not _has_condition(conditions, "Ready", health.STALLED):
                 ctx.emit(seen.job, "Warning", health.STALLED, message)
