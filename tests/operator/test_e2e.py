@@ -415,8 +415,10 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, s3
     w.kubectl("apply", "-f", "-", input=json.dumps(job))
     w.wait("Running", lambda: w.job("wordcount").get("status", {}).get("phase") == "Running")
     table = w.kubectl("get", "streamjobs")
-    assert table.split("\n")[0].split() == ["NAME", "PHASE", "RUN", "MODE", "DURABLE", "AGE"]
-    assert table.split("\n")[1].split()[:4] == ["wordcount", "Running", "1", "STRICT_EXACTLY_ONCE"], (
+    assert table.split("\n")[0].split() == [
+        "NAME", "PHASE", "READY", "RUN", "MODE", "DURABLE", "LAST-DURABLE", "AGE"
+    ]  # fmt: skip
+    assert table.split("\n")[1].split()[:5] == ["wordcount", "Running", "True", "1", "STRICT_EXACTLY_ONCE"], (
         w.kubectl("get", "events", "--sort-by=.lastTimestamp")
     )
     tasks = [p for p in w.pods("wordcount") if p["metadata"]["labels"].get("nopstream.io/run") == "1"]
@@ -564,6 +566,63 @@ def test_a_savepoint_on_request_then_suspend_and_resume(world, s3_client, bucket
     assert w.kubectl("get", "configmaps", "-l", "nopstream.io/job=pausable", "-o", "name") == ""
     after = sorted(o.object_name for o in s3_client.list_objects(bucket, prefix="cp-paused/", recursive=True))
     assert after == checkpoints
+
+
+def condition(w: World, job: str, kind: str) -> dict:
+    return next((c for c in w.job(job)["status"].get("conditions", []) if c["type"] == kind), {})
+
+
+def test_a_stopped_task_turns_ready_false_then_fails_its_pod_and_the_recovered_job_is_ready(
+    world, s3_client, bucket
+):
+    w = world
+    if w.cluster is None or w.cluster.node is None:
+        pytest.skip("stopping a container's process needs the suite's own node")
+    upload_lines(s3_client, bucket, random.Random(23), files=12, lines=2500, words=6)
+    expected = clean_output(
+        w, s3_client, bucket, wordcount("stall-clean", bucket, w.s3_url, "clean", parallelism=2)
+    )
+    job = wordcount("stalls", bucket, w.pod_s3_url, "stalled", parallelism=2)
+    job["spec"]["checkpoint"]["timeoutMs"] = 2000  # Ready's bound: 0.5 s interval + 2 s timeout
+    w.kubectl("apply", "-f", "-", input=json.dumps(job))
+    w.kubectl("wait", "--for=condition=Ready", "streamjob/stalls", "--timeout=180s")
+    w.wait("an epoch durable", lambda: w.job("stalls")["status"].get("latestDurableEpoch"))
+    status = w.job("stalls")["status"]
+    assert status["leader"]["pod"].startswith("stalls-coordinator-") and status["leader"]["token"] > 0
+    assert condition(w, "stalls", "Degraded")["status"] == "False"
+    run = status["run"]
+    (pod,) = [
+        p
+        for p in w.pods("stalls")
+        if p["metadata"]["labels"].get("nopstream.io/run") == str(run)
+        and p["metadata"]["labels"].get("nopstream.io/vertex") == "lines"
+        and p["metadata"]["labels"].get("nopstream.io/subtask") == "0"
+    ]
+    pid = w.cluster.node.container_pid(pod["status"]["containerStatuses"][0]["containerID"])
+    os.kill(pid, signal.SIGSTOP)  # frozen: its pod still Running, its TCP port still accepting
+    stopped = time.monotonic()
+    stalled = w.wait(
+        "Ready=False (EpochsStalled)",
+        lambda: (c := condition(w, "stalls", "Ready")).get("reason") == "EpochsStalled" and c,
+        timeout=60,
+    )
+    took = time.monotonic() - stopped
+    assert stalled["status"] == "False" and stalled["message"].startswith(
+        "no epoch became durable for longer than 2.5 s (checkpoint interval + timeout)"
+    )
+    assert condition(w, "stalls", "Degraded")["reason"] == "EpochsStalled"
+    assert w.job("stalls")["status"]["phase"] == "Running"  # the pods look fine; the status does not
+    # the bound, a pass and the durable epoch's age in whole seconds; the liveness probe needs ~15 s
+    assert took < 2.5 + 6, f"Ready turned False {took:.1f} s after the task stopped"
+    # the liveness probe fails the stopped task's pod; the job recovers and is Ready again
+    w.wait("a recovery", lambda: w.job("stalls")["status"]["run"] > run, timeout=90)
+    w.kubectl("wait", "--for=condition=Ready", "streamjob/stalls", "--timeout=180s")
+    assert condition(w, "stalls", "Degraded")["status"] == "False"
+    w.wait("Succeeded", lambda: w.job("stalls")["status"].get("phase") == "Succeeded", timeout=300)
+    got = s3_records(s3_client, bucket, "stalled/")
+    assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
+    events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=stalls", "-o", "json")
+    assert {"EpochsStalled", "Recovery"} <= {e["reason"] for e in json.loads(events)["items"]}
 
 
 def test_a_job_that_keeps_failing_is_failed_after_its_recoveries(world, s3_client, bucket):
