@@ -578,7 +578,7 @@ def test_a_stopped_task_turns_ready_false_then_fails_its_pod_and_the_recovered_j
     w = world
     if w.cluster is None or w.cluster.node is None:
         pytest.skip("stopping a container's process needs the suite's own node")
-    upload_lines(s3_client, bucket, random.Random(23), files=12, lines=2500, words=6)
+    upload_lines(s3_client, bucket, random.Random(23), files=6, lines=1500, words=6)
     expected = clean_output(
         w, s3_client, bucket, wordcount("stall-clean", bucket, w.s3_url, "clean", parallelism=2)
     )
