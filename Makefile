@@ -13,6 +13,9 @@ unexport PYTHONDONTWRITEBYTECODE
 VENV = $(shell scripts/venv.sh)
 PY = $(VENV)/bin/python
 JOB ?= examples/wordcount.yaml
+# Test processes side by side (pytest-xdist); each starts its own servers, and the
+# tests of the one Kubernetes cluster stay together on one of them (xdist_group "kube").
+TEST_WORKERS ?= 2
 
 .PHONY: run test lint setup servers bench
 
@@ -32,7 +35,7 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 test: setup servers lint
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 bench: setup
 	$(PY) bench/compile.py

@@ -23,6 +23,8 @@ from e2e.netns import ns_inode
 from e2e.node import E2E_IMAGE, NODE_NAME, POD_CIDR
 from tests.conftest import ROOT
 
+# the session's one cluster: under pytest-xdist these tests all run on one worker
+pytestmark = pytest.mark.xdist_group("kube")
 NS = "infra"
 
 

@@ -45,6 +45,8 @@ from e2e.cluster import Cluster
 from e2e.node import E2E_IMAGE, NODE_IP
 from tests.conftest import ROOT, s3_records
 
+# the session's one cluster: under pytest-xdist these tests all run on one worker
+pytestmark = pytest.mark.xdist_group("kube")
 FNS_DIR = Path(__file__).resolve().parent  # e2efns.py: the jobs' user functions
 OPERATOR_USER = "system:serviceaccount:default:nopstream-operator"
 BUNDLED_S3 = "http://nopstream-minio:9000"  # the chart's MinIO, by Service name, as pods reach it

@@ -11,6 +11,7 @@ import re
 import subprocess
 import tomllib
 
+import pytest
 import yaml
 from nopstream_operator.resources import PodSettings
 
@@ -18,6 +19,8 @@ from e2e import servers
 from nopstream.cli import _parser, dump_crd
 from tests.conftest import ROOT
 
+# the session's one cluster: under pytest-xdist these tests all run on one worker
+pytestmark = pytest.mark.xdist_group("kube")
 CHART = ROOT / "charts" / "nopstream"
 DOCKERFILE = ROOT / "runtime-image" / "Dockerfile"
 
