@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime
 
-from nopstream.model.status import Condition, ConditionStatus, Phase
+from nopstream.model.status import Condition, ConditionStatus, Phase, StreamJobStatus
 from nopstream.plan.deployment import CheckpointSettings
 
 STALLED = "EpochsStalled"
@@ -52,6 +52,16 @@ def stalled(
         else now
     )
     return now - max(started, durable_at or 0) > checkpoint.interval_ms + checkpoint.timeout_ms
+
+
+def durable_since_ready(status: StreamJobStatus) -> bool:
+    """Whether an epoch became durable since the current run became ready (its first output is out)."""
+    progressing = next((c for c in status.conditions if c.type == "Progressing"), None)
+    if progressing is None or progressing.status != "False" or not progressing.last_transition_time:
+        return False
+    return status.latest_durable_at is not None and _ms(status.latest_durable_at) >= _ms(
+        progressing.last_transition_time
+    )
 
 
 def stalled_message(checkpoint: CheckpointSettings, durable: int | None) -> str:

@@ -317,6 +317,10 @@ def running_with_standbys(ctx: Context, kube: FakeKube) -> dict[str, dict[str, A
     kube.set_pods("coordinator", "Running")
     passes(ctx)
     assert status(kube)["phase"] == "Running"
+    assert not task_pods(kube, 2)  # nor until the run's first durable epoch: its first output first
+    etcd = ctx.etcd
+    etcd.durable, etcd.durable_at = (etcd.durable or 0) + 1, now_ms()
+    passes(ctx)
     standbys = task_pods(kube, 2)
     assert len(standbys) == status(kube)["tasksTotal"]
     return standbys
