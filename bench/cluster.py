@@ -11,7 +11,8 @@ each epoch commits; once as it is, once with `standbyTasks`. It measures, in one
                           first output object of an epoch of the new run (at or above
                           the first epoch of its restore point in etcd): what a user
                           watching the output waits; three kills per job, each once the
-                          job runs again (target < 10 s)
+                          job runs again and, with standbyTasks, its standby pods for the
+                          next run are ready (target < 10 s)
   operator CPU            CPU time of the active operator's container over a quiet minute
                           (the job finished, nothing to do), as a share of one core
 Ratios: each figure over its target, measured in this run. Not a test: no CI timing.
@@ -75,19 +76,46 @@ def first_epoch_of(w: World, job: str, run: int) -> int:
     return until(f"run {run}'s restore point", lambda: asyncio.run(read()), step=0.1)
 
 
-def kill_to_new_output(w: World, job: str, client: Minio, bucket: str, rng: random.Random) -> float | None:
-    """Seconds from a task pod's force-delete to the first output of an epoch the new run made."""
+def tasks_of(w: World, job: str, run: int, *, standby: bool = False) -> list[str]:
+    """The running (and, for standbys, ready) task pods of `run`."""
+    return [
+        p["metadata"]["name"]
+        for p in w.pods(job)
+        if p["metadata"]["labels"].get("nopstream.io/run") == str(run)
+        and p["status"].get("phase") == "Running"
+        and (
+            not standby
+            or any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"]["conditions"])
+        )
+    ]
+
+
+def _conditions(pod: dict) -> list[dict[str, str]]:
+    return [{"type": c["type"], "status": c["status"]} for c in pod["status"].get("conditions", [])]
+
+
+def standing_by(w: World, job: str, run: int, count: int) -> bool:
+    """Whether `count` standby pods of `run` are ready."""
+    return len(tasks_of(w, job, run, standby=True)) >= count
+
+
+def kill_to_new_output(
+    w: World, job: str, client: Minio, bucket: str, rng: random.Random, *, standby: bool
+) -> float | None:
+    """Seconds from a task pod's force-delete to the first output of an epoch the new run made.
+
+    The kill comes once the job runs again and, with standbyTasks, once the next run's
+    standby pods are ready (the state a job with them is in but for a minute after a
+    recovery): failures come at any time, most of them long after a start.
+    """
     until("Running", lambda: w.job(job)["status"].get("phase") in ("Running", "Succeeded"))
     status = w.job(job)["status"]
     if status.get("phase") != "Running":
         return None
     run = status["run"]
-    tasks = [
-        p["metadata"]["name"]
-        for p in w.pods(job)
-        if p["metadata"]["labels"].get("nopstream.io/run") == str(run)
-        and p["status"].get("phase") == "Running"
-    ]
+    if standby:  # its steady state: the next run's standby pods started and waiting
+        until("the standby pods", lambda: standing_by(w, job, run + 1, len(tasks_of(w, job, run))))
+    tasks = tasks_of(w, job, run)
     killed = time.monotonic()
     w.kubectl("delete", "pod", rng.choice(sorted(tasks)), "--grace-period=0", "--force", "--wait=false")
     until("the next run", lambda: w.job(job)["status"]["run"] > run, step=0.02)
@@ -113,7 +141,7 @@ def measure(w: World, client: Minio, bucket: str, job: str, *, standby: bool) ->
     until("Running", lambda: w.job(job).get("status", {}).get("phase") == "Running")
     start_s = time.monotonic() - applied
     until("a first committed output", lambda: output_epochs(client, bucket, f"{job}/"))
-    kills = (kill_to_new_output(w, job, client, bucket, rng) for _ in range(KILLS))
+    kills = (kill_to_new_output(w, job, client, bucket, rng, standby=standby) for _ in range(KILLS))
     recoveries = [s for s in kills if s is not None]
     until("Succeeded", lambda: w.job(job)["status"].get("phase") == "Succeeded", timeout=600)
     return start_s, recoveries
