@@ -362,20 +362,46 @@ def leader(w: World, job: str) -> str:
     return w.wait("the leading coordinator", lambda: asyncio.run(read()))
 
 
-def kill_tasks(w: World, rng: random.Random, count: int, *, first_nonce: int, job: str = "wordcount") -> int:
-    """Kill `count` task pods of the current run one after the other, each after the job runs again."""
+def running_tasks(w: World, job: str, run: int) -> list[str]:
+    """The names of run `run`'s task pods that are running."""
+    return [
+        p["metadata"]["name"]
+        for p in w.pods(job)
+        if p["metadata"]["labels"].get("nopstream.io/run") == str(run)
+        and p["metadata"]["labels"].get("nopstream.io/role") == "task"
+        and p["status"].get("phase") == "Running"
+    ]
+
+
+def standing_by(w: World, job: str, run: int, tasks: tuple[str, ...]) -> bool:
+    """Whether run `run + 1` has a running standby pod per task of `run` (or the job is over)."""
+    over = w.job(job)["status"].get("phase") == "Succeeded"
+    return over or len(running_tasks(w, job, run + 1)) >= len(tasks)
+
+
+def kill_tasks(
+    w: World,
+    rng: random.Random,
+    count: int,
+    *,
+    first_nonce: int,
+    job: str = "wordcount",
+    standby: bool = False,
+) -> int:
+    """Kill `count` task pods of the current run one after the other, each after the job runs again
+    (and, with `standby`, once the next run's standby pods run: they come after a durable epoch)."""
     done = 0
     for nonce in range(first_nonce, first_nonce + count):
         status = w.job(job)["status"]
         if status.get("phase") == "Succeeded":
             break
         run = status["run"]
-        tasks = [
-            p["metadata"]["name"]
-            for p in w.pods(job)
-            if p["metadata"]["labels"].get("nopstream.io/run") == str(run)
-            and p["status"].get("phase") == "Running"
-        ]
+        tasks = running_tasks(w, job, run)
+        if standby:
+            ready = tuple(tasks)
+            w.wait("the standby pods", lambda run=run, ready=ready: standing_by(w, job, run, ready))
+            if w.job(job)["status"].get("phase") == "Succeeded":
+                break
         w.kill(rng.choice(sorted(tasks)), nonce)
         done += 1
         w.wait(f"run {run + 1}", lambda run=run: w.job(job)["status"]["run"] > run)
@@ -449,7 +475,7 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, s3
 
     # two task pods killed; parallelism 3 -> 4 (a rescale from a stop savepoint); three more
     # task pods killed; then the leading coordinator
-    kills = kill_tasks(w, rng, 2, first_nonce=1)
+    kills = kill_tasks(w, rng, 2, first_nonce=1, standby=True)
     run = w.job("wordcount")["status"]["run"]
     served = {
         p["metadata"]["name"]: p["metadata"]["labels"].get("nopstream.io/standby")
