@@ -37,31 +37,32 @@ def _ms(text: str) -> int:
     return int(parsed.timestamp() * 1000)
 
 
+def _ready_since(conditions: list[Condition]) -> int | None:
+    """When the current run became ready (Progressing last turned False), in ms; None while it is not."""
+    progressing = next((c for c in conditions if c.type == "Progressing"), None)
+    if progressing is None or progressing.status != "False" or not progressing.last_transition_time:
+        return None
+    return _ms(progressing.last_transition_time)
+
+
 def stalled(
     checkpoint: CheckpointSettings, conditions: list[Condition], durable_at: int | None, *, now: int
 ) -> bool:
     """Whether no epoch became durable for longer than the bound (interval + timeout) in this run.
 
-    The run's start is when Progressing last turned False (the run became ready); a
+    Measured from the later of the latest durable epoch and the run's becoming ready: a
     recovery's new run is not judged by the old run's last epoch.
     """
-    progressing = next((c for c in conditions if c.type == "Progressing"), None)
-    started = (
-        _ms(progressing.last_transition_time)
-        if progressing is not None and progressing.status == "False" and progressing.last_transition_time
-        else now
-    )
-    return now - max(started, durable_at or 0) > checkpoint.interval_ms + checkpoint.timeout_ms
+    started = _ready_since(conditions)
+    since = max(now if started is None else started, durable_at or 0)
+    return now - since > checkpoint.interval_ms + checkpoint.timeout_ms
 
 
 def durable_since_ready(status: StreamJobStatus) -> bool:
     """Whether an epoch became durable since the current run became ready (its first output is out)."""
-    progressing = next((c for c in status.conditions if c.type == "Progressing"), None)
-    if progressing is None or progressing.status != "False" or not progressing.last_transition_time:
-        return False
-    return status.latest_durable_at is not None and _ms(status.latest_durable_at) >= _ms(
-        progressing.last_transition_time
-    )
+    started = _ready_since(status.conditions)
+    durable = status.latest_durable_at
+    return started is not None and durable is not None and _ms(durable) >= started
 
 
 def stalled_message(checkpoint: CheckpointSettings, durable: int | None) -> str:
