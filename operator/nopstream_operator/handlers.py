@@ -75,7 +75,7 @@ def _emit(job: dict[str, Any], kind: str, reason: str, message: str) -> None:
 @kopf.on.event("v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
 async def pod_event(event: kopf.RawEvent, body: kopf.Body, namespace: str | None, **_: Any) -> None:
     """One of a job's pods lost: its daemon's next pass starts now (async: on the daemons' loop)."""
-    if is_loss(event.get("type"), body):
+    if is_loss(event.get("type"), dict(event["object"])):
         WAKEUPS.wake(namespace or "default", body.metadata.labels[LABEL_JOB])
 
 

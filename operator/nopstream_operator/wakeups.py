@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
 from typing import Any
+
+from nopstream_operator.reconcile import pod_view
 
 _ENDED = frozenset({"Failed", "Succeeded"})
 
 
-def is_loss(event_type: str | None, pod: Mapping[str, Any]) -> bool:
+def is_loss(event_type: str | None, pod: dict[str, Any]) -> bool:
     """Whether a pod event says the pod is gone or going: deleted or deleting, ended, or terminated."""
-    if event_type == "DELETED" or (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return True
-    status = pod.get("status") or {}
-    if status.get("phase") in _ENDED:
-        return True
-    return any("terminated" in (c.get("state") or {}) for c in status.get("containerStatuses") or [])
+    seen = pod_view(pod)  # the pass's own reading of a pod
+    return event_type == "DELETED" or seen.deleting or seen.phase in _ENDED or seen.exit_code is not None
 
 
 class Wakeups:
