@@ -13,6 +13,7 @@ the grant interval, so credit is pipelined and the sender rarely stalls.
 from __future__ import annotations
 
 import asyncio
+import time
 
 
 class CreditWindow:
@@ -23,6 +24,8 @@ class CreditWindow:
         self.window = window
         self.outstanding = 0
         self.max_outstanding = 0
+        self._blocked = 0.0  # time spent waiting for credit: the sender's backpressure
+        self._blocked_since: float | None = None
         self._room = asyncio.Event()
         self._room.set()
         self._failure: BaseException | None = None
@@ -33,12 +36,22 @@ class CreditWindow:
             if self._failure is not None:
                 raise self._failure
             self._room.clear()
-            await self._room.wait()
+            self._blocked_since = time.monotonic()
+            try:
+                await self._room.wait()
+            finally:
+                self._blocked += time.monotonic() - self._blocked_since
+                self._blocked_since = None
         if self._failure is not None:
             raise self._failure
         self.outstanding += units
         if self.outstanding > self.max_outstanding:
             self.max_outstanding = self.outstanding
+
+    def blocked_seconds(self) -> float:
+        """Seconds spent waiting for credit so far, a wait still going on included."""
+        ongoing = time.monotonic() - self._blocked_since if self._blocked_since is not None else 0.0
+        return self._blocked + ongoing
 
     def grant(self, units: int) -> None:
         """The receiver consumed `units`: they may be sent again."""

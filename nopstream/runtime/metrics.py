@@ -1,14 +1,18 @@
-"""Prometheus metrics of tasks, read from their counters when scraped (never per record).
+"""What a task reports of itself: Prometheus metrics and the stats it sends its coordinator.
 
 `TaskCollector` turns a task's counters into metric families at scrape time, so the
 record loop only bumps plain integers. `exposition(registry)` renders the text format
-a `/metrics` route serves.
+a `/metrics` route serves. `TaskStats` is the record a task process sends its
+coordinator twice a second (records, watermark, and where its time went: idle waiting
+for input, backpressured waiting for credit, busy otherwise), for the progress line,
+the dashboard and the run's result.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
@@ -24,6 +28,55 @@ class TaskView(Protocol):
         """Current values: records_in, records_out, barriers, watermark, alignment_ms, snapshot_bytes,
         pending_transactions, fenced_attempts, refused_commands."""
         ...
+
+
+@dataclass(frozen=True)
+class TaskStats:
+    """A task's counters at one moment; the times are cumulative since the task was built."""
+
+    records_in: int = 0
+    records_out: int = 0
+    watermark: int | None = None
+    uptime_ms: int = 0
+    idle_ms: int = 0
+    backpressured_ms: int = 0
+    channels: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The body of POST /stats (beside the task id and run)."""
+        return {
+            "recordsIn": self.records_in,
+            "recordsOut": self.records_out,
+            "watermark": self.watermark,
+            "uptimeMs": self.uptime_ms,
+            "idleMs": self.idle_ms,
+            "backpressuredMs": self.backpressured_ms,
+            "channels": self.channels,
+        }
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> TaskStats:
+        """Stats from a POST /stats body; ValueError naming the first field of the wrong type."""
+        counts = {}
+        for name in ("recordsIn", "recordsOut", "uptimeMs", "idleMs", "backpressuredMs"):
+            value = body.get(name, 0)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a whole number >= 0, not {value!r}")
+            counts[name] = value
+        watermark, channels = body.get("watermark"), body.get("channels", {})
+        if watermark is not None and (not isinstance(watermark, int) or isinstance(watermark, bool)):
+            raise ValueError(f"watermark must be a whole number or null, not {watermark!r}")
+        if not isinstance(channels, dict):
+            raise ValueError("channels must be an object")
+        return cls(
+            counts["recordsIn"],
+            counts["recordsOut"],
+            watermark,
+            counts["uptimeMs"],
+            counts["idleMs"],
+            counts["backpressuredMs"],
+            channels,
+        )
 
 
 class TaskCollector(Collector):

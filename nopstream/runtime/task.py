@@ -20,7 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import orjson
@@ -42,6 +42,7 @@ from nopstream.runtime.combiner import AnyCombiner, combined_edges, combiner_for
 from nopstream.runtime.frames import Barrier, EndOfInput, EndOfStream, Frame, Watermark
 from nopstream.runtime.gate import InputChannel, InputGate
 from nopstream.runtime.keyed import ShardCache
+from nopstream.runtime.metrics import TaskStats
 from nopstream.runtime.operators.aggregates import PerKey
 from nopstream.runtime.operators.base import Context, Operator
 from nopstream.runtime.operators.registry import build_operator
@@ -128,6 +129,14 @@ class TaskMetrics:
     alignment_ms: float = 0.0
     snapshot_bytes: int = 0
     refused_commands: int = 0
+    idle_seconds: float = 0.0  # waiting for input, for a barrier, or polling an empty source
+    idle_since: float | None = None  # when the wait going on began
+    started: float = field(default_factory=time.monotonic)
+
+    def idle_now(self) -> float:
+        """Seconds idle so far, a wait still going on included."""
+        ongoing = time.monotonic() - self.idle_since if self.idle_since is not None else 0.0
+        return self.idle_seconds + ongoing
 
 
 class Task:
@@ -255,6 +264,30 @@ class Task:
             "fenced_attempts": self.fenced_attempts(),
             "refused_commands": m.refused_commands,
         }
+
+    def stats(self) -> TaskStats:
+        """The counters a task process sends its coordinator (`runtime.metrics.TaskStats`)."""
+        m = self.metrics
+        blocked = sum(ch.window.blocked_seconds() for out in self._outputs for ch in out.channels.values())
+        return TaskStats(
+            m.records_in,
+            m.records_out,
+            m.watermark,
+            int((time.monotonic() - m.started) * 1000),
+            int(m.idle_now() * 1000),
+            int(blocked * 1000),
+            self.channel_stats(),
+        )
+
+    async def _idle(self, waiting: Awaitable[T]) -> T:
+        """Await what the task waits on (input, a barrier, an empty source's poll): its time is idle."""
+        m = self.metrics
+        m.idle_since = time.monotonic()
+        try:
+            return await waiting
+        finally:
+            m.idle_seconds += time.monotonic() - m.idle_since
+            m.idle_since = None
 
     def fenced_attempts(self) -> int:
         """Channels refused by this task's transport because of their run (0 on local channels)."""
@@ -401,7 +434,7 @@ class Task:
             while self._pending_barriers:
                 await self._snapshot_and_forward(self._pending_barriers.popleft())
             if self._stopped:  # after a stop-with-savepoint barrier: barriers only, no more records
-                await self._barrier_arrived.wait()
+                await self._idle(self._barrier_arrived.wait())
                 self._barrier_arrived.clear()
                 continue
             batch = reader.read(self._read_size)
@@ -410,7 +443,7 @@ class Task:
             if not batch.records:
                 await self._source_watermark(gen, floor)
                 await self._tick()
-                await asyncio.sleep(idle)
+                await self._idle(asyncio.sleep(idle))
                 continue
             self.metrics.records_in += len(batch.records)
             if gen is not None:
@@ -435,7 +468,7 @@ class Task:
             while self._pending_barriers:
                 await self._snapshot_and_forward(self._pending_barriers.popleft())
             if self.listener is not None and self.final_epoch is None:
-                await self._barrier_arrived.wait()
+                await self._idle(self._barrier_arrived.wait())
                 self._barrier_arrived.clear()
 
     async def _end_of_data(self, *, event_time: bool) -> None:
@@ -480,12 +513,12 @@ class Task:
         while self.gate.open_channels():
             if self.processing_time and not data_ended:
                 try:
-                    ch, frame, units = await asyncio.wait_for(self.gate.next(), tick)
+                    ch, frame, units = await self._idle(asyncio.wait_for(self.gate.next(), tick))
                 except TimeoutError:
                     await self._tick()
                     continue
             else:
-                ch, frame, units = await self.gate.next()
+                ch, frame, units = await self._idle(self.gate.next())
             if isinstance(frame, Batch):
                 self.metrics.records_in += len(frame.records)
                 self.watermarks.activity(ch.channel_id)
