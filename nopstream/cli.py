@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from nopstream.model.connectors import SINK_TYPES, FileSinkConfig, S3SinkConfig
 from nopstream.model.errors import ModelError
@@ -75,17 +76,7 @@ def _parser() -> argparse.ArgumentParser:
         "savepoint", help="make the next epoch of a running job a savepoint (kept by retention)"
     )
     p.add_argument("file", help="the job's file")
-    p.add_argument(
-        "--workdir", default=".nopstream", help="run files of `nopstream run` (default .nopstream)"
-    )
-    p.add_argument(
-        "--etcd", metavar="HOST:PORT", help="the job runs with --etcd: ask its leading coordinator"
-    )
-    p.add_argument(
-        "--secret-file",
-        metavar="FILE",
-        help="the job's secret with --etcd (default: the one `nopstream run --etcd` keeps in --workdir)",
-    )
+    _coordinator_arguments(p)
     p = sub.add_parser("operator", help="run the Kubernetes operator (kopf) in this process, cluster-wide")
     p.add_argument(
         "--liveness", metavar="URL", help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz"
@@ -103,10 +94,31 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("new")
     sub.add_parser("crd", help="print the StreamJob CustomResourceDefinition")
     p = sub.add_parser(
-        "status", help="durable epochs and the latest manifest in a local checkpoint directory"
+        "status",
+        help="a running job's view (its file: what the dashboard shows), or a checkpoint directory's epochs",
     )
-    p.add_argument("dir", help="the checkpoint storage directory (checkpoint.storage.local.path)")
+    p.add_argument(
+        "target",
+        help="the job's file (ask its coordinator), or a checkpoint storage directory (read it)",
+    )
+    _coordinator_arguments(p)
+    p.add_argument("--url", help="the coordinator's address (e.g. a port-forward), instead of finding it")
+    p.add_argument("--json", action="store_true", help="print GET /api/v1/job as it came")
     return parser
+
+
+def _coordinator_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workdir", default=".nopstream", help="run files of `nopstream run` (default .nopstream)"
+    )
+    p.add_argument(
+        "--etcd", metavar="HOST:PORT", help="the job runs with --etcd: ask its leading coordinator"
+    )
+    p.add_argument(
+        "--secret-file",
+        metavar="FILE",
+        help="the job's secret with --etcd or --url (default: the one `nopstream run` keeps in --workdir)",
+    )
 
 
 def _backend_arguments(p: argparse.ArgumentParser) -> None:
@@ -319,34 +331,49 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 
 def cmd_savepoint(args: argparse.Namespace) -> int:
     """Ask a running job's coordinator for a savepoint; exit 1 when no coordinator answers."""
-    import json
-    import urllib.error
-    import urllib.request
-
     plans = compiler.compile_model(load_file(args.file))
-    from nopstream.node import guard
-
     job = plans.partitioned.identity.job_id
-    found = _coordinator(plans, args)
-    if found is None:
-        print(f"job '{job}' is not running (no coordinator found)", file=sys.stderr)
-        return EXIT_INVALID
-    url, secret_file = found
-    try:
-        secret = guard.read_secret(secret_file)
-    except guard.SecretError as err:
-        print(f"job '{job}': {err}", file=sys.stderr)
-        return EXIT_INVALID
-    request = urllib.request.Request(f"{url}/savepoint", method="POST", headers=guard.headers(secret))
-    try:
-        with urllib.request.urlopen(request, timeout=10) as r:
-            answer = json.loads(r.read())
-    except (urllib.error.URLError, OSError) as err:
-        print(f"job '{job}': the coordinator at {url} did not take the request: {err}", file=sys.stderr)
+    answer = _ask_coordinator(plans, args, "POST", "/savepoint")
+    if answer is None:
         return EXIT_INVALID
     done = ", ".join(map(str, answer.get("savepoints", []))) or "none yet"
     print(f"savepoint requested: the next epoch of job '{job}' is a savepoint (savepoints so far: {done})")
     return EXIT_OK
+
+
+def _ask_coordinator(
+    plans: compiler.CompiledPlans, args: argparse.Namespace, method: str, path: str
+) -> dict[str, Any] | None:
+    """The JSON answer of the job's coordinator to one request; None (said on stderr) when none answers."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from nopstream.node import guard
+
+    job = plans.partitioned.identity.job_id
+    url = getattr(args, "url", None)
+    if url and not args.secret_file:
+        print(f"nopstream {args.command}: --url needs --secret-file (the job's secret)", file=sys.stderr)
+        return None
+    found = (url.rstrip("/"), Path(args.secret_file or "")) if url else _coordinator(plans, args)
+    if found is None:
+        print(f"job '{job}' is not running (no coordinator found)", file=sys.stderr)
+        return None
+    base, secret_file = found
+    try:
+        secret = guard.read_secret(secret_file)
+    except guard.SecretError as err:
+        print(f"job '{job}': {err}", file=sys.stderr)
+        return None
+    request = urllib.request.Request(f"{base}{path}", method=method, headers=guard.headers(secret))
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            answer: dict[str, Any] = json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        print(f"job '{job}': the coordinator at {base} did not answer {path}: {err}", file=sys.stderr)
+        return None
+    return answer
 
 
 def _coordinator(plans: compiler.CompiledPlans, args: argparse.Namespace) -> tuple[str, Path] | None:
@@ -390,12 +417,34 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """A running job's view from its coordinator, or a checkpoint directory's epochs; 1 when neither."""
+    target = Path(args.target)
+    if target.is_dir():
+        return _storage_status(target)
+    if not target.is_file():
+        print(
+            f"{target}: no such file or directory (give a job's file or a checkpoint directory)",
+            file=sys.stderr,
+        )
+        return EXIT_INVALID
+    import json
+
+    from nopstream.node.jobview import render_view
+
+    plans = compiler.compile_model(load_file(args.target))
+    view = _ask_coordinator(plans, args, "GET", "/api/v1/job")
+    if view is None:
+        return EXIT_INVALID
+    print(json.dumps(view, indent=2) if args.json else "\n".join(render_view(view)))
+    return EXIT_OK
+
+
+def _storage_status(root: Path) -> int:
     """Print each job's durable epochs and its latest manifest; exit 1 when DIR has none or one is refused."""
     from nopstream.checkpoint import catalog, lineage
     from nopstream.checkpoint.storage import LocalStorage
     from nopstream.errors import RestoreRefused
 
-    root = Path(args.dir)
     if not (root / "checkpoint").is_dir():
         print(f"{root}: no checkpoints here (expected {root / 'checkpoint'})", file=sys.stderr)
         return EXIT_INVALID

@@ -4,12 +4,13 @@
 # Kubernetes control plane, kubectl, kubelet and kube-proxy (k8s.io/kubernetes at one
 # release), helm (its Go module), and the node of the e2e cluster: containerd and
 # CoreDNS (their Go modules), runc, the CNI plugins, iptables, conntrack, buildah and
-# mmdebstrap (Debian), the runtime image (built on a Debian base made here), and Lua 5.1
-# with lua-cjson (Debian) for the Argo CD health check.
+# mmdebstrap (Debian), the runtime image (built on a Debian base made here), Lua 5.1
+# with lua-cjson (Debian) for the Argo CD health check, and Chromium with its
+# ChromeDriver (Debian) for the dashboard's browser test.
 # Everything lands in a cache outside the repository; a second run finds it there and
 # only prints what it reused.
 #
-# Usage: scripts/install-servers.sh [etcd] [postgres] [minio] [kafka] [kube] [helm] [node] [image] [lua]
+# Usage: scripts/install-servers.sh [etcd] [postgres] [minio] [kafka] [kube] [helm] [node] [image] [lua] [browser]
 #        (default: all)
 set -euo pipefail
 
@@ -169,7 +170,7 @@ build_coredns() {
 }
 
 what=("$@")
-[[ ${#what[@]} -gt 0 ]] || what=(etcd postgres minio kafka kube helm node image lua)
+[[ ${#what[@]} -gt 0 ]] || what=(etcd postgres minio kafka kube helm node image lua browser)
 for w in "${what[@]}"; do
   case "$w" in
     etcd) install_etcd ;;
@@ -187,6 +188,7 @@ for w in "${what[@]}"; do
     image) "$TOP/scripts/build-image.sh" ;;
     # Argo CD runs health checks in Lua 5.1 (gopher-lua): the StreamJob check is tested on it
     lua) install_debian_packages "lua" lua5.1 lua-cjson ;;
-    *) log "unknown server '$w' (known: etcd postgres minio kafka kube helm node image lua)"; exit 2 ;;
+    browser) install_debian_packages "browser" chromium chromium-driver ;;
+    *) log "unknown server '$w' (known: etcd postgres minio kafka kube helm node image lua browser)"; exit 2 ;;
   esac
 done

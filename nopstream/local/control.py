@@ -1,15 +1,16 @@
 """The local runner's control server: where task processes register, report and find each other.
 
 JSON over HTTP on loopback, beside the coordinator's own routes (`node.coordinator_api`:
-/ack, /source-finished, /savepoint, /metrics):
+/ack, /source-finished, /stats, /failed, /savepoint, /api/v1/job, /dashboard/, /metrics):
   POST /register {taskId, run, attempt, endpoint}    a task's server is up
   GET  /endpoint?task=ID                              that task's endpoint (waits until known)
-  POST /stats {taskId, run, recordsIn, recordsOut, watermark}
-  POST /done {taskId, run}  |  POST /failed {taskId, run, error, refused}   (refused: it cannot
-  start at all, "restore" when its restore point is refused, "start" when a connector cannot start)
+  POST /done {taskId, run}                            the task finished
   GET  /run                                           the current run
-Everything but /metrics needs the run's secret (`node.guard`: 401); a task's message
-without its task id and run is refused with 400, one of another run with 409.
+A task's POST /failed carries `refused` when it cannot start at all: "restore" when its
+restore point is refused, "start" when a connector cannot start.
+Everything but /metrics and the dashboard's files needs the run's secret (`node.guard`:
+401); a task's message without its task id and run is refused with 400, one of another
+run with 409.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any
 from aiohttp import web
 
 from nopstream.node.coordinator_api import CoordinatorRoutes
-from nopstream.node.guard import Guard, int_field
+from nopstream.node.guard import Guard
+from nopstream.node.jobview import JobHistory
 
 
 @dataclass
@@ -32,10 +34,6 @@ class TaskReport:
 
     endpoint: str | None = None
     attempt: str | None = None
-    records_in: int = 0
-    records_out: int = 0
-    watermark: int | None = None
-    channels: dict[str, dict[str, int]] = field(default_factory=dict)
     done: bool = False
     error: str | None = None
     refused: str | None = None
@@ -47,13 +45,13 @@ class TaskReport:
 class ControlServer:
     """Registry and reports of the task processes of one run."""
 
-    def __init__(self, task_ids: list[str], *, run: int, guard: Guard) -> None:
-        """Expect these tasks, in run `run`, admitting the clients `guard` admits."""
+    def __init__(self, task_ids: list[str], *, run: int, guard: Guard, history: JobHistory) -> None:
+        """Expect these tasks, in run `run`, admitting the clients `guard` admits; stats go to `history`."""
         self.run = run
         self.guard = guard
         self.tasks = {t: TaskReport() for t in task_ids}
         self.changed = asyncio.Event()
-        self.routes = CoordinatorRoutes(tuple(task_ids), guard)
+        self.routes = CoordinatorRoutes(tuple(task_ids), guard, history, on_failed=self._failed)
         self.routes.lead(None, run, recoveries=run - 1)
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -63,9 +61,7 @@ class ControlServer:
         app = self.guard.application()
         app.router.add_post("/register", self._register)
         app.router.add_get("/endpoint", self._endpoint)
-        app.router.add_post("/stats", self._stats)
         app.router.add_post("/done", self._done)
-        app.router.add_post("/failed", self._failed)
         app.router.add_get("/run", self._run)
         self.routes.add_to(app)
         # A run that ends or fails does not wait for requests still waiting on a task
@@ -107,25 +103,16 @@ class ControlServer:
             raise web.HTTPGatewayTimeout(text=f"task {request.query['task']} did not register") from None
         return web.json_response({"endpoint": task.endpoint})
 
-    async def _stats(self, request: web.Request) -> web.Response:
-        task, body = await self._message(request, "recordsIn", "recordsOut")
-        task.records_in, task.records_out = int_field(body, "recordsIn"), int_field(body, "recordsOut")
-        task.watermark = body.get("watermark")
-        task.channels = body.get("channels", {})
-        return web.json_response({"ok": True})
-
     async def _done(self, request: web.Request) -> web.Response:
         report, _ = await self._message(request)
         report.done, report.done_at = True, time.monotonic()
         self.changed.set()
         return web.json_response({"ok": True})
 
-    async def _failed(self, request: web.Request) -> web.Response:
-        report, body = await self._message(request)
-        report.error = str(body.get("error", "unknown error"))
-        report.refused = str(body["refused"]) if body.get("refused") else None
+    def _failed(self, task_id: str, error: str, refused: str | None) -> None:
+        report = self.tasks[task_id]
+        report.error, report.refused = error, refused
         self.changed.set()
-        return web.json_response({"ok": True})
 
     def processing_seconds(self) -> float:
         """From the last task's registration to the last task's end (0 when unknown)."""

@@ -38,8 +38,9 @@ from nopstream.errors import RestoreRefused, StartRefused, StorageError
 from nopstream.local import inprocess, ownership, processes, worker
 from nopstream.local.control import ControlServer
 from nopstream.node import checkpointing, guard, recovery
-from nopstream.node.coordinator_api import TaskCommands
+from nopstream.node.coordinator_api import DASHBOARD_PATH, TaskCommands
 from nopstream.node.epochs import EpochCoordinator, Notify, Trigger
+from nopstream.node.jobview import JobHistory
 from nopstream.plan import compiler
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
@@ -214,6 +215,9 @@ def _coordinator(
     trigger: Trigger,
     notify: Notify,
     point: RestorePoint,
+    history: JobHistory | None = None,
+    *,
+    run: int = 1,
 ) -> EpochCoordinator:
     """The coordinator of one run, numbering epochs from the restore point's next epoch."""
     return EpochCoordinator(
@@ -227,46 +231,69 @@ def _coordinator(
         first_epoch=point.next_epoch,
         restored=point.epoch,
         finished=point.finished,
+        run=run,
+        history=history,
     )
 
 
 def _run_processes(plans: compiler.CompiledPlans, options: RunOptions, storage: Storage) -> RunResult:
-    """Run in task processes; when a task dies, recover globally from the latest durable epoch."""
+    """Run in task processes; when a task dies, recover globally from the latest durable epoch.
+
+    One control socket serves every run of the command, so the dashboard's address
+    (printed at the start) stays the same through recoveries; its history spans them.
+    """
     started = time.monotonic()
     plan = plans.partitioned
     lineage = new_lineage(options)  # started by the first run; its recoveries find it started
     secret = guard.new_secret()  # one per command: every run of it is fenced by its number
-    run, recoveries = 1, 0
+    history = JobHistory(plan)
+    run, recoveries, cause = 1, 0, "start"
     first: RestorePoint | None = None
-    while True:
-        point = restore.choose(storage, plan, new_lineage=lineage)
-        first = first or point
-        try:
-            control = _attempt(plans, options, run, point, secret)
-        except TaskDied as death:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        if not options.quiet:
+            print(f"dashboard: {url}{DASHBOARD_PATH}#token={secret}", file=sys.stderr)
+        while True:
+            point = restore.choose(storage, plan, new_lineage=lineage)
+            first = first or point
+            history.run_started(run, point.epoch, cause)
             try:
-                recovered = recovery.recover(
-                    _ProcessSteps(options),
-                    run=run,
-                    recoveries=recoveries,
-                    limit=options.max_restarts,
-                    cause=death.short,
-                )
-            except recovery.TooManyRecoveries as failed:
-                raise JobFailed(f"{failed}:\n{death.detail}") from death
-            run, recoveries = recovered.run, recovered.recoveries
-            continue
-        counts = {t: (r.records_in, r.records_out) for t, r in control.tasks.items()}
-        channels = [r.channels for r in control.tasks.values()]
-        result = _result(plan, started, control.processing_seconds(), counts, channels, runs=run)
-        return dataclasses.replace(result, finished_before=first.epoch if first.finished else None)
+                control = _attempt(plans, options, _Run(run, point, secret, sock, url, history))
+            except TaskDied as death:
+                try:
+                    recovered = recovery.recover(
+                        _ProcessSteps(options),
+                        run=run,
+                        recoveries=recoveries,
+                        limit=options.max_restarts,
+                        cause=death.short,
+                    )
+                except recovery.TooManyRecoveries as failed:
+                    raise JobFailed(f"{failed}:\n{death.detail}") from death
+                run, recoveries, cause = recovered.run, recovered.recoveries, death.short
+                continue
+            stats = {t: history.tasks[t].stats for t in control.tasks if t in history.tasks}
+            counts = {t: (s.records_in, s.records_out) for t, s in stats.items()}
+            channels = [s.channels for s in stats.values()]
+            result = _result(plan, started, control.processing_seconds(), counts, channels, runs=run)
+            return dataclasses.replace(result, finished_before=first.epoch if first.finished else None)
 
 
-def _attempt(
-    plans: compiler.CompiledPlans, options: RunOptions, run: int, point: RestorePoint, secret: str
-) -> ControlServer:
+@dataclass(frozen=True)
+class _Run:
+    """One run of the command's task processes: its number, restore point, and what every run shares."""
+
+    run: int
+    point: RestorePoint
+    secret: str = dataclasses.field(repr=False)
+    sock: socket.socket
+    url: str
+    history: JobHistory
+
+
+def _attempt(plans: compiler.CompiledPlans, options: RunOptions, this: _Run) -> ControlServer:
     """One run: fork every task (started from the restore point), coordinate epochs, supervise."""
-    plan = plans.partitioned
+    plan, run = plans.partitioned, this.run
     run_dir = options.workdir / "runs" / plan.identity.job_id / f"run-{run}"
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     plan_path = run_dir / "plan.json"
@@ -275,55 +302,49 @@ def _attempt(
     deployment_path.write_text(compiler.dump_document(plans.deployment))
     # The control socket listens before the tasks are forked (they may call it at once);
     # the children close their copy.
-    sock = socket.create_server(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    guard.write_secret(run_dir / "secret", secret)  # for `nopstream savepoint`
-    (run_dir / "control-url").write_text(url)  # where the coordinator's /metrics are
+    guard.write_secret(run_dir / "secret", this.secret)  # for `nopstream savepoint` and `status`
+    (run_dir / "control-url").write_text(this.url)  # where the coordinator's routes are
     procs = [
         processes.fork_task(
             worker.WorkerSettings(
                 plan_path,
                 task_id,
-                url,
+                this.url,
                 run,
                 f"r{run}-a{i}",
-                secret,
+                this.secret,
                 deployment_path=deployment_path,
-                restore=point,
+                restore=this.point,
             ),
             run_dir / "logs" / f"{task_id.replace('/', '_')}.log",
-            close_fds=(sock.fileno(),),
+            close_fds=(this.sock.fileno(),),
         )
         for i, task_id in enumerate(plan.task_ids())
     ]
     try:
-        return asyncio.run(_control_run(plans, options, run, sock, procs, point, secret))
+        return asyncio.run(_control_run(plans, options, this, procs))
     finally:
         processes.stop_all(procs)
-        sock.close()
         (run_dir / "control-url").unlink(missing_ok=True)  # `nopstream savepoint` finds live runs only
         (run_dir / "secret").unlink(missing_ok=True)
 
 
 async def _control_run(
-    plans: compiler.CompiledPlans,
-    options: RunOptions,
-    run: int,
-    sock: socket.socket,
-    procs: list[processes.TaskProcess],
-    point: RestorePoint,
-    secret: str,
+    plans: compiler.CompiledPlans, options: RunOptions, this: _Run, procs: list[processes.TaskProcess]
 ) -> ControlServer:
-    plan = plans.partitioned
-    control = ControlServer(list(plan.task_ids()), run=run, guard=guard.Guard(secret))
-    await control.start(sock)
+    plan, run, point, secret = plans.partitioned, this.run, this.point, this.secret
+    control = ControlServer(list(plan.task_ids()), run=run, guard=guard.Guard(secret), history=this.history)
+    await control.start(this.sock.dup())  # the run's server closes its copy; the next run serves the socket
     storage = checkpointing.open_storage(plans.deployment)
     backend = LocalBackend()
     layout = Layout("local", plan.identity.job_id, plan.identity.pipeline_id)
     progress = _Progress(
         plan,
         options,
-        lambda: {t: (r.records_in, r.records_out, r.watermark) for t, r in control.tasks.items()},
+        lambda: {
+            t: (s.stats.records_in, s.stats.records_out, s.stats.watermark)
+            for t, s in this.history.tasks.items()
+        },
     )
     ticker = asyncio.create_task(progress.loop(), name="progress")
     try:
@@ -355,7 +376,15 @@ async def _control_run(
                 await commands.commit(plan.task_ids(), epoch)
 
             coordinator = _coordinator(
-                plans, storage, EpochLog(backend, layout), leadership, trigger, notify, point
+                plans,
+                storage,
+                EpochLog(backend, layout),
+                leadership,
+                trigger,
+                notify,
+                point,
+                this.history,
+                run=run,
             )
             coordinator.on_fault = lambda: _kill_a_task(procs)
             control.routes.lead(coordinator, run, recoveries=run - 1)
@@ -396,23 +425,38 @@ def _kill_a_task(procs: list[processes.TaskProcess]) -> None:
 
 
 async def _supervise(procs: list[processes.TaskProcess], control: ControlServer) -> None:
+    """Return when every task finished; raise the run's failure, naming its root where it can.
+
+    A task killed by a signal comes before the failures its peers report (their
+    channels to it broke), so a recovery's cause names the task that died.
+    """
     while True:
         for task_id, report in control.tasks.items():
             if report.error is not None and report.refused:  # the same on every attempt: not recovered
                 refused = StartRefused if report.refused == "start" else RestoreRefused
                 raise refused(f"task {task_id}: {report.error}")
+        codes = [(proc, proc.poll()) for proc in procs]
+        for proc, code in codes:
+            if code is not None and code < 0:
+                raise _died(proc, code, control)
+        for task_id, report in control.tasks.items():
             if report.error is not None:
                 raise TaskDied(f"task {task_id} failed", report.error.rstrip())
-        for proc in procs:
-            code = proc.poll()
+        for proc, code in codes:
             if code is not None and code != 0:
-                tail = "\n".join(proc.log.read_text(errors="replace").splitlines()[-15:])
-                raise TaskDied(f"task {proc.task_id} exited with {code}", tail)
-        if all(p.poll() == 0 for p in procs) and all(r.done for r in control.tasks.values()):
+                raise _died(proc, code, control)
+        if all(code == 0 for _, code in codes) and all(r.done for r in control.tasks.values()):
             return
         control.changed.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(control.changed.wait(), 0.1)
+
+
+def _died(proc: processes.TaskProcess, code: int, control: ControlServer) -> TaskDied:
+    """The failure of a task process that exited with `code`, recorded in the job's history."""
+    tail = "\n".join(proc.log.read_text(errors="replace").splitlines()[-15:])
+    control.routes.history.failed(control.run, proc.task_id, f"exited with {code}\n{tail}")
+    return TaskDied(f"task {proc.task_id} exited with {code}", tail)
 
 
 def _result(

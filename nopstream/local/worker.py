@@ -21,12 +21,10 @@ import aiohttp
 from nopstream.checkpoint.restore import RestorePoint
 from nopstream.errors import RestoreRefused, StartRefused
 from nopstream.node import checkpointing, guard
-from nopstream.node.coordinator_api import CoordinatorLink
+from nopstream.node.coordinator_api import CoordinatorLink, push_stats
 from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task, load_deployment, load_plan
-from nopstream.runtime.task import Task
 
 log = logging.getLogger(__name__)
-STATS_INTERVAL = 0.5
 
 
 @dataclass(frozen=True)
@@ -94,7 +92,7 @@ async def serve(settings: WorkerSettings) -> None:
             )
             await task.connect()
             log.info("task %s connected its outputs", settings.task_id)
-            stats = asyncio.create_task(_push_stats(task, post), name="stats")
+            stats = asyncio.create_task(push_stats(task, post), name="stats")
             try:
                 await task.run()
             finally:
@@ -102,7 +100,7 @@ async def serve(settings: WorkerSettings) -> None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await stats
             await link.flush()  # the coordinator has every ACK before this process may exit
-            await post("/stats", _stats_body(task))
+            await post("/stats", task.stats().to_json())
             await post("/done", {})
             log.info(
                 "task %s finished: %d records in, %d out",
@@ -117,20 +115,3 @@ async def serve(settings: WorkerSettings) -> None:
         finally:
             await link.close()
             await server.close()
-
-
-def _stats_body(task: Task) -> dict[str, Any]:
-    m = task.metrics
-    return {
-        "recordsIn": m.records_in,
-        "recordsOut": m.records_out,
-        "watermark": m.watermark,
-        "channels": task.channel_stats(),
-    }
-
-
-async def _push_stats(task: Task, post: Any) -> None:
-    while True:
-        await asyncio.sleep(STATS_INTERVAL)
-        with contextlib.suppress(aiohttp.ClientError):
-            await post("/stats", _stats_body(task))

@@ -81,7 +81,7 @@ def write_snapshot(storage: Storage, task: Task, epoch: int, state: TaskSnapshot
     task.metrics.snapshot_bytes = sum(len(data) for data in segments.values())
     # the manifest lists the pending transactions; their contents (an outbox's records) stay in segments
     sinks = [{k: v for k, v in txn.items() if k in _TXN_SUMMARY} for txn in state.pending_transactions()]
-    return Ack(refs, state.source or {}, sinks)
+    return Ack(refs, state.source or {}, sinks, round(task.metrics.alignment_ms, 3))
 
 
 async def write_snapshot_async(storage: Storage, task: Task, epoch: int, state: TaskSnapshot) -> Ack:

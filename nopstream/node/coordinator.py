@@ -13,8 +13,9 @@ running, and leads the new run. The job is over when the final epoch is committe
 a standby that wins after that finds it so in the log and exits 0 too. A lost
 lease or a refused fenced write ends the process non-zero (crash-only).
 
-HTTP: the coordinator's routes (`node.coordinator_api`) and GET /healthz; all but
-/metrics and /healthz need the job's secret (`node.guard`).
+HTTP: the coordinator's routes (`node.coordinator_api`, the dashboard among them) and
+GET /healthz; all but /metrics, /healthz and the dashboard's files need the job's
+secret (`node.guard`). The dashboard's history begins when this process first leads.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from nopstream.errors import RestoreRefused
 from nopstream.node import checkpointing, guard
 from nopstream.node.coordinator_api import CoordinatorRoutes, TaskCommands
 from nopstream.node.epochs import Ack, EpochCoordinator
+from nopstream.node.jobview import JobHistory
 from nopstream.node.settings import NodeSettings
 from nopstream.node.taskserver import TaskStatus, load_deployment, load_plan
 from nopstream.plan.deployment import DeploymentPlan
@@ -66,7 +68,8 @@ class CoordinatorProcess:
         self.epoch_log = EpochLog(self.backend, self.layout)
         self.storage: Storage = checkpointing.open_storage(deployment)
         self.guard = guard.Guard(settings.secret)
-        self.routes = CoordinatorRoutes(plan.task_ids(), self.guard)
+        self.history = JobHistory(plan)  # what the dashboard shows, since this process began to lead
+        self.routes = CoordinatorRoutes(plan.task_ids(), self.guard, self.history)
         self.app = self.guard.application()
         self.routes.add_to(self.app)
         self.app.router.add_get("/healthz", self._healthz)
@@ -113,6 +116,7 @@ class CoordinatorProcess:
                 if lead.done():
                     moved.cancel()
                     lead.result()  # raises what ended it, if anything did
+                    self.routes.state = "finished"
                     log.info("the job is over: the final epoch is committed")
                     return 0
                 lead.cancel()
@@ -137,7 +141,9 @@ class CoordinatorProcess:
         point = await self._restore_point(leadership, run)
         if point is None:
             return  # refused: the tasks learn it from the run's restore point and exit
+        self.history.run_started(run, point.epoch, "start" if run == 1 else "global recovery")
         if point.finished:
+            self.routes.state = "finished"
             log.info("job already finished at epoch %d: its tasks recover their sinks and exit", point.epoch)
             return
         entries = await self.epoch_log.entries()
@@ -175,6 +181,7 @@ class CoordinatorProcess:
             first_epoch=max(point.next_epoch, (last.epoch if last else 0) + 1),
             restored=point.epoch,
             run=run,
+            history=self.history,
         )
         for task_id, status in statuses.items():
             if status.source_finished:

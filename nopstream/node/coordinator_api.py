@@ -5,11 +5,15 @@ runner's control server (`nopstream run`) and each coordinator process
 (`nopstream coordinator`, in a pod or under `nopstream run --etcd`):
   POST /ack {taskId, run, epoch, segments, sources, sinks}   a task's checkpoint ACK
   POST /source-finished {taskId, run}                         a source read all its input
+  POST /stats {taskId, run, recordsIn, recordsOut, ...}       a task's counters (`TaskStats`)
+  POST /failed {taskId, run, error[, refused]}                a task failed (its traceback)
   POST /savepoint  (`?stop=true`: stop at it, for an upgrade)  make the next epoch a savepoint
+  GET  /api/v1/job                                            the job's view (`node.jobview`)
+  GET  /dashboard/                                            the dashboard's page (open: no data)
   GET  /metrics                                               Prometheus metrics
 A task's message without its task id and run is refused with 400, one for a run this
-coordinator does not lead with 409, and any message while it leads no run with 503
-(tasks retry it). `CoordinatorLink` is the one client of these routes (every task's),
+coordinator does not lead with 409, and an ACK or source-finished while it leads no
+run with 503 (tasks retry it). `CoordinatorLink` is the one client of these routes (every task's),
 `TaskCommands` the one client of the tasks' commands (`node.taskserver`): barrier,
 commit and status, fenced by run and token.
 """
@@ -20,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -31,34 +36,62 @@ from nopstream.cluster.errors import Fenced
 from nopstream.node.epoch_metrics import CoordinatorCollector
 from nopstream.node.epochs import Ack, EpochCoordinator
 from nopstream.node.guard import Guard, GuardCollector, int_field, json_body
+from nopstream.node.jobview import JobHistory, job_view
 from nopstream.node.taskserver import TaskIdentity, TaskStatus
 from nopstream.plan.epochs import EpochKind
-from nopstream.runtime.metrics import exposition
+from nopstream.runtime.metrics import TaskStats, exposition
+from nopstream.runtime.task import Task
 
 log = logging.getLogger(__name__)
 RETRY = 0.2
+STATS_INTERVAL = 0.5
+DASHBOARD_PATH = "/dashboard/"
+DASHBOARD_FILES = Path(__file__).parent / "dashboard"  # the page, its script and vendored libraries
+
+
+Failed = Callable[[str, str, str | None], None]
+"""Told of a task's failure: its task id, its error and what it refused (None: a plain failure)."""
 
 
 class CoordinatorRoutes:
     """The routes above, for the run this process leads (if any)."""
 
-    def __init__(self, task_ids: tuple[str, ...], guard: Guard) -> None:
-        """Take messages of these tasks from clients `guard` admits."""
+    def __init__(
+        self,
+        task_ids: tuple[str, ...],
+        guard: Guard,
+        history: JobHistory,
+        *,
+        on_failed: Failed | None = None,
+    ) -> None:
+        """Take messages of these tasks from clients `guard` admits; what they tell goes to `history`."""
         self.task_ids = frozenset(task_ids)
         self.guard = guard
+        self.history = history
+        self.on_failed = on_failed
         self.current: EpochCoordinator | None = None
         self.leading_run = 0
         self.recoveries = 0
+        self.state = "starting"  # running, finished, failed: what the view says of the job
 
     def lead(self, coordinator: EpochCoordinator | None, run: int, *, recoveries: int) -> None:
         """Take messages for `run` to `coordinator` (None: lead nothing for now)."""
         self.current, self.leading_run, self.recoveries = coordinator, run, recoveries
+        if coordinator is not None:
+            self.state = "running"
+            self.history.led(run, coordinator.leadership.token, coordinator.leadership.candidate)
 
     def add_to(self, app: web.Application) -> None:
         """Add the routes to an application (guarded by the same guard)."""
         app.router.add_post("/ack", self._ack)
         app.router.add_post("/source-finished", self._source_finished)
+        app.router.add_post("/stats", self._stats)
+        app.router.add_post("/failed", self._failed)
         app.router.add_post("/savepoint", self._savepoint)
+        app.router.add_get("/api/v1/job", self._job)
+        app.router.add_get("/dashboard", self._to_dashboard)
+        app.router.add_get(DASHBOARD_PATH, self._dashboard)  # before the files: it matches first
+        app.router.add_static(DASHBOARD_PATH, DASHBOARD_FILES, append_version=False)
         app.router.add_get("/metrics", self._metrics)
 
     async def message(
@@ -98,6 +131,40 @@ class CoordinatorRoutes:
         task_id, _ = await self.message(request, leading=True)
         self._leading().source_finished(task_id)
         return web.json_response({"ok": True})
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        task_id, body = await self.message(request)
+        try:
+            stats = TaskStats.from_json(body)
+        except ValueError as err:
+            raise web.HTTPBadRequest(text=str(err)) from None
+        self.history.stats(task_id, self.leading_run, stats)
+        return web.json_response({"ok": True})
+
+    async def _failed(self, request: web.Request) -> web.Response:
+        task_id, body = await self.message(request)
+        error = str(body.get("error", "unknown error"))
+        refused = str(body["refused"]) if body.get("refused") else None
+        self.history.failed(self.leading_run, task_id, error)
+        if self.on_failed is not None:
+            self.on_failed(task_id, error, refused)
+        return web.json_response({"ok": True})
+
+    async def _job(self, request: web.Request) -> web.Response:
+        current = self.current
+        view = job_view(
+            self.history,
+            latest_durable=current.latest_durable if current is not None else None,
+            latest_committed=current.latest_committed if current is not None else None,
+            state=self.state,
+        )
+        return web.json_response(view)
+
+    async def _to_dashboard(self, request: web.Request) -> web.Response:
+        raise web.HTTPFound(DASHBOARD_PATH)
+
+    async def _dashboard(self, request: web.Request) -> web.FileResponse:
+        return web.FileResponse(DASHBOARD_FILES / "index.html")
 
     async def _savepoint(self, request: web.Request) -> web.Response:
         current = self._leading()
@@ -155,6 +222,15 @@ class CoordinatorLink:
             drained.cancel()
             self._sender.result()
 
+    async def post_now(self, path: str, body: dict[str, Any]) -> bool:
+        """Send a message once, outside the queue (stats, a failure report); whether it was taken."""
+        message = {"taskId": self.who.task_id, "run": self.who.run, **body}
+        try:
+            return await self._post_once(path, message)
+        except LinkRefused as refused:
+            log.warning("%s", refused)
+            return False
+
     async def close(self) -> None:
         """Stop sending."""
         if self._sender is not None:
@@ -185,6 +261,18 @@ class CoordinatorLink:
         except (aiohttp.ClientError, StoreUnavailable, TimeoutError) as exc:
             log.info("coordinator unreachable for %s (%s); retrying", path, exc)
             return False
+
+
+Post = Callable[[str, dict[str, Any]], Awaitable[object]]
+"""Post a task's message to its coordinator, once."""
+
+
+async def push_stats(task: Task, post: Post) -> None:
+    """Post the task's stats every STATS_INTERVAL seconds until cancelled; a lost post is not retried."""
+    while True:
+        await asyncio.sleep(STATS_INTERVAL)
+        with contextlib.suppress(aiohttp.ClientError):
+            await post("/stats", task.stats().to_json())
 
 
 Endpoint = Callable[[str], Awaitable[str]]

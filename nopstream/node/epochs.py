@@ -29,6 +29,7 @@ from nopstream.checkpoint.formats import Manifest, SegmentRef, encode_manifest, 
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.election import Leadership
 from nopstream.cluster.epochlog import EpochLog, EpochState
+from nopstream.node.jobview import EpochRow, JobHistory, wall_ms
 from nopstream.plan.canonical import fingerprint
 from nopstream.plan.deployment import CheckpointSettings
 from nopstream.plan.epochs import EpochKind
@@ -44,16 +45,24 @@ Notify = Callable[[int], Awaitable[None]]
 
 @dataclass(frozen=True)
 class Ack:
-    """What one task reported for an epoch: its segments, source positions and pending sink transactions."""
+    """What one task reported for an epoch: its segments, source positions, pending sink transactions
+    and how long it aligned the epoch's barriers."""
 
     segments: tuple[SegmentRef, ...]
     sources: dict[str, Any]
     sinks: list[dict[str, Any]]
+    alignment_ms: float = 0.0
 
     def to_json(self, epoch: int) -> dict[str, Any]:
         """The ACK of `epoch` as the JSON body a task sends."""
         segments = [ref.to_json() for ref in self.segments]
-        return {"epoch": epoch, "segments": segments, "sources": self.sources, "sinks": self.sinks}
+        return {
+            "epoch": epoch,
+            "segments": segments,
+            "sources": self.sources,
+            "sinks": self.sinks,
+            "alignmentMs": self.alignment_ms,
+        }
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Ack:
@@ -61,11 +70,14 @@ class Ack:
         segments, sources, sinks = body.get("segments"), body.get("sources", {}), body.get("sinks", [])
         if not (isinstance(segments, list) and isinstance(sources, dict) and isinstance(sinks, list)):
             raise ValueError("an ACK has a list of segments, an object of sources and a list of sinks")
+        alignment = body.get("alignmentMs", 0.0)
+        if not isinstance(alignment, int | float) or isinstance(alignment, bool) or alignment < 0:
+            raise ValueError(f"alignmentMs of an ACK is a number >= 0, not {alignment!r}")
         try:
             refs = tuple(SegmentRef.from_json(s) for s in segments)
         except (KeyError, TypeError, ValueError):
             raise ValueError("each segment of an ACK has a path, a sha256 and a number of bytes") from None
-        return cls(refs, sources, sinks)
+        return cls(refs, sources, sinks, float(alignment))
 
 
 @dataclass
@@ -74,6 +86,7 @@ class _Epoch:
     kind: EpochKind
     started: float
     acks: dict[str, Ack] = field(default_factory=dict)
+    acked_at: dict[str, float] = field(default_factory=dict)
     complete: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -95,10 +108,12 @@ class EpochCoordinator:
         finished: bool = False,
         run: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        history: JobHistory | None = None,
     ) -> None:
         """Coordinate run `run` of `plan`'s tasks, restored from `restored`, numbering from `first_epoch`.
 
         With `finished` the restored epoch is the job's final one: `run` returns at once.
+        Each epoch's row goes to `history` (the dashboard's checkpoint history) as it moves.
         """
         self.plan = plan
         self.storage = storage
@@ -110,6 +125,7 @@ class EpochCoordinator:
         self.next_epoch = first_epoch
         self.run_number = run
         self.clock = clock
+        self.history = history
         self.fingerprint = fingerprint(plan)
         self.sources = set(plan.source_task_ids())
         self.finished_sources: set[str] = set()
@@ -167,6 +183,7 @@ class EpochCoordinator:
             log.info("ignoring ACK of %s for epoch %d (not in flight)", task_id, epoch)
             return
         current.acks[task_id] = ack
+        current.acked_at[task_id] = self.clock()
         if set(current.acks) >= set(self.plan.ack_set):
             current.complete.set()
 
@@ -206,6 +223,8 @@ class EpochCoordinator:
             detail = {"kind": kind, "run": self.run_number}
         self.in_flight = current
         await self.log.record(self.leadership, epoch, EpochState.CREATED, **detail)
+        if self.history is not None:
+            self.history.epoch(EpochRow(epoch, str(kind), self.run_number, "in-flight", wall_ms()))
         await self.trigger(epoch, kind)
         if set(current.acks) >= set(self.plan.ack_set):
             current.complete.set()
@@ -219,6 +238,7 @@ class EpochCoordinator:
             await self.log.record(
                 self.leadership, epoch, EpochState.ABORTED, reason="timeout", missing=missing
             )
+            self._ended(epoch, state="aborted", reason=f"timeout: no ACK of {', '.join(missing[:3])}")
             self.in_flight = None
             self.aborted_count += 1
             if final:
@@ -233,6 +253,10 @@ class EpochCoordinator:
             self.stopped = True
         if final or self.stopped:
             self.done.set()
+
+    def _ended(self, epoch: int, **changes: Any) -> None:
+        if self.history is not None:
+            self.history.epoch_ended(epoch, **changes)
 
     async def _make_durable(self, current: _Epoch) -> None:
         ident = self.plan.identity
@@ -269,13 +293,26 @@ class EpochCoordinator:
         )
         self.latest_durable = current.epoch
         self.durable_count += 1
+        self._ended(current.epoch, state="durable", **_timings(current, manifest))
         faults.reached("after-durable", self.on_fault)
         await self.notify(current.epoch)
         await self.log.record(
             self.leadership, current.epoch, EpochState.COMMITTED, kind=current.kind, run=self.run_number
         )
         self.latest_committed = current.epoch
+        self._ended(current.epoch, state="committed")
         self.last_duration_ms = int((self.clock() - current.started) * 1000)
         await asyncio.to_thread(
             apply_retention, self.storage, ident.checkpoint_namespace, keep=self.settings.retain_latest
         )
+
+
+def _timings(current: _Epoch, manifest: Manifest) -> dict[str, Any]:
+    """A durable epoch's row figures: end to end, the longest alignment, bytes, the last task to ACK."""
+    slowest = max(current.acked_at, key=current.acked_at.__getitem__, default=None)
+    return {
+        "duration_ms": manifest.duration_ms,
+        "alignment_ms": max((a.alignment_ms for a in current.acks.values()), default=0.0),
+        "bytes": sum(ref.bytes for refs in manifest.tasks.values() for ref in refs),
+        "slowest_task": slowest,
+    }

@@ -5,9 +5,11 @@ per command, the operator one per StreamJob (a Secret owned by it, mounted as a 
 Every client session of a job sends it as `Authorization: Bearer <secret>`
 (`headers`); every server checks it in constant time before any handler runs
 (`Guard`) and answers 401 without it, counting the refusal. Only `/healthz` (which
-says nothing about the job) and `/metrics` (read-only counters, for scrapers) are
-open. A guarded request whose JSON body lacks a field a handler needs gets 400
-(`json_body`); whether its run and token are current is the handler's to say (409).
+says nothing about the job), `/metrics` (read-only counters, for scrapers) and the
+dashboard's static files under `/dashboard/` (its page reads the job through
+`/api/v1/job`, with the secret) are open. A guarded request whose JSON body lacks a
+field a handler needs gets 400 (`json_body`); whether its run and token are current is
+the handler's to say (409).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client.core import CounterMetricFamily, Metric
 
-OPEN_PATHS = frozenset({"/healthz", "/metrics"})
+OPEN_PATHS = frozenset({"/healthz", "/metrics", "/dashboard"})
+OPEN_PREFIX = "/dashboard/"  # the dashboard's page and scripts: no job data (its script asks with the secret)
 SECRET_BYTES = 32
 
 
@@ -69,7 +72,7 @@ class Guard:
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """401 and counted unless the path is open or the Authorization header is the job's."""
-        if request.path not in OPEN_PATHS:
+        if request.path not in OPEN_PATHS and not request.path.startswith(OPEN_PREFIX):
             given = request.headers.get("Authorization", "").encode(errors="replace")
             if not hmac.compare_digest(given, self._expected):
                 self.refused += 1

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import traceback
 from collections.abc import Coroutine
 from typing import Any
 
@@ -35,7 +36,7 @@ from nopstream.cluster.leases import ThreadedLeaseKeeper
 from nopstream.cluster.registry import Registration, Registry
 from nopstream.errors import RestoreRefused
 from nopstream.node import checkpointing, guard, recovery
-from nopstream.node.coordinator_api import CoordinatorLink
+from nopstream.node.coordinator_api import CoordinatorLink, push_stats
 from nopstream.node.settings import NodeSettings
 from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task, load_deployment, load_plan
 from nopstream.plan.deployment import DeploymentPlan
@@ -43,6 +44,7 @@ from nopstream.runtime.task import Task, run_until
 
 log = logging.getLogger(__name__)
 POLL = 0.05
+REPORT_SECONDS = 2.0  # a report to a coordinator that does not answer is given up, not waited for
 
 
 class LeaseLost(RuntimeError):
@@ -97,7 +99,7 @@ async def serve(settings: NodeSettings) -> None:
                 log.info(
                     "task %s serves %s (run %d, attempt %s)", who.task_id, endpoint, who.run, who.attempt
                 )
-                await _until_lease_lost(keeper, _work(task, backend, layout, who, listener.storage))
+                await _until_lease_lost(keeper, _work(task, backend, layout, who, listener.storage, link))
             finally:
                 await link.close()
                 await server.close()
@@ -130,7 +132,9 @@ async def restore_point(backend: Backend, layout: Layout, run: int) -> RestorePo
     return RestorePoint.from_json(await poll_key(backend, layout.restore(run)))
 
 
-async def _work(task: Task, backend: Backend, layout: Layout, who: TaskIdentity, storage: Storage) -> None:
+async def _work(
+    task: Task, backend: Backend, layout: Layout, who: TaskIdentity, storage: Storage, link: CoordinatorLink
+) -> None:
     point = await restore_point(backend, layout, who.run)
     try:
         await checkpointing.start_task(task, storage, point)
@@ -138,7 +142,18 @@ async def _work(task: Task, backend: Backend, layout: Layout, who: TaskIdentity,
         recovery.exit_refused(refused)
     log.info("task %s started from %s", who.task_id, point)
     await task.connect()
-    await task.run()
+    stats = asyncio.create_task(push_stats(task, link.post_now), name="stats")
+    try:
+        await task.run()
+    except Exception:  # shown on the dashboard; the pod's failure is what recovers the job
+        failure = {"error": traceback.format_exc(limit=8)}
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(link.post_now("/failed", failure), REPORT_SECONDS)
+        raise
+    finally:
+        stats.cancel()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(link.post_now("/stats", task.stats().to_json()), REPORT_SECONDS)
     # Every task stays until the final epoch is committed, so a coordinator that takes
     # over at the very end can still ask each of them for its last ACK.
     await task.final_committed()

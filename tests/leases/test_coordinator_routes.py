@@ -23,6 +23,7 @@ from nopstream.model.load import load_data
 from nopstream.node import guard
 from nopstream.node.coordinator_api import CoordinatorRoutes
 from nopstream.node.epochs import EpochCoordinator
+from nopstream.node.jobview import JobHistory
 from nopstream.plan import compiler
 
 MODEL = {
@@ -44,7 +45,7 @@ def test_a_message_waits_until_its_run_is_led_and_only_an_older_run_is_obsolete(
     async def scenario() -> list[tuple[str, int, str]]:
         backend = LocalBackend()
         layout = Layout("local", "routes", "main")
-        routes = CoordinatorRoutes(plan.task_ids(), guard.Guard(secret))
+        routes = CoordinatorRoutes(plan.task_ids(), guard.Guard(secret), JobHistory(plan))
         app = routes.guard.application()
         routes.add_to(app)
         runner = web.AppRunner(app, access_log=None)

@@ -190,6 +190,7 @@ def test_forged_requests_to_the_local_runner_and_its_tasks_are_refused(tmp_path,
                 ("POST", "/ack"),
                 ("POST", "/source-finished"),
                 ("POST", "/savepoint"),
+                ("GET", "/api/v1/job"),
             ):
                 answers[f"{path} no secret"] = (await status(session, method, control + path, json={}))[0]
                 answers[f"{path} wrong secret"] = (
@@ -227,7 +228,7 @@ def test_forged_requests_to_the_local_runner_and_its_tasks_are_refused(tmp_path,
     assert channels[:2] == ["401", "401"]
     assert channels[2] == "stale run 0 of attempt forger: the current run is 1"
     assert channels[3] == f"channel {channel_id} is already connected"
-    assert "nopstream_unauthorized_requests_total 18.0" in metrics  # the control server's
+    assert "nopstream_unauthorized_requests_total 20.0" in metrics  # the control server's
     assert metrics.count("nopstream_unauthorized_requests_total 7.0") == 1  # the sink task's
 
 

@@ -102,4 +102,6 @@ def test_status_lists_durable_epochs_and_the_latest_manifest(tmp_path):
     # the final epoch pre-committed the sink's last transaction; it was committed after the manifest
     assert lines[3].startswith("  5 tasks, ") and ", 1 pending sink transactions, " in lines[3]
     missing = run_nopstream("status", "nowhere", cwd=tmp_path)
-    assert missing.code == 1 and missing.err == "nowhere: no checkpoints here (expected nowhere/checkpoint)\n"
+    assert missing.code == 1 and missing.err == (
+        "nowhere: no such file or directory (give a job's file or a checkpoint directory)\n"
+    )
