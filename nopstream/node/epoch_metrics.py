@@ -26,6 +26,12 @@ class CoordinatorCollector(Collector):
             ("latest_durable_epoch", "the latest durable epoch", c.latest_durable or 0),
             ("latest_committed_epoch", "the latest committed epoch", c.latest_committed or 0),
             ("checkpoint_duration_ms", "duration of the latest durable epoch (ms)", c.last_duration_ms),
+            (
+                "latest_durable_timestamp_seconds",
+                "when the latest durable epoch was made (before this run made one: when the run began)",
+                c.latest_durable_at,
+            ),
+            ("checkpoint_interval_seconds", "the job's checkpoint interval", c.settings.interval_ms / 1000),
         ):
             yield GaugeMetricFamily(f"nopstream_{name}", doc, value=value)
         for name, doc, value in (

@@ -131,6 +131,8 @@ class EpochCoordinator:
         self.finished_sources: set[str] = set()
         self.in_flight: _Epoch | None = None
         self.latest_durable: int | None = restored
+        # wall time of the latest durable epoch of this run, or of the run's start before it has one
+        self.latest_durable_at = time.time()
         self.done = asyncio.Event()
         if finished:
             self.done.set()
@@ -292,6 +294,7 @@ class EpochCoordinator:
             run=self.run_number,
         )
         self.latest_durable = current.epoch
+        self.latest_durable_at = time.time()
         self.durable_count += 1
         self._ended(current.epoch, state="durable", **_timings(current, manifest))
         faults.reached("after-durable", self.on_fault)

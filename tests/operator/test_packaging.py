@@ -136,6 +136,40 @@ def test_helm_lint_and_template(tmp_path):
     assert "at '/etcd/endpoint': 'nohost' does not match pattern" in bad.stderr
 
 
+MONITORING = [
+    "--set",
+    "monitoring.grafanaDashboard.enabled=true",
+    "--set",
+    "monitoring.podMonitor.enabled=true",
+    "--set",
+    "monitoring.prometheusRule.enabled=true",
+]
+
+
+def test_monitoring_is_asked_for_and_its_operator_kinds_made_only_where_their_crds_exist(tmp_path):
+    def kinds(*args: str) -> dict[str, dict]:
+        rendered = template(tmp_path, *args)
+        assert rendered.returncode == 0, rendered.stderr
+        names = {"rel-grafana-dashboard", "rel-jobs", "rel-alerts"}
+        return {d["kind"]: d for d in yaml.safe_load_all(rendered.stdout) if d and d["metadata"]["name"] in names}
+
+    assert "ConfigMap" not in kinds()  # off by default
+    without_crds = kinds(*MONITORING)
+    assert sorted(without_crds) == ["ConfigMap"]
+    crds = ["--api-versions", "monitoring.coreos.com/v1/PodMonitor"]
+    crds += ["--api-versions", "monitoring.coreos.com/v1/PrometheusRule"]
+    made = kinds(*MONITORING, *crds)
+    assert sorted(made) == ["ConfigMap", "PodMonitor", "PrometheusRule"]
+    dashboard = made["ConfigMap"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = (CHART / "files" / "grafana-dashboard.json").read_text()
+    assert dashboard["data"]["nopstream.json"] == shipped.rstrip("\n")
+    assert made["PodMonitor"]["spec"]["podMetricsEndpoints"] == [
+        {"port": "http", "path": "/metrics", "interval": "15s"}
+    ]
+    assert made["PrometheusRule"]["spec"] == yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
+
+
 def test_the_rendered_chart_is_accepted_by_the_api_server(kube_cluster, tmp_path):
     apiserver = kube_cluster
     rendered = template(tmp_path, "--include-crds", *QUICK_START)
