@@ -151,7 +151,8 @@ def test_monitoring_is_asked_for_and_its_operator_kinds_made_only_where_their_cr
         rendered = template(tmp_path, *args)
         assert rendered.returncode == 0, rendered.stderr
         names = {"rel-grafana-dashboard", "rel-jobs", "rel-alerts"}
-        return {d["kind"]: d for d in yaml.safe_load_all(rendered.stdout) if d and d["metadata"]["name"] in names}
+        docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+        return {d["kind"]: d for d in docs if d["metadata"]["name"] in names}
 
     assert "ConfigMap" not in kinds()  # off by default
     without_crds = kinds(*MONITORING)
