@@ -73,6 +73,7 @@ class Kube:
             "Pod": (self.core.create_namespaced_pod, self.core.read_namespaced_pod),
             "ConfigMap": (self.core.create_namespaced_config_map, self.core.read_namespaced_config_map),
             "Secret": (self.core.create_namespaced_secret, self.core.read_namespaced_secret),
+            "Service": (self.core.create_namespaced_service, self.core.read_namespaced_service),
             "NetworkPolicy": (
                 self.networking.create_namespaced_network_policy,
                 self.networking.read_namespaced_network_policy,
@@ -169,11 +170,21 @@ class Kube:
         self.writes += 1
         self.core.delete_collection_namespaced_config_map(namespace, label_selector=f"{LABEL_JOB}={job_id}")
 
+    def label_pod(self, namespace: str, name: str, labels: dict[str, str | None]) -> None:
+        """Set (or, with None, remove) labels of a pod; one already gone is fine."""
+        self.writes += 1
+        try:
+            self.core.patch_namespaced_pod(name, namespace, {"metadata": {"labels": labels}})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
     def delete(self, kind: str, namespace: str, name: str) -> None:
-        """Delete a Secret or NetworkPolicy; one already gone is fine."""
+        """Delete a Secret, Service or NetworkPolicy; one already gone is fine."""
         self.writes += 1
         call = {
             "Secret": self.core.delete_namespaced_secret,
+            "Service": self.core.delete_namespaced_service,
             "NetworkPolicy": self.networking.delete_namespaced_network_policy,
         }[kind]
         try:

@@ -44,6 +44,7 @@ from nopstream_operator.kube import EtcdView, Kube, NameTaken
 from nopstream_operator.resources import (
     ANNOTATION_FINGERPRINT,
     JOB_SECRET_KEY,
+    LABEL_LEADER,
     LABEL_ROLE,
     LABEL_RUN,
     LABEL_STANDBY,
@@ -52,6 +53,8 @@ from nopstream_operator.resources import (
     coordinator_pod,
     job_secret,
     job_secret_name,
+    leader_service,
+    leader_service_name,
     network_policy,
     network_policy_name,
     plan_configmap,
@@ -79,6 +82,7 @@ class PodView:
     standby: bool = False  # made for the next run while this one runs (`task_pod`)
     exit_code: int | None = None  # of its container, once terminated
     message: str = ""  # the container's termination message (the end of its log, when it failed)
+    leader: bool = False  # labelled as the leading coordinator (the leader Service's endpoint)
 
 
 def pod_view(pod: dict[str, Any]) -> PodView:
@@ -107,6 +111,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         standby=labels.get(LABEL_STANDBY) == "true",
         exit_code=terminated.get("exitCode"),
         message=terminated.get("message") or "",
+        leader=labels.get(LABEL_LEADER) == "true",
     )
 
 
@@ -407,13 +412,23 @@ def _stop_with_savepoint(
 
 
 def _ensure_fences(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
-    """The job's Secret and NetworkPolicy exist (created, owned by the StreamJob, when missing)."""
+    """The job's Secret, NetworkPolicy and leader Service exist (created, owned by the job, when missing)."""
     ns, name = deployment.namespace, job_secret_name(deployment.job_id)
     if ctx.kube.owned_secret(ns, name, JOB_SECRET_KEY, seen.job["metadata"]["uid"]) is None:
         ctx.kube.create(job_secret(seen.job, deployment, guard.new_secret()))
     policy = network_policy_name(deployment.job_id)
     if ctx.pods.network_policy and not ctx.kube.exists("NetworkPolicy", ns, policy):
         ctx.kube.create(network_policy(seen.job, deployment, ctx.pods))
+    if not ctx.kube.exists("Service", ns, leader_service_name(deployment.job_id)):
+        ctx.kube.create(leader_service(seen.job, deployment))
+
+
+def _label_leader(ctx: Context, seen: Observed, deployment: DeploymentPlan, leader: str | None) -> None:
+    """Only the coordinator pod that leads (as etcd says) carries the leader label."""
+    for pod in seen.pods.values():
+        if pod.role == "coordinator" and pod.leader != (pod.name == leader) and not pod.deleting:
+            value = "true" if pod.name == leader else None
+            ctx.kube.label_pod(deployment.namespace, pod.name, {LABEL_LEADER: value})
 
 
 def _request_savepoint(ctx: Context, seen: Observed, layout: Layout, *, stop: bool) -> bool:
@@ -704,6 +719,7 @@ def _refresh(
     phase = seen.status.phase
     conditions = seen.status.conditions
     epochs = ctx.etcd.epochs(_layout(deployment))
+    _label_leader(ctx, seen, deployment, epochs.leader[0] if epochs.leader else None)
     if succeeded:
         phase = "Succeeded"
         conditions = with_condition(conditions, "Ready", "False", "Succeeded", "the final epoch is committed")
@@ -742,10 +758,11 @@ def _refresh(
 
 
 def cleanup(kube: Kube, namespace: str, job_id: str) -> None:
-    """The job is deleted: remove its pods, plan ConfigMaps, Secret and NetworkPolicy (checkpoints stay)."""
+    """The job is deleted: its pods, plan ConfigMaps, Secret, Service, NetworkPolicy go; checkpoints stay."""
     for pod in map(pod_view, kube.pods(namespace, job_id)):
         if not pod.deleting:
             kube.delete_pod(namespace, pod.name, grace=0)
     kube.delete_configmaps(namespace, job_id)
     kube.delete("Secret", namespace, job_secret_name(job_id))
     kube.delete("NetworkPolicy", namespace, network_policy_name(job_id))
+    kube.delete("Service", namespace, leader_service_name(job_id))

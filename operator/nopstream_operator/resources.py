@@ -35,6 +35,7 @@ LABEL_VERTEX = "nopstream.io/vertex"
 LABEL_SUBTASK = "nopstream.io/subtask"
 LABEL_TASK = "nopstream.io/task"
 LABEL_STANDBY = "nopstream.io/standby"
+LABEL_LEADER = "nopstream.io/leader"  # "true" on the coordinator pod that leads: the Service's one endpoint
 ANNOTATION_FINGERPRINT = "nopstream.io/plan-fingerprint"
 HEALTH_PORT = 7701
 """Where a pod's process answers its liveness probe (`nopstream.node.liveness`)."""
@@ -149,6 +150,30 @@ def network_policy(job: dict[str, Any], deployment: DeploymentPlan, settings: Po
             "podSelector": {"matchLabels": {**MANAGED, LABEL_JOB: deployment.job_id}},
             "policyTypes": ["Ingress"],
             "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": TASK_PORT}]}],
+        },
+    }
+
+
+def leader_service_name(job_id: str) -> str:
+    """The Service that routes to the job's leading coordinator."""
+    return resource_name(job_id, "leader")
+
+
+def leader_service(job: dict[str, Any], deployment: DeploymentPlan) -> dict[str, Any]:
+    """A Service whose one endpoint is the leading coordinator: its dashboard, API and metrics.
+
+    The operator labels the leader's pod (`LABEL_LEADER`) from the election in etcd at
+    every pass; a standby coordinator is never an endpoint.
+    """
+    selector = {LABEL_JOB: deployment.job_id, LABEL_ROLE: "coordinator", LABEL_LEADER: "true"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, deployment, leader_service_name(deployment.job_id), "leader"),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector,
+            "ports": [{"name": "http", "port": TASK_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }
 

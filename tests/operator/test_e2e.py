@@ -23,6 +23,7 @@ embedded default (`nopstream run`) without faults.
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 import os
@@ -31,6 +32,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -596,6 +598,30 @@ def test_a_savepoint_on_request_then_suspend_and_resume(world, s3_client, bucket
     assert after == checkpoints
 
 
+def leader_view(w: World, job: str, leader_pod: str) -> dict[str, Any]:
+    """The job's view (GET /api/v1/job) through its leader Service, once its one endpoint is the leader."""
+    assert w.cluster is not None
+
+    def endpoints() -> list[str]:
+        found = w.kubectl(
+            "get", "endpointslices", "-l", f"kubernetes.io/service-name={job}-leader", "-o", "json"
+        )
+        return [
+            a for s in json.loads(found)["items"] for e in s.get("endpoints") or [] for a in e["addresses"]
+        ]
+
+    pod_ip = json.loads(w.kubectl("get", "pod", leader_pod, "-o", "json"))["status"]["podIP"]
+    w.wait("the leader Service's one endpoint", lambda: endpoints() == [pod_ip], timeout=30)
+    secret = w.kubectl("get", "secret", f"{job}-secret", "-o", "jsonpath={.data.secret}")
+    port = w.cluster.service_port(f"{job}-leader", 7700)
+    headers = {"Authorization": f"Bearer {base64.b64decode(secret).decode()}"}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/job", headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as r:
+        view: dict[str, Any] = json.loads(r.read())
+    assert view["leader"]["holder"] == leader_pod and view["job"]["jobId"] == job, view["leader"]
+    return view
+
+
 def condition(w: World, job: str, kind: str) -> dict:
     return next((c for c in w.job(job)["status"].get("conditions", []) if c["type"] == kind), {})
 
@@ -618,6 +644,7 @@ def test_a_stopped_task_turns_ready_false_then_fails_its_pod_and_the_recovered_j
     status = w.job("stalls")["status"]
     assert status["leader"]["pod"].startswith("stalls-coordinator-") and status["leader"]["token"] > 0
     assert condition(w, "stalls", "Degraded")["status"] == "False"
+    assert leader_view(w, "stalls", status["leader"]["pod"])["leader"]["token"] == status["leader"]["token"]
     run = status["run"]
     (pod,) = [
         p

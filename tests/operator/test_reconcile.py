@@ -65,6 +65,15 @@ class FakeKube:
         self.writes.append(f"delete Pod {name}")
         self.objects.pop(("Pod", name), None)
 
+    def label_pod(self, namespace: str, name: str, labels: dict[str, str | None]) -> None:
+        self.writes.append(f"label Pod {name} {labels}")
+        held = self.objects[("Pod", name)]["metadata"]["labels"]
+        for key, value in labels.items():  # a merge patch: null removes
+            if value is None:
+                held.pop(key, None)
+            else:
+                held[key] = value
+
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.writes.append("patch status")
         held = dict(self.streamjob.get("status") or {})
@@ -194,6 +203,39 @@ def test_ready_pods_make_the_job_running_and_a_settled_pass_writes_nothing(world
     before = list(kube.writes)
     passes(ctx, 3)
     assert kube.writes == before
+
+
+def test_only_the_leading_coordinator_pod_is_the_leader_services_endpoint(world):
+    ctx, kube, etcd, _events = world
+    passes(ctx, 2)
+    service = kube.objects[("Service", "wordcount-leader")]
+    assert service["spec"]["selector"] == {
+        "nopstream.io/job": "wordcount",
+        "nopstream.io/role": "coordinator",
+        "nopstream.io/leader": "true",
+    }
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 7700, "targetPort": "http", "protocol": "TCP"}
+    ]
+    assert service["metadata"]["ownerReferences"][0]["kind"] == "StreamJob"
+    kube.set_pods("task", "Running")
+    kube.set_pods("coordinator", "Running")
+
+    def leaders() -> list[str]:
+        pods = [o for (kind, _), o in sorted(kube.objects.items()) if kind == "Pod"]
+        return [p["metadata"]["name"] for p in pods if p["metadata"]["labels"].get("nopstream.io/leader")]
+
+    passes(ctx)
+    assert leaders() == []  # no leader elected yet
+    etcd.leader = ("wordcount-coordinator-1", 3)
+    passes(ctx)
+    assert leaders() == ["wordcount-coordinator-1"]
+    etcd.leader = ("wordcount-coordinator-0", 4)  # a failover
+    passes(ctx)
+    assert leaders() == ["wordcount-coordinator-0"]
+    before = list(kube.writes)
+    passes(ctx, 2)
+    assert kube.writes == before  # labelled once, not at every pass
 
 
 def test_a_failed_task_pod_is_a_global_recovery_recorded_before_its_pods_go(world):
