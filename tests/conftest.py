@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -41,6 +42,16 @@ def run_nopstream(
         check=False,
     )
     return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+DASHBOARD_LINE = re.compile(r"dashboard: http://127\.0\.0\.1:\d+/dashboard/#token=[0-9a-f]{64}\n")
+
+
+def after_dashboard_line(err: str) -> str:
+    """What `nopstream run` wrote to stderr after the dashboard's address, its first line."""
+    first, _, rest = err.partition("\n")
+    assert DASHBOARD_LINE.fullmatch(first + "\n"), f"no dashboard address first: {err!r}"
+    return rest
 
 
 def s3_records(client: Any, bucket: str, prefix: str) -> Counter[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import run_nopstream
+from tests.conftest import after_dashboard_line, run_nopstream
 
 
 def job(**spec) -> dict:
@@ -288,7 +288,7 @@ def test_a_manifest_path_that_is_a_directory_fails_the_run_in_one_line(tmp_path)
     (tmp_path / "cp" / "checkpoint" / "bad" / "main" / "1" / "_manifest.json").mkdir(parents=True)
     result = run_nopstream("run", "job.yaml", cwd=tmp_path)
     assert result.code == 3, result
-    assert result.err == (
+    assert after_dashboard_line(result.err) == (
         "job 'bad' failed: the coordinator cannot write checkpoints: cannot write"
         f" {tmp_path}/cp/checkpoint/bad/main/1/_manifest.json: Is a directory\n"
     )

@@ -105,4 +105,5 @@ def _tree(root: Path) -> list[str]:
         and "__pycache__" not in p.parts
         and ".git" not in p.parts
         and ".nopstream" not in p.parts
+        and "test-artifacts" not in p.parts  # the browser test's screenshots, from another worker
     )

@@ -20,6 +20,7 @@ import pytest
 
 from tests.chaos.jobs import fill_kafka, rolling_word_count
 from tests.checkpointing.test_faults import prepare, run_job, run_with_fault
+from tests.conftest import after_dashboard_line
 from tests.kafka_util import Topics
 
 
@@ -121,10 +122,11 @@ def test_a_job_whose_sink_topic_is_missing_is_refused_at_once(mode, tmp_path, ka
     assert result.returncode == 3, result.stderr
     # the sink is chained into the count tasks: whichever starts first reports it (by its
     # task id under `nopstream run`, by its process name under --etcd)
+    said = after_dashboard_line(result.stderr) if mode == "run" else result.stderr
     assert re.fullmatch(
         r"job 'kafka-job' cannot start: task \S+: kafka sink 'out':"
         rf" topic 'no-such-topic' does not exist on {re.escape(kafka.bootstrap)} \(create it first\)\n",
-        result.stderr,
+        said,
     ), result.stderr
     assert "recovering: " not in result.stderr and "Traceback" not in result.stderr
 
