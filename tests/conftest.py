@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+
+from nopstream.node.coordinator_api import CoordinatorRoutes
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -52,6 +57,21 @@ def after_dashboard_line(err: str) -> str:
     first, _, rest = err.partition("\n")
     assert DASHBOARD_LINE.fullmatch(first + "\n"), f"no dashboard address first: {err!r}"
     return rest
+
+
+@contextlib.asynccontextmanager
+async def serving(routes: CoordinatorRoutes) -> AsyncIterator[str]:
+    """A coordinator's routes served on a loopback port (guarded) for the block; their base URL."""
+    app = routes.guard.application()
+    routes.add_to(app)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
 
 
 def s3_records(client: Any, bucket: str, prefix: str) -> Counter[str]:

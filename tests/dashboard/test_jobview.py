@@ -15,7 +15,6 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from nopstream.model.load import load_data
 from nopstream.node import guard
@@ -23,6 +22,7 @@ from nopstream.node.coordinator_api import DASHBOARD_FILES, CoordinatorRoutes
 from nopstream.node.jobview import EpochRow, JobHistory, backpressure_level, job_view
 from nopstream.plan import compiler
 from nopstream.runtime.metrics import TaskStats
+from tests.conftest import serving
 
 MODEL = {
     "jobId": "viewed",
@@ -175,39 +175,29 @@ def test_the_page_is_open_the_view_needs_the_secret_and_nothing_climbs_out_of_th
 
     async def scenario() -> dict[str, object]:
         routes = CoordinatorRoutes(p.task_ids(), guard.Guard(secret), JobHistory(p))
-        app = routes.guard.application()
-        routes.add_to(app)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
         seen: dict[str, object] = {}
-        try:
-            async with aiohttp.ClientSession() as session:
-                for path in ("/dashboard/", "/dashboard/dashboard.js", "/dashboard/vendor/cytoscape.min.js"):
-                    async with session.get(url + path) as resp:
-                        seen[path] = (resp.status, len(await resp.read()) > 0)
-                async with session.get(url + "/dashboard", allow_redirects=False) as resp:
-                    seen["/dashboard"] = (resp.status, resp.headers["Location"])
-                for path in (
-                    "/dashboard/../api/v1/job",
-                    "/dashboard/%2e%2e/api/v1/job",
-                    "/dashboard/vendor/",
-                ):
-                    async with session.get(url + path) as resp:
-                        seen[path] = resp.status
-                seen["refused so far"] = routes.guard.refused
-                async with session.get(url + "/api/v1/job") as resp:
-                    seen["job without secret"] = resp.status
-                ok = guard.headers(secret)
-                async with session.get(url + "/api/v1/job", headers=ok) as resp:
-                    seen["job"] = (resp.status, (await resp.json())["job"])
-                body = {"taskId": task, "run": 0, "recordsIn": "many"}
-                async with session.post(url + "/stats", json=body, headers=ok) as resp:
-                    seen["bad stats"] = (resp.status, await resp.text())
-        finally:
-            await runner.cleanup()
+        async with serving(routes) as url, aiohttp.ClientSession() as session:
+            for path in ("/dashboard/", "/dashboard/dashboard.js", "/dashboard/vendor/cytoscape.min.js"):
+                async with session.get(url + path) as resp:
+                    seen[path] = (resp.status, len(await resp.read()) > 0)
+            async with session.get(url + "/dashboard", allow_redirects=False) as resp:
+                seen["/dashboard"] = (resp.status, resp.headers["Location"])
+            for path in (
+                "/dashboard/../api/v1/job",
+                "/dashboard/%2e%2e/api/v1/job",
+                "/dashboard/vendor/",
+            ):
+                async with session.get(url + path) as resp:
+                    seen[path] = resp.status
+            seen["refused so far"] = routes.guard.refused
+            async with session.get(url + "/api/v1/job") as resp:
+                seen["job without secret"] = resp.status
+            ok = guard.headers(secret)
+            async with session.get(url + "/api/v1/job", headers=ok) as resp:
+                seen["job"] = (resp.status, (await resp.json())["job"])
+            body = {"taskId": task, "run": 0, "recordsIn": "many"}
+            async with session.post(url + "/stats", json=body, headers=ok) as resp:
+                seen["bad stats"] = (resp.status, await resp.text())
         return seen
 
     seen = asyncio.run(scenario())

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-from aiohttp import web
 
 from nopstream.checkpoint.storage import LocalStorage
 from nopstream.cluster.election import Election
@@ -25,6 +24,7 @@ from nopstream.node.coordinator_api import CoordinatorRoutes
 from nopstream.node.epochs import EpochCoordinator
 from nopstream.node.jobview import JobHistory
 from nopstream.plan import compiler
+from tests.conftest import serving
 
 MODEL = {
     "sources": [{"id": "src", "type": "generator", "config": {"count": 10}}],
@@ -46,16 +46,10 @@ def test_a_message_waits_until_its_run_is_led_and_only_an_older_run_is_obsolete(
         backend = LocalBackend()
         layout = Layout("local", "routes", "main")
         routes = CoordinatorRoutes(plan.task_ids(), guard.Guard(secret), JobHistory(plan))
-        app = routes.guard.application()
-        routes.add_to(app)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
         answers: list[tuple[str, int, str]] = []
         try:
             async with (
+                serving(routes) as url,
                 aiohttp.ClientSession(headers=guard.headers(secret)) as session,
                 LeaseKeeper(backend, 30) as keeper,
             ):
@@ -84,7 +78,6 @@ def test_a_message_waits_until_its_run_is_led_and_only_an_older_run_is_obsolete(
                 await finished("the run led", 2)
                 assert coordinator.finished_sources == {source}
         finally:
-            await runner.cleanup()
             await backend.close()
         return answers
 
