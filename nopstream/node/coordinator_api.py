@@ -13,9 +13,9 @@ runner's control server (`nopstream run`) and each coordinator process
   GET  /metrics                                               Prometheus metrics
 A task's message without its task id and run is refused with 400, one for a run this
 coordinator does not lead with 409, and an ACK or source-finished while it leads no
-run with 503 (tasks retry it). `CoordinatorLink` is the one client of these routes (every task's),
-`TaskCommands` the one client of the tasks' commands (`node.taskserver`): barrier,
-commit and status, fenced by run and token.
+run with 503 (tasks retry it). `CoordinatorLink` is the one client of these routes
+(every task's), `TaskCommands` the one client of the tasks' commands
+(`node.taskserver`): barrier, commit and status, fenced by run and token.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class CoordinatorRoutes:
         self.current: EpochCoordinator | None = None
         self.leading_run = 0
         self.recoveries = 0
-        self.state = "starting"  # running, finished, failed: what the view says of the job
+        self.state = "starting"  # then running, finished: what the view says of the job
 
     def lead(self, coordinator: EpochCoordinator | None, run: int, *, recoveries: int) -> None:
         """Take messages for `run` to `coordinator` (None: lead nothing for now)."""

@@ -45,8 +45,7 @@ Notify = Callable[[int], Awaitable[None]]
 
 @dataclass(frozen=True)
 class Ack:
-    """What one task reported for an epoch: its segments, source positions, pending sink transactions
-    and how long it aligned the epoch's barriers."""
+    """One task's report of an epoch: segments, source positions, pending sink transactions, alignment."""
 
     segments: tuple[SegmentRef, ...]
     sources: dict[str, Any]
