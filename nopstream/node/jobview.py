@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -112,7 +113,7 @@ class _TaskState:
 class JobHistory:
     """Everything the view shows that the plan does not: bounded, kept across runs."""
 
-    def __init__(self, plan: PartitionedPlan, *, clock: Any = wall_ms) -> None:
+    def __init__(self, plan: PartitionedPlan, *, clock: Callable[[], int] = wall_ms) -> None:
         """An empty history of `plan`'s job."""
         self.plan = plan
         self.clock = clock
