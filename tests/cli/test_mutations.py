@@ -96,14 +96,15 @@ def test_run_of_a_mutated_example_fails_cleanly_or_runs(case, tmp_path_factory):
     assert _tree(ROOT) == before  # nothing written into the checkout (the examples' usual paths)
 
 
+# What other tests write into the checkout while this one runs (another xdist worker): caches,
+# hypothesis's own directory, the workdir of runs started in the checkout, screenshots.
+_NOT_WRITTEN_BY_A_RUN = frozenset({"__pycache__", ".git", ".nopstream", ".hypothesis", "test-artifacts"})
+
+
 def _tree(root: Path) -> list[str]:
-    """The files of the checkout but for caches."""
+    """The files of the checkout but for caches and other test processes' writes."""
     return sorted(
         str(p.relative_to(root))
         for p in root.rglob("*")
-        if p.is_file()
-        and "__pycache__" not in p.parts
-        and ".git" not in p.parts
-        and ".nopstream" not in p.parts
-        and "test-artifacts" not in p.parts  # the browser test's screenshots, from another worker
+        if p.is_file() and _NOT_WRITTEN_BY_A_RUN.isdisjoint(p.relative_to(root).parts)
     )
