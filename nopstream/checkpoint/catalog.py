@@ -9,6 +9,7 @@ than the latest durable epoch (an epoch newer than it may still be in flight).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -75,11 +76,19 @@ def read_manifest(storage: Storage, namespace: str, epoch: int) -> Manifest:
     return decode_manifest(data, path=path, epoch=epoch)
 
 
-def load_checkpoint(storage: Storage, namespace: str, epoch: int, *, plan_fingerprint: str) -> Checkpoint:
-    """Read and verify an epoch: its manifest, the plan it was taken with, every segment."""
+def load_checkpoint(
+    storage: Storage,
+    namespace: str,
+    epoch: int,
+    *,
+    plan_fingerprint: str,
+    select: Callable[[str], bool] | None = None,
+) -> Checkpoint:
+    """Read and verify an epoch: its manifest, the plan it was taken with, every segment (or those
+    whose path `select` takes: one task's part)."""
     manifest = read_manifest(storage, namespace, epoch)
     check_plan(manifest, fingerprint=plan_fingerprint, epoch=epoch)
-    refs = list(manifest.segments())
+    refs = [ref for ref in manifest.segments() if select is None or select(ref.path)]
 
     def fetch(path: str) -> bytes:
         try:

@@ -14,6 +14,7 @@ transaction or committed output of an earlier attempt is ever named again.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,8 +160,15 @@ def choose(
     return RestorePoint(chosen, kind, line.number, highest + 1, from_plan=from_plan)
 
 
-def load(storage: Storage, plan: PartitionedPlan, point: RestorePoint) -> catalog.Checkpoint | None:
-    """The verified checkpoint of a restore point (None when it restores nothing)."""
+def load(
+    storage: Storage,
+    plan: PartitionedPlan,
+    point: RestorePoint,
+    *,
+    select: Callable[[str], bool] | None = None,
+) -> catalog.Checkpoint | None:
+    """The verified checkpoint of a restore point, or its segments `select` takes (None when it
+    restores nothing)."""
     if point.epoch is None:
         return None
     return catalog.load_checkpoint(
@@ -168,4 +176,10 @@ def load(storage: Storage, plan: PartitionedPlan, point: RestorePoint) -> catalo
         plan.identity.checkpoint_namespace,
         point.epoch,
         plan_fingerprint=point.from_plan or fingerprint(plan),
+        select=select,
     )
+
+
+def rescaled(plan: PartitionedPlan, point: RestorePoint) -> bool:
+    """Whether the point's epoch was taken with another plan (a rescale or upgrade from a savepoint)."""
+    return point.from_plan is not None and point.from_plan != fingerprint(plan)

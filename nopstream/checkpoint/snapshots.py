@@ -7,11 +7,15 @@ A task snapshot (`records.TaskSnapshot`) splits into:
   enumerator       checkpoint/{ns}/{epoch}/{sourceId}/{subtask}/operator/enumerator
   progress         checkpoint/{ns}/{epoch}/{vertexId}/{subtask}/operator/watermarks
   sink txns        checkpoint/{ns}/{epoch}/{sinkId}/{subtask}/sink/{transactionId}
-`join` puts the pieces of one task back together from a verified checkpoint.
+`join` puts the pieces of one task back together from a verified checkpoint; `needed`
+names the segments it reads, so a task fetches its own part of a checkpoint, not all of it.
+WARNING: `needed` and `join` select by the same rules; change them together (a test
+checks that `join` over the needed segments is `join` over all of them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from nopstream.checkpoint.formats import encode_segment
@@ -146,6 +150,47 @@ def join(
         return state
     progress = segments.get(_path(plan, "operator", epoch, vertex_id, subtask, stateName="watermarks"), {})
     return state.with_progress(progress)
+
+
+def needed(
+    plan: PartitionedPlan,
+    *,
+    vertex_id: str,
+    subtask: int,
+    epoch: int,
+    operator_ids: list[str],
+    source_id: str | None,
+    sink_ids: list[str],
+    shards: ShardRange | None,
+    rescaled: bool = False,
+) -> Callable[[str], bool]:
+    """Whether a segment of `epoch` is one `join` reads for this task (same arguments, no segments)."""
+    prefix = (
+        plan.state_paths["keyed"]
+        .split("{operatorId}")[0]
+        .format(ns=plan.identity.checkpoint_namespace, epoch=epoch)
+    )
+    operators, sinks = set(operator_ids), set(sink_ids)
+
+    def wanted(path: str) -> bool:
+        parts = path[len(prefix) :].split("/") if path.startswith(prefix) else []
+        if len(parts) != 4 or not parts[1].isdigit():
+            return False
+        op_id, index, part, name = parts[0], int(parts[1]), parts[2], parts[3]
+        if op_id == source_id and (part == "source" or (part, name) == ("operator", "enumerator")):
+            return True  # every split of the source, whichever subtask read it
+        if op_id == vertex_id and (part, name) == ("operator", "watermarks"):
+            return not rescaled and index == subtask
+        if op_id not in operators:
+            return False
+        if part.isdigit():  # keyed state: the shards this subtask owns, whoever held them
+            return shards is None or int(part) in shards
+        own = index == subtask or (rescaled and index == 0)
+        if part == "operator":
+            return own and (name == "state" or (name == "sink" and op_id in sinks))
+        return part == "sink" and op_id in sinks and index == subtask
+
+    return wanted
 
 
 def _operator_state(

@@ -15,7 +15,6 @@ from nopstream.checkpoint.formats import segment_ref
 from nopstream.checkpoint.restore import RestorePoint
 from nopstream.checkpoint.storage import LocalStorage, Storage
 from nopstream.node.epochs import Ack
-from nopstream.plan.canonical import fingerprint
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.records import SinkStart, TaskSnapshot
 from nopstream.runtime.task import Task
@@ -53,20 +52,23 @@ async def start_task(task: Task, storage: Storage, point: RestorePoint) -> None:
 
 
 def _restore(task: Task, storage: Storage, point: RestorePoint) -> None:
-    """Load the task's state from the restore point's checkpoint, when there is one."""
-    checkpoint = restore.load(storage, task.plan, point)
-    if checkpoint is not None:
-        parts = task_parts(task)
-        state = snapshots.join(
-            task.plan,
-            epoch=checkpoint.epoch,
-            segments=checkpoint.segments,
-            operator_ids=task.op_ids,
-            shards=task.subtask.shards,
-            rescaled=checkpoint.manifest.plan_fingerprint != fingerprint(task.plan),
-            **parts,
-        )
-        task.restore(state)
+    """Load the task's state from the restore point's checkpoint, when there is one.
+
+    Only the task's own part is read (`snapshots.needed`): the coordinator verified the
+    whole checkpoint when it chose the point, and each task verifies what it reads.
+    """
+    if point.epoch is None:
+        return
+    part = {
+        **task_parts(task),
+        "epoch": point.epoch,
+        "operator_ids": task.op_ids,
+        "shards": task.subtask.shards,
+        "rescaled": restore.rescaled(task.plan, point),
+    }
+    checkpoint = restore.load(storage, task.plan, point, select=snapshots.needed(task.plan, **part))
+    assert checkpoint is not None
+    task.restore(snapshots.join(task.plan, segments=checkpoint.segments, **part))
 
 
 _TXN_SUMMARY = ("id", "epoch", "records", "lineage")

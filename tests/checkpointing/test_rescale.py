@@ -22,11 +22,15 @@ def plan(parallelism: int):
     return compiler.compile_model(load_data(model), backend="local").partitioned
 
 
-def test_keyed_state_cursors_and_finished_splits_follow_ownership_after_a_rescale():
-    old, new = plan(3), plan(4)
-    count_old, count_new = old.vertex("count"), new.vertex("count")
+def checkpoint_of(old, *, pending: bool = False) -> dict[str, object]:
+    """The segments of epoch 8 of `old`'s count and source tasks (path -> payload).
+
+    Each count subtask holds one key per shard and a watermark; with `pending`, its sink
+    holds transaction 8. Each source subtask has read one file and finished another.
+    """
     segments: dict[str, object] = {}
-    for sub in count_old.subtasks:  # each old subtask snapshots its shards, one key per shard
+    for sub in old.vertex("count").subtasks:
+        txns = [{"id": f"rescale:main:out:{sub.index}:8", "epoch": 8, "records": 1}] if pending else []
         state = TaskSnapshot(
             operators={
                 "count": {
@@ -36,7 +40,7 @@ def test_keyed_state_cursors_and_finished_splits_follow_ownership_after_a_rescal
                     },
                     "watermark": 100 + sub.index,
                 },
-                "out": {"sink": {"pending": [], "epoch": 9}},
+                "out": {"sink": {"pending": txns, "epoch": 9}},
             },
             watermarks={"x": 1},
         )
@@ -52,6 +56,13 @@ def test_keyed_state_cursors_and_finished_splits_follow_ownership_after_a_rescal
             old, vertex_id="src", subtask=sub.index, epoch=8, state=state, source_id="src", sink_ids=[]
         )
         segments.update({path: _payload(data) for path, data in parts.items()})
+    return segments
+
+
+def test_keyed_state_cursors_and_finished_splits_follow_ownership_after_a_rescale():
+    old, new = plan(3), plan(4)
+    count_new = new.vertex("count")
+    segments = checkpoint_of(old)
 
     owned_by = {}
     for sub in count_new.subtasks:
@@ -75,6 +86,32 @@ def test_keyed_state_cursors_and_finished_splits_follow_ownership_after_a_rescal
         "cursors": {"in/0.txt": 40, "in/1.txt": 41, "in/2.txt": 42},
         "finished": ["in/done-0.txt", "in/done-1.txt", "in/done-2.txt"],
     }
+
+
+def test_a_task_reads_only_what_join_takes_for_it_rescaled_or_not():
+    """`needed` selects exactly the segments `join` reads: joined over them alone, every task of
+    the same plan and of a rescaled one gets the state it gets from the whole checkpoint."""
+    old = plan(3)
+    segments = checkpoint_of(old, pending=True)
+    for target, rescaled in ((old, False), (plan(4), True), (plan(2), True)):
+        for vertex, ids in (("count", dict(operator_ids=["count", "out"], source_id=None, sink_ids=["out"])),
+                            ("src", dict(operator_ids=[], source_id="src", sink_ids=[]))):  # fmt: skip
+            for sub in target.vertex(vertex).subtasks:
+                part = dict(
+                    vertex_id=vertex, subtask=sub.index, epoch=8, shards=sub.shards, rescaled=rescaled, **ids
+                )
+                wanted = snapshots.needed(target, **part)
+                own = {path: payload for path, payload in segments.items() if wanted(path)}
+                assert snapshots.join(target, segments=own, **part) == snapshots.join(
+                    target, segments=segments, **part
+                ), (vertex, sub.index, rescaled)
+                if vertex == "count":  # its own shards, not every subtask's
+                    keyed = [p for p in own if p.split("/")[-2].isdigit()]
+                    assert len(keyed) == sub.shards.end - sub.shards.start
+                    assert len(own) < len(segments) // 2
+                else:  # every split and enumerator of the source, nothing of the count's
+                    assert all("/8/src/" in p for p in own)
+                    assert sum("/source/" in p for p in own) == 3
 
 
 def _payload(data: bytes) -> object:
