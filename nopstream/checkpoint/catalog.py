@@ -38,32 +38,62 @@ class Checkpoint:
     segments: dict[str, Any]
 
 
-def _epochs_with(storage: Storage, namespace: str) -> dict[int, list[str]]:
-    prefix = f"checkpoint/{namespace}/"
-    found: dict[int, list[str]] = {}
-    for path in storage.list(prefix):
-        head = path[len(prefix) :].split("/", 1)[0]
-        if head.isdigit():
-            found.setdefault(int(head), []).append(path)
-    return found
+@dataclass(frozen=True)
+class Stored:
+    """What storage holds of a namespace, read in one listing: each epoch's object paths."""
+
+    namespace: str
+    epochs: dict[int, frozenset[str]]
+
+    @classmethod
+    def read(cls, storage: Storage, namespace: str) -> Stored:
+        """List the namespace once."""
+        prefix = f"checkpoint/{namespace}/"
+        found: dict[int, set[str]] = {}
+        for path in storage.list(prefix):
+            head = path[len(prefix) :].split("/", 1)[0]
+            if head.isdigit():
+                found.setdefault(int(head), set()).add(path)
+        return cls(namespace, {epoch: frozenset(paths) for epoch, paths in found.items()})
+
+    def durable(self) -> list[int]:
+        """Epochs that have a manifest, oldest first (not yet verified)."""
+        return sorted(e for e, paths in self.epochs.items() if manifest_path(self.namespace, e) in paths)
+
+    def latest_durable(self, *, since: int = 1) -> int | None:
+        """The newest epoch with a manifest (of epoch `since` or later), or None."""
+        epochs = [e for e in self.durable() if e >= since]
+        return epochs[-1] if epochs else None
+
+    def highest(self) -> int | None:
+        """The highest epoch number anything is kept under (durable or not), or None."""
+        return max(self.epochs, default=None)
+
+    def check_complete(self, manifest: Manifest) -> None:
+        """RestoreRefused naming the first segment of the manifest that storage does not hold."""
+        held = self.epochs.get(manifest.epoch, frozenset())
+        for ref in manifest.segments():
+            if ref.path not in held:
+                raise _missing(ref.path, manifest.epoch)
 
 
 def durable_epochs(storage: Storage, namespace: str) -> list[int]:
     """Epochs that have a manifest, oldest first (not yet verified)."""
-    return sorted(
-        e for e, paths in _epochs_with(storage, namespace).items() if manifest_path(namespace, e) in paths
-    )
+    return Stored.read(storage, namespace).durable()
 
 
 def latest_durable(storage: Storage, namespace: str, *, since: int = 1) -> int | None:
     """The newest epoch with a manifest (of epoch `since` or later), or None."""
-    epochs = [e for e in durable_epochs(storage, namespace) if e >= since]
-    return epochs[-1] if epochs else None
+    return Stored.read(storage, namespace).latest_durable(since=since)
 
 
 def highest_epoch(storage: Storage, namespace: str) -> int | None:
     """The highest epoch number anything in storage is kept under (durable or not), or None."""
-    return max(_epochs_with(storage, namespace), default=None)
+    return Stored.read(storage, namespace).highest()
+
+
+def _missing(path: str, epoch: int) -> RestoreRefused:
+    return RestoreRefused(f"segment {path} of epoch {epoch} is missing")
 
 
 def read_manifest(storage: Storage, namespace: str, epoch: int) -> Manifest:
@@ -94,7 +124,7 @@ def load_checkpoint(
         try:
             return storage.get(path)
         except StorageError:
-            raise RestoreRefused(f"segment {path} of epoch {epoch} is missing") from None
+            raise _missing(path, epoch) from None
 
     segments: dict[str, Any] = {}
     # read side by side, verified in the manifest's order: the same first refusal as one by one
@@ -112,8 +142,8 @@ def apply_retention(storage: Storage, namespace: str, *, keep: int) -> list[str]
     than the latest durable one (in flight). Deleted: older durable epochs, and
     orphans (objects of older epochs that never got a manifest).
     """
-    epochs = _epochs_with(storage, namespace)
-    durable = sorted(e for e, paths in epochs.items() if manifest_path(namespace, e) in paths)
+    stored = Stored.read(storage, namespace)
+    durable = stored.durable()
     if not durable:
         return []
     kept = set(durable[-keep:]) if keep > 0 else set()
@@ -122,7 +152,7 @@ def apply_retention(storage: Storage, namespace: str, *, keep: int) -> list[str]
             kept.add(epoch)
     newest = durable[-1]
     deleted = []
-    for epoch, paths in sorted(epochs.items()):
+    for epoch, paths in sorted(stored.epochs.items()):
         if epoch in kept or epoch > newest:
             continue
         # the manifest goes first, so a crash mid-way never leaves a manifest without segments

@@ -2,8 +2,11 @@
 
 Every start of a run (a first run, a global recovery, `nopstream run` again, a new pod
 generation) begins here. Storage is the truth: the restore point is the latest durable
-epoch of the namespace's current lineage, verified, or the lineage's base epoch while it
-has none (`--restore-from` starts a lineage from an older epoch). A record elsewhere
+epoch of the namespace's current lineage, or the lineage's base epoch while it has none
+(`--restore-from` starts a lineage from an older epoch): its manifest verified, its plan
+checked, and every segment it names present in one listing of storage. The segments'
+contents are verified by the tasks that read them (`load`, each task its own part): a
+damaged one refuses the run there, naming it, before the task's state is used. A record elsewhere
 that shows a later durable epoch (the etcd epoch log) while its manifest is missing
 refuses the restore, naming the manifest, instead of silently going back to an older
 epoch. The first epoch number of
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nopstream.checkpoint import catalog, lineage
-from nopstream.checkpoint.formats import manifest_path
+from nopstream.checkpoint.formats import check_plan, manifest_path
 from nopstream.checkpoint.storage import Storage
 from nopstream.errors import RestoreRefused
 from nopstream.plan.canonical import fingerprint
@@ -137,7 +140,8 @@ def choose(
         line = lineage.start_over(storage, namespace, nonce=new_lineage.nonce, base=new_lineage.base)
     else:
         line = lineage.current(storage, namespace)
-    chosen = catalog.latest_durable(storage, namespace, since=line.first_epoch)
+    stored = catalog.Stored.read(storage, namespace)
+    chosen = stored.latest_durable(since=line.first_epoch)
     if log_latest is not None and log_latest >= line.first_epoch and log_latest > (chosen or 0):
         raise RestoreRefused(
             f"epoch {log_latest} is durable in the epoch log but its manifest"
@@ -153,10 +157,9 @@ def choose(
         kind, taken_with = manifest.kind, manifest.plan_fingerprint
         if from_plan is None and kind == EpochKind.STOP and taken_with != fingerprint(plan):
             from_plan = str(taken_with)
-        catalog.load_checkpoint(storage, namespace, chosen, plan_fingerprint=from_plan or fingerprint(plan))
-    highest = max(
-        catalog.highest_epoch(storage, namespace) or 0, log_highest, chosen or 0, line.first_epoch - 1
-    )
+        check_plan(manifest, fingerprint=from_plan or fingerprint(plan), epoch=chosen)
+        stored.check_complete(manifest)
+    highest = max(stored.highest() or 0, log_highest, chosen or 0, line.first_epoch - 1)
     return RestorePoint(chosen, kind, line.number, highest + 1, from_plan=from_plan)
 
 

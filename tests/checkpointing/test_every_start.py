@@ -7,7 +7,8 @@ disturbs a job, as a test that failed on main before the one rule for every star
 4. two runs of one job at once;
 5. two jobs whose sinks share an output directory and a sink id;
 6. an input file truncated, or replaced, between runs;
-7. the latest manifest deleted (refused, locally and on etcd), then --restore-from.
+7. the latest manifest deleted (refused, locally and on etcd), then --restore-from;
+8. a segment of the restore point altered, or deleted (refused naming it).
 """
 
 from __future__ import annotations
@@ -302,3 +303,32 @@ def test_a_deleted_latest_manifest_is_refused_on_etcd_by_the_epoch_log(tmp_path,
         f"{epoch}/_manifest.json is missing or damaged"
     ) in refused.err
     assert not (home / "out").exists() or outputs(home / "out") == {}
+
+
+@pytest.mark.parametrize("damage", ["altered", "deleted"])
+def test_a_damaged_segment_of_the_restore_point_is_refused_naming_it(tmp_path, damage):
+    # The command dies before epoch 3's manifest, so the next start restores epoch 2; one
+    # of its keyed segments is then altered (same size, one digit changed) or deleted.
+    home = tmp_path / "job"
+    word_count(home, emit="rolling")
+    assert run(home, faults="coordinator-before-manifest@3").code == -signal.SIGKILL
+    epoch = int(manifests(home)[-1].parent.name)
+    keyed = sorted(p for p in (home / "cp").glob(f"checkpoint/wc/main/{epoch}/count/*/*/acc"))
+    segment = keyed[len(keyed) // 2]
+    path = segment.relative_to(home / "cp").as_posix()
+    if damage == "altered":
+        data = segment.read_bytes()
+        digit = max(i for i, b in enumerate(data) if chr(b).isdigit())
+        segment.write_bytes(
+            data[:digit] + (b"1" if data[digit : digit + 1] != b"1" else b"2") + data[digit + 1 :]
+        )
+        reason = "does not match its manifest entry (size or SHA-256 differ)"
+    else:
+        segment.unlink()
+        reason = "is missing"
+    before = outputs(home / "out")
+    refused = run(home)
+    assert refused.code == 1, refused.err
+    assert f"segment {path} of epoch {epoch} {reason}" in refused.err
+    assert "Traceback" not in refused.err, refused.err
+    assert outputs(home / "out") == before
