@@ -58,11 +58,11 @@ def stalled(
     return now - since > checkpoint.interval_ms + checkpoint.timeout_ms
 
 
-def durable_since_ready(status: StreamJobStatus) -> bool:
-    """Whether an epoch became durable since the current run became ready (its first output is out)."""
+def committed_since_ready(status: StreamJobStatus) -> bool:
+    """Whether an epoch was committed since the current run became ready (its first output is out)."""
     started = _ready_since(status.conditions)
-    durable = status.latest_durable_at
-    return started is not None and durable is not None and _ms(durable) >= started
+    committed = status.latest_committed_at
+    return started is not None and committed is not None and _ms(committed) >= started
 
 
 def stalled_message(checkpoint: CheckpointSettings, durable: int | None) -> str:

@@ -587,11 +587,12 @@ def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) ->
         if t.name not in current:
             ctx.kube.create(task_pod(seen.job, deployment, t, run, ctx.pods))
     running = _refresh(ctx, seen, deployment, current) == "Running"
-    if running and _standby_tasks(seen) and health.durable_since_ready(seen.status):
-        # Made once the run has made a durable epoch (a recovery's start and first output
+    if running and _standby_tasks(seen) and health.committed_since_ready(seen.status):
+        # Made once the run has committed an epoch (a recovery's start and first output
         # have the cores first: standbys starting beside it slowed it by seconds on two
-        # cores), once per run: one that failed stays, and is not adopted, until the next
-        # run replaces it, so a standby that cannot start never churns pods.
+        # cores, even between its first durable epoch and that epoch's commit), once per
+        # run: one that failed stays, and is not adopted, until the next run replaces it,
+        # so a standby that cannot start never churns pods.
         for t in deployment.tasks:
             if t.name not in standbys:
                 ctx.kube.create(task_pod(seen.job, deployment, t, run + 1, ctx.pods, standby=True))

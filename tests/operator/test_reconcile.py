@@ -115,6 +115,7 @@ class FakeEtcd:
         self.current_run = 0
         self.durable: int | None = None
         self.durable_at: int | None = None  # ms
+        self.committed_at: int | None = None  # ms (committed is the durable epoch, once committed_at is set)
         self.leader: tuple[str, int] | None = None
         self.requests: dict[int, RestoreRequest] = {}
         self.takeovers: dict[int, str | None] = {}
@@ -130,7 +131,11 @@ class FakeEtcd:
 
     def epochs(self, layout: Any) -> EpochSummary:
         return EpochSummary(
-            durable=self.durable, durable_at=self.durable_at, committed=self.durable, leader=self.leader
+            durable=self.durable,
+            durable_at=self.durable_at,
+            committed=self.durable,
+            committed_at=self.committed_at,
+            leader=self.leader,
         )
 
     def last_epoch(self, layout: Any) -> int:
@@ -359,9 +364,12 @@ def running_with_standbys(ctx: Context, kube: FakeKube) -> dict[str, dict[str, A
     kube.set_pods("coordinator", "Running")
     passes(ctx)
     assert status(kube)["phase"] == "Running"
-    assert not task_pods(kube, 2)  # nor until the run's first durable epoch: its first output first
+    assert not task_pods(kube, 2)  # nor until the run's first output is out: it has the cores first
     etcd = ctx.etcd
     etcd.durable, etcd.durable_at = (etcd.durable or 0) + 1, now_ms()
+    passes(ctx)
+    assert not task_pods(kube, 2)  # durable, its output not yet committed
+    etcd.committed_at = now_ms()
     passes(ctx)
     standbys = task_pods(kube, 2)
     assert len(standbys) == status(kube)["tasksTotal"]
