@@ -54,8 +54,8 @@ async def start_task(task: Task, storage: Storage, point: RestorePoint) -> None:
 def _restore(task: Task, storage: Storage, point: RestorePoint) -> None:
     """Load the task's state from the restore point's checkpoint, when there is one.
 
-    Only the task's own part is read (`snapshots.needed`): the coordinator verified the
-    whole checkpoint when it chose the point, and each task verifies what it reads.
+    Only the task's own part is read (`snapshots.needed`) and verified: the coordinator
+    checked the manifest and that every segment is there when it chose the point.
     """
     if point.epoch is None:
         return
