@@ -10,7 +10,9 @@ baseline measured in the same run:
   processes, parallelism N  `nopstream run` (one process per task), N = 1, 2, 4, 8, 16
   ... combine: false        the same without pre-aggregation before the shuffle
 Targets (issue "Parallel speed"): processes p2 >= 0.8, in-process p1 >= 0.5, p4 not
-slower than p2.
+slower than p2. Last, how many files each source subtask read: a file goes to the
+subtask its path hashes to, and the corpus's path changes every run, so the balance
+(and with it the p2 and p4 rows) changes from run to run.
 Run: `python bench/throughput.py [--words N] [--parallelism 1,2,4,8,16]`.
 """
 
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import yaml
 
+from nopstream.connectors.files import FileSource
 from nopstream.local import runner
 from nopstream.model.load import load_file
 from nopstream.plan import compiler
@@ -119,6 +122,12 @@ def run(workdir: Path, path: Path, *, in_process: bool) -> runner.RunResult:
     return runner.run_job(plans, options)
 
 
+def files_per_subtask(workdir: Path, parallelism: int) -> list[int]:
+    """How many of the corpus's files each source subtask reads (the file source's own assignment)."""
+    config = {"path": str(workdir / "corpus" / "*.txt")}
+    return [len(FileSource(config, subtask=i, parallelism=parallelism).cursors) for i in range(parallelism)]
+
+
 def check(workdir: Path, name: str, words: int) -> None:
     """The job counted every word."""
     total = 0
@@ -148,6 +157,8 @@ def main() -> None:
             result = run(workdir, job(workdir, name, parallelism, combine=combine), in_process=in_process)
             check(workdir, name, args.words)
             results.append((title, result))
+        # files go to subtasks by a hash of their path, which changes with the temporary directory
+        shares = {n: files_per_subtask(workdir, n) for n in sorted({row[2] for row in rows if not row[3]})}
     words = args.words
     print(f"corpus: {words:,} words, lines of 10 from a 10,000-word vocabulary (seed 42), 16 files")
     print(f"machine: {os.cpu_count()} cores")
@@ -158,6 +169,7 @@ def main() -> None:
         figures = f"{words / p:>12,.0f} words/s  {base / p:.3f}   {words / w:>12,.0f} words/s  {base / w:.3f}"
         print(f"{name:<42} {figures}")
     print("targets: processes p2 >= 0.8, in-process p1 >= 0.5, p4 not slower than p2 (processing time)")
+    print("files per source subtask in this run:", "; ".join(f"p{n} {c}" for n, c in shares.items()))
 
 
 if __name__ == "__main__":
