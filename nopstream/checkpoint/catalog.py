@@ -82,11 +82,6 @@ def durable_epochs(storage: Storage, namespace: str) -> list[int]:
     return Stored.read(storage, namespace).durable()
 
 
-def latest_durable(storage: Storage, namespace: str, *, since: int = 1) -> int | None:
-    """The newest epoch with a manifest (of epoch `since` or later), or None."""
-    return Stored.read(storage, namespace).latest_durable(since=since)
-
-
 def highest_epoch(storage: Storage, namespace: str) -> int | None:
     """The highest epoch number anything in storage is kept under (durable or not), or None."""
     return Stored.read(storage, namespace).highest()

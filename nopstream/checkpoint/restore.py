@@ -6,12 +6,12 @@ epoch of the namespace's current lineage, or the lineage's base epoch while it h
 (`--restore-from` starts a lineage from an older epoch): its manifest verified, its plan
 checked, and every segment it names present in one listing of storage. The segments'
 contents are verified by the tasks that read them (`load`, each task its own part): a
-damaged one refuses the run there, naming it, before the task's state is used. A record elsewhere
-that shows a later durable epoch (the etcd epoch log) while its manifest is missing
-refuses the restore, naming the manifest, instead of silently going back to an older
-epoch. The first epoch number of
-the run is past every epoch in storage and in the log: numbers never repeat, so no
-transaction or committed output of an earlier attempt is ever named again.
+damaged one refuses the run there, naming it, before the task's state is used. A
+record elsewhere that shows a later durable epoch (the etcd epoch log) while its
+manifest is missing refuses the restore, naming the manifest, instead of silently going
+back to an older epoch. The first epoch number of the run is past every epoch in
+storage and in the log: numbers never repeat, so no transaction or committed output of
+an earlier attempt is ever named again.
 """
 
 from __future__ import annotations

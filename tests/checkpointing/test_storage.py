@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nopstream.checkpoint.catalog import apply_retention, durable_epochs, latest_durable, load_checkpoint
+from nopstream.checkpoint.catalog import Stored, apply_retention, durable_epochs, load_checkpoint
 from nopstream.checkpoint.formats import Manifest, encode_manifest, encode_segment, manifest_path, segment_ref
 from nopstream.errors import RestoreRefused, StorageError
 from nopstream.plan.epochs import EpochKind
@@ -56,7 +56,7 @@ def test_a_durable_epoch_loads_verified(storage):
     write_epoch(storage, 4)
     write_epoch(storage, 5, manifest=False)  # in flight: segments but no manifest yet
     assert durable_epochs(storage, NS) == [4]
-    assert latest_durable(storage, NS) == 4
+    assert Stored.read(storage, NS).latest_durable() == 4
     cp = load_checkpoint(storage, NS, 4, plan_fingerprint=PLAN)
     assert cp.segments == {
         f"checkpoint/{NS}/4/count/0/3/acc": {"acc": [["the", 7]]},
