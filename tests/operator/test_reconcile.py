@@ -115,7 +115,7 @@ class FakeEtcd:
         self.current_run = 0
         self.durable: int | None = None
         self.durable_at: int | None = None  # ms
-        self.committed_at: int | None = None  # ms (committed is the durable epoch, once committed_at is set)
+        self.committed_at: int | None = None  # ms: when the durable epoch (also the committed) was
         self.leader: tuple[str, int] | None = None
         self.requests: dict[int, RestoreRequest] = {}
         self.takeovers: dict[int, str | None] = {}
