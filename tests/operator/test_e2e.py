@@ -91,10 +91,23 @@ class World:
             f"timed out waiting for {what}; events:\n"
             + "\n".join(events)
             + f"\noperator log:\n{self.operator_log()}"
+            + f"\nunfinished job pods:\n{self.unfinished_pods_logs()}"
         )
 
     def operator_log(self) -> str:
         return self.kubectl("logs", "-l", "app.kubernetes.io/component=operator", "--tail=60", check=False)
+
+    def unfinished_pods_logs(self) -> str:
+        """Each job pod not Succeeded: its phase and the end of its log (without access lines)."""
+        found = self.kubectl("get", "pods", "-l", "nopstream.io/job", "-o", "json", check=False)
+        out = []
+        for pod in json.loads(found or '{"items": []}')["items"]:
+            name, phase = pod["metadata"]["name"], pod["status"].get("phase")
+            if phase != "Succeeded":
+                log = self.kubectl("logs", name, "--tail=200", check=False).splitlines()
+                lines = [line for line in log if "aiohttp.access" not in line][-12:]
+                out.append(f"-- {name} ({phase})\n" + "\n".join(lines))
+        return "\n".join(out)
 
     def pods(self, job: str) -> list[dict]:
         out = self.kubectl("get", "pods", "-l", f"nopstream.io/job={job}", "-o", "json")
