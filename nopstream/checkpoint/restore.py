@@ -124,6 +124,7 @@ def choose(
     from_plan: str | None = None,
     log_latest: int | None = None,
     log_highest: int = 0,
+    stored: catalog.Stored | None = None,
 ) -> RestorePoint:
     """The verified restore point of a run of `plan`; RestoreRefused when it cannot be restored.
 
@@ -133,14 +134,16 @@ def choose(
     operator accepted); without it, a latest epoch taken with another plan is restored
     only when it is a stop savepoint. `log_latest`/`log_highest`: the latest durable
     and the highest epoch an epoch log records (etcd); a durable epoch there whose
-    manifest storage lacks refuses the restore.
+    manifest storage lacks refuses the restore. `stored`: the namespace's listing when the
+    caller has just read it (one listing, not two).
     """
     namespace = plan.identity.checkpoint_namespace
     if new_lineage is not None:
         line = lineage.start_over(storage, namespace, nonce=new_lineage.nonce, base=new_lineage.base)
     else:
         line = lineage.current(storage, namespace)
-    stored = catalog.Stored.read(storage, namespace)
+    if stored is None:
+        stored = catalog.Stored.read(storage, namespace)
     chosen = stored.latest_durable(since=line.first_epoch)
     if log_latest is not None and log_latest >= line.first_epoch and log_latest > (chosen or 0):
         raise RestoreRefused(

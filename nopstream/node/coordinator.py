@@ -216,7 +216,11 @@ class CoordinatorProcess:
         request = RestoreRequest.from_json(asked.value) if asked is not None else RestoreRequest()
         entries = await self.epoch_log.entries()
         log_latest = await self.epoch_log.latest_durable()
-        if log_latest is not None and await asyncio.to_thread(self._storage_is_empty):
+        # one listing serves the check below and the choice of the point
+        stored = await asyncio.to_thread(
+            catalog.Stored.read, self.storage, self.plan.identity.checkpoint_namespace
+        )
+        if log_latest is not None and stored.highest() is None:
             # Storage is the truth: the namespace was deleted, so the log describes a job
             # that no longer exists. Fenced, so only this leader replaces it.
             reason = f"checkpoint namespace {self.plan.identity.checkpoint_namespace} is empty in storage"
@@ -232,6 +236,7 @@ class CoordinatorProcess:
                 from_plan=request.from_plan,
                 log_latest=log_latest,
                 log_highest=max((e.epoch for e in entries), default=0),
+                stored=stored,
             )
         except RestoreRefused as refused:
             log.error("run %d cannot start: %s", run, refused)
@@ -240,9 +245,6 @@ class CoordinatorProcess:
         await leadership.write({key: point.to_json()})
         log.info("run %d restores %s", run, point)
         return point
-
-    def _storage_is_empty(self) -> bool:
-        return catalog.highest_epoch(self.storage, self.plan.identity.checkpoint_namespace) is None
 
     async def _registered(self, run: int) -> dict[str, str]:
         """Each task's endpoint, once every task of the run has registered."""
