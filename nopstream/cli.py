@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nopstream import stacks
 from nopstream.model.connectors import SINK_TYPES, FileSinkConfig, S3SinkConfig
 from nopstream.model.errors import ModelError
 from nopstream.model.load import LoadedModel, load_file
@@ -521,6 +523,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = _parser()
     args = parser.parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        stacks.install()  # `kill -USR1` shows where a process waits, in its log
     if getattr(args, "namespace", None) is not None and getattr(args, "backend", None) == "local":
         parser.error("--namespace is a Kubernetes namespace: it needs --backend kubernetes")
     try:

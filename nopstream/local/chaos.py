@@ -32,6 +32,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from nopstream import stacks
 from nopstream.connectors import files, kafka, postgres
 from nopstream.connectors import s3 as s3_connector
 
@@ -123,11 +124,13 @@ def _run(
             left -= _kill_at_random(proc, rng, left, outcome, settings, first=outcome.starts == 1)
             code = proc.wait(max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            raise ChaosFailed(f"{tag}: the job did not finish within {settings.timeout:.0f}s") from None
+            waits = _where_it_waits(proc)
+            late = f"{tag}: the job did not finish within {settings.timeout:.0f}s"
+            raise ChaosFailed(f"{late}; where its processes wait:\n{waits}") from None
         finally:
             if proc.poll() is None:  # timed out, or chaos itself was interrupted: leave nothing behind
                 _kill_group(proc)
-                proc.wait()
+                _wait_group_gone(proc)
         if code == -signal.SIGKILL:  # the whole runner was killed: start it again, as a user would
             _wait_group_gone(proc)
             outcome.starts += 1
@@ -205,6 +208,29 @@ def _kill_at_random(
         if pid is None:
             break
     return done
+
+
+def _where_it_waits(proc: subprocess.Popen[bytes], settle: float = 1.0, lines: int = 12) -> str:
+    """Each live process of the run: its last log line and where it waits (`nopstream.stacks`)."""
+    pids = [proc.pid, *_children(proc.pid)]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)
+    time.sleep(settle)  # each writes its dump to its log
+    found = []
+    for pid in pids:
+        try:
+            log = Path(os.readlink(f"/proc/{pid}/fd/2"))
+            text = log.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        mark = f"{stacks.MARK} {pid} waits:"
+        at = max((i for i, line in enumerate(text) if line == mark), default=len(text))
+        said = next((line for line in reversed(text[:at]) if not line.startswith("  ")), "(nothing)")
+        dump = [line for line in text[at + 1 : at + 1 + lines] if line.startswith("  ")]
+        found.append(f"{log.name} (pid {pid}), last said: {said[-160:]}")
+        found.extend(f"  {line.strip()[:200]}" for line in dump)
+    return "\n".join(found)
 
 
 def _victims(pid: int, *, etcd: bool) -> dict[str, list[int]]:

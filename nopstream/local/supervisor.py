@@ -202,7 +202,7 @@ class Supervisor:
             "NOPSTREAM_SECRET_FILE": str(self.secret_file.resolve()),
             **extra,
         }
-        with log.open("wb") as out:
+        with log.open("ab") as out:  # a runner started again names its coordinators from 0 again
             popen = subprocess.Popen(
                 [sys.executable, "-m", "nopstream", role],
                 env=env,

@@ -11,6 +11,7 @@ fail: a job whose function is not deterministic is reported, exit 1.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -153,3 +154,28 @@ def test_chaos_reports_a_function_that_is_not_deterministic(tmp_path, etcd_serve
     assert "committed records: 8000 failure-free, " in result.out
     assert re.search(r"missing: [1-9]\d*\n    w\d+ ", result.out), result.out
     assert "verdict: NOT exactly once" in result.out
+
+
+def test_a_run_that_does_not_end_is_reported_with_where_each_process_waits(tmp_path, etcd_server):
+    """A user function that never returns: chaos gives up at its timeout, names the frame each
+    process waits in (the tasks in the function, the leader's run on them), and leaves nothing behind."""
+    home = tmp_path / "job"
+    model = jobs.file_to_file(home)
+    model["model"]["operators"][1]["fn"] = "chaosfns:stall"
+    job = jobs.prepare(home, model)
+    (home / "chaosfns.py").write_text(
+        (home / "chaosfns.py").read_text() + "\n\ndef stall(line):\n    time.sleep(3600)\n"
+    )
+    host, port = etcd_server.endpoint
+    args = ["chaos", str(job), "--workdir", str(tmp_path / "chaos"), "--timeout", "12"]
+    result = run_nopstream(*args, "--etcd", f"{host}:{port}", cwd=tmp_path, timeout=120)
+    assert result.code == 3, result.out + result.err
+    first, *waits = result.err.splitlines()
+    assert re.fullmatch(
+        r"chaos: chaos-\w+-clean: the job did not finish within 12s; where its processes wait:", first
+    ), result.err
+    assert re.match(r"runner\.err \(pid \d+\)", waits[0]) and "supervisor.py" in waits[1], result.err
+    assert re.search(r"  thread MainThread: chaosfns\.py:\d+ stall <- ", result.err), result.err
+    assert re.search(r"  task run 1: .*coordinator\.py:\d+ _lead_run", result.err), result.err
+    pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", result.err)]
+    assert len(pids) >= 4 and not [p for p in pids if Path(f"/proc/{p}").exists()]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import os
@@ -98,15 +99,27 @@ class World:
         return self.kubectl("logs", "-l", "app.kubernetes.io/component=operator", "--tail=60", check=False)
 
     def unfinished_pods_logs(self) -> str:
-        """Each job pod not Succeeded: its phase and the end of its log (without access lines)."""
+        """Each job pod not Succeeded: its phase and the end of its log (without access lines), which
+        on our node ends with where its process waits (`nopstream.stacks`, by SIGUSR1)."""
         found = self.kubectl("get", "pods", "-l", "nopstream.io/job", "-o", "json", check=False)
+        pods = [
+            p
+            for p in json.loads(found or '{"items": []}')["items"]
+            if p["status"].get("phase") != "Succeeded"
+        ]
+        if self.cluster is not None and self.cluster.node is not None:
+            for pod in pods:
+                for container in pod["status"].get("containerStatuses", []):
+                    if "running" in container.get("state", {}):
+                        with contextlib.suppress(Exception):  # it may end meanwhile: the log says so
+                            os.kill(self.cluster.node.container_pid(container["containerID"]), signal.SIGUSR1)
+            time.sleep(1)
         out = []
-        for pod in json.loads(found or '{"items": []}')["items"]:
-            name, phase = pod["metadata"]["name"], pod["status"].get("phase")
-            if phase != "Succeeded":
-                log = self.kubectl("logs", name, "--tail=200", check=False).splitlines()
-                lines = [line for line in log if "aiohttp.access" not in line][-12:]
-                out.append(f"-- {name} ({phase})\n" + "\n".join(lines))
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            log = self.kubectl("logs", name, "--tail=200", check=False).splitlines()
+            lines = [line for line in log if "aiohttp.access" not in line][-24:]
+            out.append(f"-- {name} ({pod['status'].get('phase')})\n" + "\n".join(lines))
         return "\n".join(out)
 
     def pods(self, job: str) -> list[dict]:
