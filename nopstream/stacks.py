@@ -7,7 +7,6 @@ task's chain of awaits, so a hang names the call it is stuck in. The process goe
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sys
@@ -39,8 +38,9 @@ def _dump(_signum: int, _frame: FrameType | None) -> None:
         if frames and (Path(frames[-1].filename).name, frames[-1].name) not in _IDLE:
             stack = [_where(f.filename, f.lineno or 0, f.name) for f in frames[-_FRAMES:]]
             lines.append(f"  thread {names.get(ident, ident)}: {' <- '.join(reversed(stack))}")
-    loop = asyncio._get_running_loop()  # the loop this (main) thread runs, if any
-    for task in asyncio.all_tasks(loop) if loop is not None else ():
+    asyncio = sys.modules.get("asyncio")  # not imported by this module: most commands never load it
+    loop = asyncio._get_running_loop() if asyncio is not None else None  # this (main) thread's loop
+    for task in asyncio.all_tasks(loop) if asyncio is not None and loop is not None else ():
         lines.append(
             f"  task {task.get_name()}: {' <- '.join(reversed(_awaits(task.get_coro())[-_FRAMES:]))}"
         )

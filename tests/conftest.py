@@ -140,11 +140,26 @@ def database(postgres_server, request, monkeypatch):
 
 @pytest.fixture(scope="session")
 def kube_cluster(tmp_path_factory):
-    """The one-node Kubernetes cluster (`e2e/cluster.py`) shared by the session, in its own namespace."""
+    """The one-node Kubernetes cluster (`e2e/cluster.py`) shared by the session, in its own namespace.
+
+    One per test run: the tests that use it are one xdist group. Were they spread over
+    the workers (pytest-xdist#1386 did that silently), each would start a cluster of its
+    own, twice the load on the machine; the second fails here instead.
+    """
+    import fcntl
+
     from e2e.cluster import Cluster
 
-    with Cluster.start(tmp_path_factory.mktemp("kube")) as cluster:
-        yield cluster
+    run = tmp_path_factory.getbasetemp()  # an xdist worker's is popen-gwN inside the run's
+    with (run.parent if "PYTEST_XDIST_WORKER" in os.environ else run).joinpath("kube.lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pytest.fail(
+                "another xdist worker runs the kube cluster: the 'kube' xdist group is not kept together"
+            )
+        with Cluster.start(tmp_path_factory.mktemp("kube")) as cluster:
+            yield cluster
 
 
 @pytest.fixture(scope="session")
