@@ -13,7 +13,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from nopstream import stacks
 from nopstream.model.connectors import SINK_TYPES, FileSinkConfig, S3SinkConfig
@@ -286,17 +286,32 @@ def cmd_node(args: argparse.Namespace) -> int:
     if config.health_port is not None:
         liveness.serve(config.host, config.health_port)
     if args.command == "coordinator":
-        return EXIT_OK if asyncio.run(coordinator.serve(config)) == 0 else EXIT_JOB_FAILED
+        _leave(EXIT_OK if asyncio.run(coordinator.serve(config)) == 0 else EXIT_JOB_FAILED)
     from nopstream.errors import RestoreRefused
 
     try:
         asyncio.run(task.serve(config))
     except task.LeaseLost as lost:
         print(f"nopstream task: {lost}", file=sys.stderr)
-        return EXIT_JOB_FAILED
+        _leave(EXIT_JOB_FAILED)
     except RestoreRefused as refused:  # the same for every attempt: not a failure to recover from
         recovery.exit_refused(refused)
-    return EXIT_OK
+    _leave(EXIT_OK)
+
+
+def _leave(code: int) -> NoReturn:
+    """End a task or coordinator process now: its outcome is decided and written.
+
+    The interpreter's finalization is skipped: it would run the destructors of clients
+    left open (a Kafka client's may wait on its broker), and a process that does not
+    end keeps its pod Running and its job unfinished. Crash-only: nothing is lost.
+    """
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _exit_on_sigterm(command: str) -> None:

@@ -23,10 +23,15 @@ _IDLE = {("thread.py", "_worker"), ("threading.py", "run")}  # an executor's idl
 
 def install() -> None:
     """Make SIGUSR1 write this process's waits to stderr (main thread only, as `signal` requires)."""
-    signal.signal(signal.SIGUSR1, _dump)
+    signal.signal(signal.SIGUSR1, _on_signal)
 
 
-def _dump(_signum: int, _frame: FrameType | None) -> None:
+def _on_signal(_signum: int, _frame: FrameType | None) -> None:
+    dump()
+
+
+def dump() -> None:
+    """Write where each thread, and each task of the main thread's event loop, waits to stderr."""
     lines = [f"{MARK} {os.getpid()} waits:"]
     names = {t.ident: t.name for t in threading.enumerate()}
     for ident, frame in sys._current_frames().items():

@@ -20,12 +20,15 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import threading
 import traceback
 from collections.abc import Coroutine
 from typing import Any
 
 import aiohttp
 
+from nopstream import stacks
 from nopstream.checkpoint.restore import RestorePoint
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.backend import Backend, StoreUnavailable, wait_reachable
@@ -45,6 +48,7 @@ from nopstream.runtime.task import Task, run_until
 log = logging.getLogger(__name__)
 POLL = 0.05
 REPORT_SECONDS = 2.0  # a report to a coordinator that does not answer is given up, not waited for
+TEARDOWN_S = 10.0  # from the final commit to the end of the process, at most
 
 
 class LeaseLost(RuntimeError):
@@ -157,12 +161,27 @@ async def _work(
     # Every task stays until the final epoch is committed, so a coordinator that takes
     # over at the very end can still ask each of them for its last ACK.
     await task.final_committed()
+    _exit_if_teardown_hangs(who.task_id)
     log.info(
         "task %s finished: %d records in, %d out",
         who.task_id,
         task.metrics.records_in,
         task.metrics.records_out,
     )
+
+
+def _exit_if_teardown_hangs(task_id: str) -> None:
+    """The work is committed: a teardown that hangs (a client that does not close) must not keep
+    the process, and its pod, alive. After TEARDOWN_S it says where it hung and exits 0."""
+
+    def expire() -> None:
+        log.error("task %s: teardown not done %.0fs after the final commit: exiting", task_id, TEARDOWN_S)
+        stacks.dump()
+        os._exit(0)
+
+    timer = threading.Timer(TEARDOWN_S, expire)
+    timer.daemon = True
+    timer.start()
 
 
 async def _until_lease_lost(keeper: ThreadedLeaseKeeper, work: Coroutine[Any, Any, None]) -> None:
