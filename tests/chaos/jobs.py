@@ -384,3 +384,13 @@ def prepare(home: Path, model: dict[str, Any]) -> Path:
     path = home / "job.yaml"
     path.write_text(yaml.safe_dump(model, sort_keys=False))
     return path
+
+
+def file_to_file_mapping_with(home: Path, name: str, body: str) -> Path:
+    """The file-to-file job whose map is the function `name(line)` with `body`, prepared in `home`."""
+    model = file_to_file(home)
+    model["model"]["operators"][1]["fn"] = f"chaosfns:{name}"
+    job = prepare(home, model)
+    fns = home / "chaosfns.py"
+    fns.write_text(f"{fns.read_text()}\n\ndef {name}(line):\n    {body}\n")
+    return job

@@ -142,13 +142,7 @@ def test_chaos_cell_final_counts_pre_aggregated(mode, tmp_path, etcd_server, cap
 
 
 def test_chaos_reports_a_function_that_is_not_deterministic(tmp_path, etcd_server):
-    home = tmp_path / "job"
-    model = jobs.file_to_file(home)
-    model["model"]["operators"][1]["fn"] = "chaosfns:stamp"
-    job = jobs.prepare(home, model)
-    (home / "chaosfns.py").write_text(
-        (home / "chaosfns.py").read_text() + "\n\ndef stamp(line):\n    return f'{line} {time.time_ns()}'\n"
-    )
+    job = jobs.file_to_file_mapping_with(tmp_path / "job", "stamp", "return f'{line} {time.time_ns()}'")
     result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=0)
     assert result.code == 1, result.out + result.err
     assert "committed records: 8000 failure-free, " in result.out
@@ -159,13 +153,7 @@ def test_chaos_reports_a_function_that_is_not_deterministic(tmp_path, etcd_serve
 def test_a_run_that_does_not_end_is_reported_with_where_each_process_waits(tmp_path, etcd_server):
     """A user function that never returns: chaos gives up at its timeout, names the frame each
     process waits in (the tasks in the function, the leader's run on them), and leaves nothing behind."""
-    home = tmp_path / "job"
-    model = jobs.file_to_file(home)
-    model["model"]["operators"][1]["fn"] = "chaosfns:stall"
-    job = jobs.prepare(home, model)
-    (home / "chaosfns.py").write_text(
-        (home / "chaosfns.py").read_text() + "\n\ndef stall(line):\n    time.sleep(3600)\n"
-    )
+    job = jobs.file_to_file_mapping_with(tmp_path / "job", "stall", "time.sleep(3600)")
     host, port = etcd_server.endpoint
     args = ["chaos", str(job), "--workdir", str(tmp_path / "chaos"), "--timeout", "12"]
     result = run_nopstream(*args, "--etcd", f"{host}:{port}", cwd=tmp_path, timeout=120)
