@@ -387,6 +387,12 @@ def _ask_coordinator(
     try:
         with urllib.request.urlopen(request, timeout=10) as r:
             answer: dict[str, Any] = json.loads(r.read())
+    except urllib.error.HTTPError as refused:  # it answered, and said no
+        why = refused.read().decode(errors="replace")
+        print(
+            f"job '{job}': the coordinator at {base} refused {path} ({refused.code}): {why}", file=sys.stderr
+        )
+        return None
     except (urllib.error.URLError, OSError, ValueError) as err:
         print(f"job '{job}': the coordinator at {base} did not answer {path}: {err}", file=sys.stderr)
         return None

@@ -168,6 +168,8 @@ class CoordinatorRoutes:
 
     async def _savepoint(self, request: web.Request) -> web.Response:
         current = self._leading()
+        if current.finishing:
+            raise web.HTTPConflict(text="the job is finishing: no savepoint can follow its final epoch")
         current.request_savepoint(stop=request.query.get("stop") == "true")
         return web.json_response({"requested": True, "savepoints": current.savepoints})
 

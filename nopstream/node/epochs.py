@@ -173,6 +173,12 @@ class EpochCoordinator:
         """
         self._savepoint_requested = EpochKind.STOP if stop else EpochKind.SAVEPOINT
 
+    @property
+    def finishing(self) -> bool:
+        """Whether the final epoch is taken or in flight: nothing, a savepoint neither, comes after it."""
+        current = self.in_flight
+        return self.done.is_set() or (current is not None and current.kind == EpochKind.FINAL)
+
     def source_finished(self, task_id: str) -> None:
         """A source task has read everything."""
         self.finished_sources.add(task_id)
@@ -197,7 +203,8 @@ class EpochCoordinator:
         if self._adopted is None and not self.done.is_set():
             await self._wait_interval(interval)
         while not self.done.is_set():
-            final = self.finished_sources >= self.sources
+            # a savepoint asked for when the sources have finished comes before the final epoch
+            final = self.finished_sources >= self.sources and not self._savepoint_requested
             await self._take(final)
             if not final:
                 await self._wait_interval(interval)

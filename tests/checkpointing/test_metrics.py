@@ -82,7 +82,9 @@ def test_a_requested_savepoint_survives_retention(tmp_path):
         "jobId": "saved",
         "checkpoint": {"intervalMs": 150, "retainLatest": 1, "storage": {"local": {"path": "cp"}}},
         "model": {
-            "sources": [{"id": "gen", "type": "generator", "config": {"count": 4000, "ratePerSecond": 2000}}],
+            "sources": [
+                {"id": "gen", "type": "generator", "config": {"count": 6000, "ratePerSecond": 1000}}
+            ],  # 6 s: the request comes well before the end
             "sinks": [{"id": "out", "type": "file", "inputs": ["gen"], "config": {"path": "out"}}],
         },
     }

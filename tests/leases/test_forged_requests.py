@@ -292,8 +292,8 @@ def test_forged_requests_to_the_coordinators_and_tasks_on_etcd_are_refused(
     wrong = run_nopstream(*savepoint, "--secret-file", "wrong", cwd=home, env=env)
     assert (wrong.code, wrong.err) == (
         1,
-        f"job 'forged': the coordinator at {leader} did not answer /savepoint:"
-        " HTTP Error 401: Unauthorized\n",
+        f"job 'forged': the coordinator at {leader} refused /savepoint (401):"
+        " this endpoint needs the job's secret (Authorization: Bearer ...)\n",
     )
     assert job.wait(90) == 0, job.stderr.read() if job.stderr else ""
     assert output(home) == Counter(range(COUNT))

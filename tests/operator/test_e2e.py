@@ -35,7 +35,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -350,23 +350,61 @@ def upload_lines(client, bucket: str, rng: random.Random, *, files: int, lines: 
         client.put_object(bucket, f"in/part-{f}.txt", io.BytesIO(data), len(data))
 
 
-def clean_output(w: World, client, bucket: str, model: dict) -> Counter[str]:
-    """The output of `model` run on the embedded default (no cluster, no faults)."""
-    name = model["metadata"]["name"]
-    (w.workdir / f"{name}.yaml").write_text(yaml.safe_dump(model))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(FNS_DIR)]),
-        "NOPSTREAM_S3_ACCESS_KEY": w.access_key,
-        "NOPSTREAM_S3_SECRET_KEY": w.secret_key,
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "nopstream", "run", f"{name}.yaml", "--quiet", "--workdir", f"run-{name}"],
-        cwd=w.workdir, env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    out_prefix = model["spec"]["model"]["sinks"][0]["config"]["prefix"]
-    return s3_records(client, bucket, out_prefix)
+@dataclass
+class CleanRun:
+    """`nopstream run` of a model on the embedded default (no cluster, no faults), in the background:
+    it runs while the cluster runs the same job, and `output()` waits for it."""
+
+    process: subprocess.Popen[bytes]
+    err: Path
+    client: Any
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def start(cls, w: World, client, bucket: str, model: dict) -> CleanRun:
+        name = model["metadata"]["name"]
+        (w.workdir / f"{name}.yaml").write_text(yaml.safe_dump(model))
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(FNS_DIR)]),
+            "NOPSTREAM_S3_ACCESS_KEY": w.access_key,
+            "NOPSTREAM_S3_SECRET_KEY": w.secret_key,
+        }
+        err = w.workdir / f"{name}.err"
+        command = ["run", f"{name}.yaml", "--quiet", "--workdir", f"run-{name}"]
+        with err.open("w") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "nopstream", *command],
+                cwd=w.workdir, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+            )  # fmt: skip
+        return cls(process, err, client, bucket, model["spec"]["model"]["sinks"][0]["config"]["prefix"])
+
+    def output(self) -> Counter[str]:
+        """The run's committed output, once it has ended well."""
+        code = self.process.wait(timeout=300)
+        assert code == 0, self.err.read_text()
+        return s3_records(self.client, self.bucket, self.prefix)
+
+    def stop(self) -> None:
+        """Stop it, and every task process it forked, if a test ended before asking for its output."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+@pytest.fixture
+def clean_run(world) -> Iterator[Callable[[Any, str, dict], CleanRun]]:
+    """Starts failure-free runs (`CleanRun`) for this test; stops whatever is left at its end."""
+    started: list[CleanRun] = []
+
+    def start(client, bucket: str, model: dict) -> CleanRun:
+        started.append(CleanRun.start(world, client, bucket, model))
+        return started[-1]
+
+    yield start
+    for run in started:
+        run.stop()
 
 
 def leader(w: World, job: str) -> str:
@@ -458,13 +496,12 @@ def operator_writes(w: World) -> list[dict]:
     ]
 
 
-def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, s3_client, bucket):
+def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, s3_client, bucket, clean_run):
     w = world
     rng = random.Random(17)
     upload_lines(s3_client, bucket, rng, files=16, lines=2500, words=8)
     # the failure-free output, on the embedded default
-    expected = clean_output(w, s3_client, bucket, wordcount("wc-clean", bucket, w.s3_url, "clean"))
-    assert sum(expected.values()) == 16 * 2500 * 8
+    clean = clean_run(s3_client, bucket, wordcount("wc-clean", bucket, w.s3_url, "clean"))
 
     # with a standby pod per task: recoveries are served by them, the rescale is not
     job = wordcount("wordcount", bucket, w.pod_s3_url, "faulty", standby=True)
@@ -535,7 +572,8 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, s3
     assert kills == 5, "the job ended before five kills"
     # one run per recovery, one for the rescale; none for the coordinator
     assert status["recoveries"] == 5 and status["run"] == 7 == run_before
-    got = s3_records(s3_client, bucket, "faulty/")
+    got, expected = s3_records(s3_client, bucket, "faulty/"), clean.output()
+    assert sum(expected.values()) == 16 * 2500 * 8
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
     events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=wordcount", "-o", "json")
     reasons = {e["reason"] for e in json.loads(events)["items"]}
@@ -577,12 +615,10 @@ def test_twelve_streamjobs_at_once_are_each_driven(world):
     w.kubectl("delete", "streamjob", *names, "--wait=true", "--timeout=60s")
 
 
-def test_a_savepoint_on_request_then_suspend_and_resume(world, s3_client, bucket):
+def test_a_savepoint_on_request_then_suspend_and_resume(world, s3_client, bucket, clean_run):
     w = world
     upload_lines(s3_client, bucket, random.Random(5), files=8, lines=2000, words=6)
-    expected = clean_output(
-        w, s3_client, bucket, wordcount("pause-clean", bucket, w.s3_url, "clean", parallelism=2)
-    )
+    clean = clean_run(s3_client, bucket, wordcount("pause-clean", bucket, w.s3_url, "clean", parallelism=2))
     job = wordcount("pausable", bucket, w.pod_s3_url, "paused", parallelism=2)
     w.kubectl("apply", "-f", "-", input=json.dumps(job))
     w.wait("Running", lambda: w.job("pausable").get("status", {}).get("phase") == "Running")
@@ -605,7 +641,7 @@ def test_a_savepoint_on_request_then_suspend_and_resume(world, s3_client, bucket
     w.wait("Succeeded", lambda: w.job("pausable")["status"].get("phase") == "Succeeded", timeout=300)
     status = w.job("pausable")["status"]
     assert status["run"] == run + 1 and status["recoveries"] == 0
-    got = s3_records(s3_client, bucket, "paused/")
+    got, expected = s3_records(s3_client, bucket, "paused/"), clean.output()
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
     events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=pausable", "-o", "json")
     reasons = {e["reason"] for e in json.loads(events)["items"]}
@@ -653,15 +689,13 @@ def condition(w: World, job: str, kind: str) -> dict:
 
 
 def test_a_stopped_task_turns_ready_false_then_fails_its_pod_and_the_recovered_job_is_ready(
-    world, s3_client, bucket
+    world, s3_client, bucket, clean_run
 ):
     w = world
     if w.cluster is None or w.cluster.node is None:
         pytest.skip("stopping a container's process needs the suite's own node")
     upload_lines(s3_client, bucket, random.Random(23), files=6, lines=1500, words=6)
-    expected = clean_output(
-        w, s3_client, bucket, wordcount("stall-clean", bucket, w.s3_url, "clean", parallelism=2)
-    )
+    clean = clean_run(s3_client, bucket, wordcount("stall-clean", bucket, w.s3_url, "clean", parallelism=2))
     job = wordcount("stalls", bucket, w.pod_s3_url, "stalled", parallelism=2)
     job["spec"]["checkpoint"]["timeoutMs"] = 2000  # Ready's bound: 0.5 s interval + 2 s timeout
     w.kubectl("apply", "-f", "-", input=json.dumps(job))
@@ -700,7 +734,7 @@ def test_a_stopped_task_turns_ready_false_then_fails_its_pod_and_the_recovered_j
     w.kubectl("wait", "--for=condition=Ready", "streamjob/stalls", "--timeout=180s")
     assert condition(w, "stalls", "Degraded")["status"] == "False"
     w.wait("Succeeded", lambda: w.job("stalls")["status"].get("phase") == "Succeeded", timeout=300)
-    got = s3_records(s3_client, bucket, "stalled/")
+    got, expected = s3_records(s3_client, bucket, "stalled/"), clean.output()
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
     events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=stalls", "-o", "json")
     assert {"EpochsStalled", "Recovery"} <= {e["reason"] for e in json.loads(events)["items"]}
