@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from nopstream.connectors.files import FileSink, FileSource
 from nopstream.connectors.generator import GeneratorSource
-from nopstream.connectors.s3 import S3Sink, S3Source
 from nopstream.connectors.staged import SinkName
 from nopstream.connectors.stdout import StdoutSink
 from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES
@@ -32,7 +31,9 @@ class Connectors:
         config = node.spec.get("config", {})
         if node.type == "file":
             return FileSource(config, subtask=subtask, parallelism=parallelism)
-        if node.type == "s3":
+        if node.type == "s3":  # imported when used, as each client library is: it costs every start
+            from nopstream.connectors.s3 import S3Source
+
             return S3Source(config, subtask=subtask, parallelism=parallelism)
         if node.type == "kafka":
             from nopstream.connectors.kafka import KafkaSource
@@ -58,6 +59,8 @@ class Connectors:
         if node.type == "file":
             return FileSink(config, name=self._name(node, subtask))
         if node.type == "s3":
+            from nopstream.connectors.s3 import S3Sink
+
             return S3Sink(config, name=self._name(node, subtask))
         if node.type == "stdout":
             return StdoutSink(config)

@@ -18,13 +18,14 @@ from nopstream.node.epochs import Ack
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.records import SinkStart, TaskSnapshot
 from nopstream.runtime.task import Task
-from nopstream.s3 import S3Storage
 
 
 def open_storage(deployment: DeploymentPlan) -> Storage:
     """The checkpoint storage a deployment plan binds (S3 credentials: `nopstream.s3.credentials`)."""
     binding = deployment.storage
     if binding.kind == "s3":
+        from nopstream.s3 import S3Storage  # minio, imported only by the jobs that use it
+
         return S3Storage.connect(binding.endpoint or "", binding.bucket or "", prefix=binding.prefix or "")
     return LocalStorage(binding.path or ".nopstream/checkpoints")
 
