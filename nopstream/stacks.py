@@ -30,8 +30,8 @@ def _on_signal(_signum: int, _frame: FrameType | None) -> None:
     dump()
 
 
-def dump() -> None:
-    """Write where each thread, and each task of the main thread's event loop, waits to stderr."""
+def dump(loop: Any = None) -> None:
+    """Write where each thread, and each task of `loop` (default: the calling thread's), waits to stderr."""
     lines = [f"{MARK} {os.getpid()} waits:"]
     names = {t.ident: t.name for t in threading.enumerate()}
     for ident, frame in sys._current_frames().items():
@@ -44,7 +44,8 @@ def dump() -> None:
             stack = [_where(f.filename, f.lineno or 0, f.name) for f in frames[-_FRAMES:]]
             lines.append(f"  thread {names.get(ident, ident)}: {' <- '.join(reversed(stack))}")
     asyncio = sys.modules.get("asyncio")  # not imported by this module: most commands never load it
-    loop = asyncio._get_running_loop() if asyncio is not None else None  # this (main) thread's loop
+    if loop is None and asyncio is not None:
+        loop = asyncio._get_running_loop()
     for task in asyncio.all_tasks(loop) if asyncio is not None and loop is not None else ():
         lines.append(
             f"  task {task.get_name()}: {' <- '.join(reversed(_awaits(task.get_coro())[-_FRAMES:]))}"

@@ -173,10 +173,11 @@ async def _work(
 def _exit_if_teardown_hangs(task_id: str) -> None:
     """The work is committed: a teardown that hangs (a client that does not close) must not keep
     the process, and its pod, alive. After TEARDOWN_S it says where it hung and exits 0."""
+    loop = asyncio.get_running_loop()
 
     def expire() -> None:
         log.error("task %s: teardown not done %.0fs after the final commit: exiting", task_id, TEARDOWN_S)
-        stacks.dump()
+        stacks.dump(loop)
         os._exit(0)
 
     timer = threading.Timer(TEARDOWN_S, expire)

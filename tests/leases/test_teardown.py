@@ -2,7 +2,7 @@
 
 After the final commit, what is left (closing clients, the lease keeper's thread)
 must not keep the process, and with it its pod and its job, alive. The hang here is
-made on purpose (the main thread sleeps where the teardown would run): no real client
+made on purpose (a coroutine sleeps where the teardown would run): no real client
 hangs on demand, and the rule is the same whatever the client.
 """
 
@@ -15,11 +15,15 @@ import time
 from nopstream import stacks
 
 HANG = """
-import time
+import asyncio
 from nopstream.node import task
 task.TEARDOWN_S = 1.0
-task._exit_if_teardown_hangs("wc/main/count/1")
-time.sleep(60)  # a teardown that never ends
+
+async def teardown():
+    task._exit_if_teardown_hangs("wc/main/count/1")
+    await asyncio.sleep(60)  # a teardown that never ends
+
+asyncio.run(teardown())
 """
 
 
@@ -29,4 +33,8 @@ def test_a_teardown_that_hangs_after_the_final_commit_ends_the_process_with_0_sa
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 20  # the timer, not the sleep, ended it
     assert "task wc/main/count/1: teardown not done 1s after the final commit: exiting" in done.stderr
-    assert f"{stacks.MARK} " in done.stderr and "thread MainThread: <string>:6 <module>" in done.stderr
+    assert (
+        f"{stacks.MARK} " in done.stderr
+        and "  task Task-1: tasks.py:" in done.stderr
+        and " sleep <- <string>:8 teardown" in done.stderr
+    )
