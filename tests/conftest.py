@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from nopstream.node.coordinator_api import CoordinatorRoutes
+from nopstream.node.epochs import EpochCoordinator
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -72,6 +73,34 @@ async def serving(routes: CoordinatorRoutes) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
     finally:
         await runner.cleanup()
+
+
+async def nothing(*args: object) -> None:
+    """A trigger or notify that does nothing (no tasks)."""
+
+
+async def led_coordinator(
+    plans: Any, backend: Any, keeper: Any, storage: Path, *, run: int, trigger: Any = nothing
+) -> EpochCoordinator:
+    """The epoch coordinator of run `run` of `plans`, with its real epoch log on `backend`, local
+    storage at `storage` and a leadership won with `keeper`'s lease; commits notify no one."""
+    from nopstream.checkpoint.storage import LocalStorage
+    from nopstream.cluster.election import Election
+    from nopstream.cluster.epochlog import EpochLog
+    from nopstream.cluster.layout import Layout
+
+    ident = plans.partitioned.identity
+    layout = Layout("local", ident.job_id, ident.pipeline_id)
+    return EpochCoordinator(
+        plans.partitioned,
+        LocalStorage(str(storage)),
+        EpochLog(backend, layout),
+        await Election(backend, layout, "c").campaign(keeper),
+        settings=plans.deployment.checkpoint,
+        trigger=trigger,
+        notify=nothing,
+        run=run,
+    )
 
 
 def s3_records(client: Any, bucket: str, prefix: str) -> Counter[str]:

@@ -15,20 +15,16 @@ import json
 
 import aiohttp
 
-from nopstream.checkpoint.storage import LocalStorage
-from nopstream.cluster.election import Election
-from nopstream.cluster.epochlog import EpochLog
-from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.local import LocalBackend
 from nopstream.model.load import load_data
 from nopstream.node import guard
 from nopstream.node.coordinator_api import CoordinatorRoutes
-from nopstream.node.epochs import Ack, EpochCoordinator
+from nopstream.node.epochs import Ack
 from nopstream.node.jobview import JobHistory
 from nopstream.plan import compiler
 from nopstream.plan.epochs import EpochKind
-from tests.conftest import serving
+from tests.conftest import led_coordinator, serving
 
 MODEL = {
     "sources": [{"id": "src", "type": "generator", "config": {"count": 10}}],
@@ -40,7 +36,6 @@ def test_a_savepoint_asked_after_the_sources_finished_comes_before_the_final_epo
     plans = compiler.compile_model(load_data({"jobId": "ending", "parallelism": 2, "model": MODEL}))
     plan = plans.partitioned
     secret = guard.new_secret()
-    storage = LocalStorage(str(tmp_path / "cp"))
 
     async def scenario() -> tuple[list[EpochKind], list[int], tuple[int, str]]:
         backend = LocalBackend()
@@ -52,26 +47,14 @@ def test_a_savepoint_asked_after_the_sources_finished_comes_before_the_final_epo
                 aiohttp.ClientSession(headers=guard.headers(secret)) as session,
                 LeaseKeeper(backend, 30) as keeper,
             ):
-                layout = Layout("local", "ending", "main")
-                leadership = await Election(backend, layout, "c").campaign(keeper)
 
                 async def trigger(epoch: int, kind: EpochKind) -> None:  # every task ACKs at once
                     taken.append(kind)
                     for task_id in plan.ack_set:
                         coordinator.ack(task_id, epoch, Ack((), {}, []))
 
-                async def nothing(epoch: int) -> None:
-                    return None
-
-                coordinator = EpochCoordinator(
-                    plan,
-                    storage,
-                    EpochLog(backend, layout),
-                    leadership,
-                    settings=plans.deployment.checkpoint,
-                    trigger=trigger,
-                    notify=nothing,
-                    run=1,
+                coordinator = await led_coordinator(
+                    plans, backend, keeper, tmp_path / "cp", run=1, trigger=trigger
                 )
                 routes.lead(coordinator, 1, recoveries=0)
                 for task_id in plan.source_task_ids():

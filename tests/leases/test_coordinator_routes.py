@@ -12,19 +12,14 @@ import asyncio
 
 import aiohttp
 
-from nopstream.checkpoint.storage import LocalStorage
-from nopstream.cluster.election import Election
-from nopstream.cluster.epochlog import EpochLog
-from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.local import LocalBackend
 from nopstream.model.load import load_data
 from nopstream.node import guard
 from nopstream.node.coordinator_api import CoordinatorRoutes
-from nopstream.node.epochs import EpochCoordinator
 from nopstream.node.jobview import JobHistory
 from nopstream.plan import compiler
-from tests.conftest import serving
+from tests.conftest import led_coordinator, serving
 
 MODEL = {
     "sources": [{"id": "src", "type": "generator", "config": {"count": 10}}],
@@ -39,12 +34,8 @@ def test_a_message_waits_until_its_run_is_led_and_only_an_older_run_is_obsolete(
     source = plan.source_task_ids()[0]
     secret = guard.new_secret()
 
-    async def nothing(*args: object) -> None:
-        return None
-
     async def scenario() -> list[tuple[str, int, str]]:
         backend = LocalBackend()
-        layout = Layout("local", "routes", "main")
         routes = CoordinatorRoutes(plan.task_ids(), guard.Guard(secret), JobHistory(plan))
         answers: list[tuple[str, int, str]] = []
         try:
@@ -60,17 +51,7 @@ def test_a_message_waits_until_its_run_is_led_and_only_an_older_run_is_obsolete(
                         answers.append((when, resp.status, await resp.text()))
 
                 await finished("before leading", 1)
-                leadership = await Election(backend, layout, "c").campaign(keeper)
-                coordinator = EpochCoordinator(
-                    plan,
-                    LocalStorage(str(tmp_path / "cp")),
-                    EpochLog(backend, layout),
-                    leadership,
-                    settings=plans.deployment.checkpoint,
-                    trigger=nothing,
-                    notify=nothing,
-                    run=2,
-                )
+                coordinator = await led_coordinator(plans, backend, keeper, tmp_path / "cp", run=2)
                 routes.lead(coordinator, 2, recoveries=1)
                 await finished("newer run", 3)
                 await finished("older run", 1)
