@@ -17,8 +17,15 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from nopstream.checkpoint.storage import LocalStorage
+from nopstream.cluster.backend import Backend
+from nopstream.cluster.election import Election
+from nopstream.cluster.epochlog import EpochLog
+from nopstream.cluster.layout import Layout
+from nopstream.cluster.leases import LeaseKeeper
 from nopstream.node.coordinator_api import CoordinatorRoutes
-from nopstream.node.epochs import EpochCoordinator
+from nopstream.node.epochs import EpochCoordinator, Trigger
+from nopstream.plan.compiler import CompiledPlans
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -80,15 +87,16 @@ async def nothing(*args: object) -> None:
 
 
 async def led_coordinator(
-    plans: Any, backend: Any, keeper: Any, storage: Path, *, run: int, trigger: Any = nothing
+    plans: CompiledPlans,
+    backend: Backend,
+    keeper: LeaseKeeper,
+    storage: Path,
+    *,
+    run: int,
+    trigger: Trigger = nothing,
 ) -> EpochCoordinator:
     """The epoch coordinator of run `run` of `plans`, with its real epoch log on `backend`, local
     storage at `storage` and a leadership won with `keeper`'s lease; commits notify no one."""
-    from nopstream.checkpoint.storage import LocalStorage
-    from nopstream.cluster.election import Election
-    from nopstream.cluster.epochlog import EpochLog
-    from nopstream.cluster.layout import Layout
-
     ident = plans.partitioned.identity
     layout = Layout("local", ident.job_id, ident.pipeline_id)
     return EpochCoordinator(
