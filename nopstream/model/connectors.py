@@ -28,7 +28,7 @@ class ConnectorConfig(BaseModel):
 
 
 class FileSourceConfig(ConnectorConfig):
-    """Files matching a glob; one split per file, read as text lines or JSON lines."""
+    """Files matching a glob, each spread over the subtasks in stripes, read as text lines or JSON lines."""
 
     path: str
     format: Literal["text", "jsonl"] = "text"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -192,8 +193,9 @@ def test_two_jobs_sharing_an_output_directory_and_sink_id_keep_both_outputs(tmp_
     assert records(tmp_path / "shared") == expected + expected
 
 
-def kill_after_a_cursor(home: Path, split: str) -> dict:
-    """Run the job and SIGKILL all of it once a durable epoch has read part of `split`; that manifest."""
+def kill_after_a_cursor(home: Path, path: str) -> dict[str, int]:
+    """Run the job and SIGKILL all of it once a durable epoch has read part of a stripe of the file
+    `path`; the cursors of that file's begun stripes in that epoch, by split id."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(home)])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "nopstream", "run", "job.yaml"], cwd=home, env=env, start_new_session=True
@@ -201,15 +203,20 @@ def kill_after_a_cursor(home: Path, split: str) -> dict:
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            for path in manifests(home):
-                manifest = json.loads(path.read_text())
-                for state in manifest["sources"].values():
-                    if state.get("cursors", {}).get(split) and split not in state.get("finished", []):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                        proc.wait(10)
-                        return manifest
+            for found in manifests(home):
+                manifest = json.loads(found.read_text())
+                begun = {
+                    split: cursor
+                    for state in manifest["sources"].values()
+                    for split, cursor in state.get("cursors", {}).items()
+                    if split.startswith(f"{path}#") and cursor
+                }
+                if begun:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
+                    return begun
             time.sleep(0.02)
-        raise AssertionError("no durable epoch read part of the split")
+        raise AssertionError("no durable epoch read part of the file")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -219,29 +226,34 @@ def kill_after_a_cursor(home: Path, split: str) -> dict:
 def test_an_input_changed_under_its_cursor_is_refused_naming_the_split(tmp_path, change):
     home = tmp_path / "job"
     word_count(home, emit="rolling")
-    split = str(home / "in" / "part-0.txt")
-    # a long split: some durable epoch is taken while it is being read, even when a busy
-    # machine holds the first epoch back until the other splits are done
-    Path(split).write_text(Path(split).read_text() * 10)
-    manifest = kill_after_a_cursor(home, split)
-    cursor = next(s["cursors"][split] for s in manifest["sources"].values() if split in s.get("cursors", {}))
-    data = Path(split).read_bytes()
+    path = str(home / "in" / "part-0.txt")
+    # a long file: some durable epoch is taken while it is being read, even when a busy
+    # machine holds the first epoch back until the other files are done
+    Path(path).write_text(Path(path).read_text() * 10)
+    begun = kill_after_a_cursor(home, path)
+    size = min(begun.values()) // 2  # shorter than every begun stripe's cursor
+    data = Path(path).read_bytes()
     if change == "truncated":
-        Path(split).write_bytes(data[: cursor // 2])
+        Path(path).write_bytes(data[:size])
     else:
-        Path(split).write_bytes(b"X" + data[1:])
+        Path(path).write_bytes(b"X" + data[1:])
     before = outputs(home / "out")
     result = run(home)
     assert result.code == 1, result.err
+    # every begun stripe of the file is refused; the first of its tasks to refuse is named
+    named = re.search(rf"split '({re.escape(path)}#\d+)' changed under its cursor: (.*)", result.err)
+    assert named is not None, result.err
+    split, rule = named.groups()
+    assert split in begun
     if change == "truncated":
-        assert (
-            f"split '{split}' changed under its cursor: the file has {cursor // 2} bytes,"
-            f" the cursor is at byte {cursor}: a file being read must not shrink or be replaced"
-        ) in result.err
+        assert rule == (
+            f"the file has {size} bytes, the cursor is at byte {begun[split]}: a file being read must"
+            " not shrink or be replaced (docs/runtime.md)"
+        )
     else:
-        assert (
-            f"split '{split}' changed under its cursor: its first {min(cursor, 4096)} bytes differ"
-            in result.err
+        assert rule == (
+            "its file's first 4096 bytes differ: a file being read must not shrink or be replaced"
+            " (docs/runtime.md)"
         )
     assert "Traceback" not in result.err
     # Nothing of a new epoch: only what was committed, and what the start rule commits of
