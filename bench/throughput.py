@@ -100,12 +100,17 @@ def forked_baseline(directory: Path, processes: int) -> float:
     pids = []
     for i in range(processes):
         pid = os.fork()
-        if pid == 0:
-            _count(paths[i::processes])
-            os._exit(0)
+        if pid == 0:  # the child never returns into the caller's code
+            code = 1
+            try:
+                _count(paths[i::processes])
+                code = 0
+            finally:
+                os._exit(code)
         pids.append(pid)
-    for pid in pids:
-        os.waitpid(pid, 0)
+    failed = [pid for pid in pids if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0]
+    if failed:
+        raise SystemExit(f"the plain loop failed in {len(failed)} of {processes} processes")
     return time.perf_counter() - start
 
 

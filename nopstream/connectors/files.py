@@ -168,9 +168,7 @@ class FileSource:
         at = self._pos // stripes.STRIPE_BYTES
         if at > stretch.first:
             self.done.setdefault(path, set()).update(range(stretch.first, min(at, stretch.end)))
-        if self._cursor_key is not None:
-            del self.cursors[self._cursor_key]
-            self._cursor_key = None
+        self._drop_cursor()
         if self._pos < stretch.end_offset:
             self._cursor_key = stripes.split_id(path, at)
             self.cursors[self._cursor_key] = self._pos
@@ -186,10 +184,13 @@ class FileSource:
                 f" is at byte {self._pos})"
             )
         self.done.setdefault(self._current_path, set()).update(range(self._stretch.first, self._stretch.end))
+        self._drop_cursor()
+        self._stretch = None
+
+    def _drop_cursor(self) -> None:
         if self._cursor_key is not None:
             del self.cursors[self._cursor_key]
             self._cursor_key = None
-        self._stretch = None
 
     def _close_current(self) -> None:
         if self._current is not None:
