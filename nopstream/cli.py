@@ -288,7 +288,9 @@ def cmd_node(args: argparse.Namespace) -> int:
     if args.command == "coordinator":
         _leave(EXIT_OK if asyncio.run(coordinator.serve(config)) == 0 else EXIT_JOB_FAILED)
     from nopstream.errors import RestoreRefused
+    from nopstream.node import cpu
 
+    cpu.ask_for_long_turns()
     try:
         asyncio.run(task.serve(config))
     except task.LeaseLost as lost:

@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 
 from nopstream.local import worker
+from nopstream.node import cpu
 
 
 class TaskProcess:
@@ -64,6 +65,7 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
     code = 1
     try:
         die_with_parent()
+        cpu.ask_for_long_turns()
         for fd in close_fds:
             os.close(fd)
         os.dup2(out, 2)
