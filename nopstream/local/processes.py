@@ -65,7 +65,6 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
     code = 1
     try:
         die_with_parent()
-        cpu.ask_for_long_turns()
         for fd in close_fds:
             os.close(fd)
         os.dup2(out, 2)
@@ -75,6 +74,7 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True
         )
+        cpu.ask_for_long_turns()  # after logging: a refused request says so in the task's log
         asyncio.run(worker.serve(settings))
         code = 0
     except BaseException:
