@@ -67,6 +67,7 @@ class FileSource:
         self._stretch: stripes.Stretch | None = None
         self._stretch_read = False  # every line of the stretch is in `_ahead` or handed out
         self._pos = 0  # offset of the next line to hand out
+        self._marked = 0  # the stretch's stripes before this one are in `done`
         self._cursor_key: str | None = None
         self._last_discovery = 0.0
         self._discover()
@@ -137,6 +138,7 @@ class FileSource:
         else:
             f.seek(0)
         self._stretch, self._stretch_read, self._pos = stretch, False, f.tell()
+        self._marked = stretch.first
         self._advance(0)
 
     def _read_ahead(self) -> None:
@@ -166,8 +168,7 @@ class FileSource:
         path, stretch = self._current_path, self._stretch
         self._pos += nbytes
         at = self._pos // stripes.STRIPE_BYTES
-        if at > stretch.first:
-            self.done.setdefault(path, set()).update(range(stretch.first, min(at, stretch.end)))
+        self._mark_done(min(at, stretch.end))
         self._drop_cursor()
         if self._pos < stretch.end_offset:
             self._cursor_key = stripes.split_id(path, at)
@@ -183,9 +184,15 @@ class FileSource:
                 f" file '{self._current_path}' shrank to {size} bytes under a running job (its cursor"
                 f" is at byte {self._pos})"
             )
-        self.done.setdefault(self._current_path, set()).update(range(self._stretch.first, self._stretch.end))
+        self._mark_done(self._stretch.end)
         self._drop_cursor()
         self._stretch = None
+
+    def _mark_done(self, upto: int) -> None:
+        """The stretch's stripes before `upto` are read to their end (each marked once, not per batch)."""
+        if upto > self._marked:
+            self.done.setdefault(self._current_path, set()).update(range(self._marked, upto))
+            self._marked = upto
 
     def _drop_cursor(self) -> None:
         if self._cursor_key is not None:
