@@ -210,12 +210,10 @@ class FileSource:
 
     def snapshot(self) -> dict[str, Any]:
         """The cursor of the stripe being read, the stripes done, and the heads of the files begun."""
-        for split in self.cursors:
-            path = stripes.parse_split_id(split)[0]
-            if path not in self.heads:
-                n = min(os.stat(path).st_size, _HEAD)
-                self.heads[path] = (n, _head_hash(path, n))
         begun = {stripes.parse_split_id(split)[0] for split in self.cursors}
+        for path in begun - self.heads.keys():
+            n = min(os.stat(path).st_size, _HEAD)
+            self.heads[path] = (n, _head_hash(path, n))
         return {
             "stripeBytes": stripes.STRIPE_BYTES,
             "cursors": dict(self.cursors),
