@@ -106,13 +106,18 @@ class LocalStorage:
         return self._file(path).is_file()
 
     def list(self, prefix: str) -> list[str]:
-        """Every object under a prefix (temp files of unfinished puts are not objects)."""
-        base = self.root
+        """Every object under a prefix (temp files of unfinished puts are not objects).
+
+        Only the prefix's deepest directory is walked: a root shared by many jobs
+        costs one job's listing what that job holds, not what all of them hold.
+        """
+        head = prefix.rpartition("/")[0]
         out = []
-        for p in base.rglob("*"):
-            if p.is_file() and not p.name.startswith(".tmp-"):
-                rel = p.relative_to(base).as_posix()
-                if rel.startswith(prefix):
+        for directory, _, names in os.walk(self._file(head) if head else self.root):
+            rel_dir = Path(directory).relative_to(self.root).as_posix()
+            for name in names:
+                rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+                if rel.startswith(prefix) and not name.startswith(".tmp-"):
                     out.append(rel)
         return sorted(out)
 

@@ -52,6 +52,15 @@ def test_atomic_put_get_list_delete(storage):
         storage.get("a/b/c")
 
 
+def test_a_prefix_lists_what_starts_with_it_whether_or_not_it_ends_a_directory(storage):
+    for path in ("a/b/c", "a/bb", "a/c/b", "ab/x", "z"):
+        storage.put(path, b"-")
+    assert storage.list("a/b") == ["a/b/c", "a/bb"]
+    assert storage.list("a/b/") == ["a/b/c"]
+    assert storage.list("a") == ["a/b/c", "a/bb", "a/c/b", "ab/x"]
+    assert storage.list("") == ["a/b/c", "a/bb", "a/c/b", "ab/x", "z"]
+    assert storage.list("q/r/") == []
+
 def test_a_durable_epoch_loads_verified(storage):
     write_epoch(storage, 4)
     write_epoch(storage, 5, manifest=False)  # in flight: segments but no manifest yet

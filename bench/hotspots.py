@@ -3,7 +3,7 @@
 In-process, every task runs in this one process, so one profile sees the whole
 per-record path (reading, the chain, the shuffle, the combiner, the aggregate).
 Prints the functions with the most time of their own.
-Run: `python bench/profile.py [--words N] [--top N] [--no-combine]`.
+Run: `python bench/hotspots.py [--words N] [--top N] [--no-combine]`.
 """
 
 from __future__ import annotations
