@@ -61,6 +61,7 @@ def test_a_prefix_lists_what_starts_with_it_whether_or_not_it_ends_a_directory(s
     assert storage.list("") == ["a/b/c", "a/bb", "a/c/b", "ab/x", "z"]
     assert storage.list("q/r/") == []
 
+
 def test_a_durable_epoch_loads_verified(storage):
     write_epoch(storage, 4)
     write_epoch(storage, 5, manifest=False)  # in flight: segments but no manifest yet
