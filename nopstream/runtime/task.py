@@ -102,7 +102,11 @@ class TaskListener(Protocol):
     """
 
     async def on_snapshot(self, task: Task, epoch: int, kind: EpochKind, state: TaskSnapshot) -> None:
-        """The task snapshotted its chain at barrier `epoch` (state is a private copy)."""
+        """The task snapshotted its chain at barrier `epoch` (state is a private copy).
+
+        Called in the background, after the barrier went on, one epoch at a time in
+        order: the next epoch's call starts when this one has returned.
+        """
         ...
 
     async def on_source_finished(self, task: Task) -> None:
@@ -175,8 +179,9 @@ class Task:
         self._read_size = self.settings.batch_size  # adapted to the chain's speed (`next_batch_size`)
         self._final_committed = asyncio.Event()
         self._sink_io = asyncio.Lock()  # one sink call at a time: barriers and commit commands alike
-        self._failure: BaseException | None = None  # a sink call failed outside the record loop
+        self._failure: BaseException | None = None  # a sink call or snapshot write failed outside the loop
         self._failed = asyncio.Event()
+        self._written: asyncio.Future[None] | None = None  # the last snapshot handed over, until written
         self._side: list[tuple[str, str, Batch]] = []
         self._ended_inputs = False
         cache = ShardCache(plan.identity.state_shard_count)
@@ -419,6 +424,7 @@ class Task:
         await asyncio.gather(*(ch.close() for out in self._outputs for ch in out.channels.values()))
         if self.source is not None:
             self.source.close()
+        await self._snapshots_written()
         if self.sinks and self.listener is None:  # no checkpointing: publish what is held
             await self._on_sinks(SinkOperator.publish_held)
         elif self.sinks:
@@ -678,8 +684,36 @@ class Task:
             state = self.snapshot()
         self.metrics.barriers += 1
         if self.listener is not None:
-            await self.listener.on_snapshot(self, barrier.epoch, barrier.kind, state)
+            self._hand_over(barrier, state)
         await self._send_all(barrier)
+
+    def _hand_over(self, barrier: Barrier, state: TaskSnapshot) -> None:
+        """Give the listener a snapshot in the background, after the ones before it.
+
+        The barrier goes on at once and records flow while the segments are written
+        (Flink's asynchronous snapshot): an epoch is durable only once every task's
+        write is, so nothing downstream depends on this one having finished. A failed
+        write fails the task, and no later epoch is reported after it.
+        """
+        assert self.listener is not None
+        listener, before = self.listener, self._written
+
+        async def write() -> None:
+            if before is not None:
+                await before
+            if self._failure is not None:
+                return
+            try:
+                await listener.on_snapshot(self, barrier.epoch, barrier.kind, state)
+            except Exception as exc:
+                self._fail(exc)
+
+        self._written = asyncio.ensure_future(write())
+
+    async def _snapshots_written(self) -> None:
+        """Return once every snapshot handed over has been written and reported."""
+        if self._written is not None:
+            await self._written
 
     _current_op: int = 0
 

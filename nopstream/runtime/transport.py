@@ -52,13 +52,16 @@ LOCAL_SETTINGS = TransportSettings(window=16_384, grant_interval=4_096, budget=6
 
 def http_settings(env: Mapping[str, str] = os.environ) -> TransportSettings:
     """Bytes of credit of a task's http input channels: NOPSTREAM_CREDIT_BUDGET for all of them
-    (default 16 MiB), NOPSTREAM_CREDIT_WINDOW at most per channel (default 4 MiB), at least
-    64 KiB; NOPSTREAM_CREDIT_GRANT (default a quarter of the window)."""
-    window = int(env.get("NOPSTREAM_CREDIT_WINDOW", 4 << 20))
+    (default 4 MiB), NOPSTREAM_CREDIT_WINDOW at most per channel (default 1 MiB), at least
+    64 KiB; NOPSTREAM_CREDIT_GRANT (default a quarter of the window).
+
+    Small on purpose: a barrier waits behind what is in flight, so the window sets how
+    long a checkpoint (and the first epoch after a recovery) takes under backpressure."""
+    window = int(env.get("NOPSTREAM_CREDIT_WINDOW", 1 << 20))
     return TransportSettings(
         window=window,
         grant_interval=int(env.get("NOPSTREAM_CREDIT_GRANT", window // 4)),
-        budget=int(env.get("NOPSTREAM_CREDIT_BUDGET", 16 << 20)),
+        budget=int(env.get("NOPSTREAM_CREDIT_BUDGET", 4 << 20)),
         floor=64 << 10,
     )
 
