@@ -8,6 +8,7 @@ import pytest
 
 from nopstream.checkpoint.catalog import Stored, apply_retention, durable_epochs, load_checkpoint
 from nopstream.checkpoint.formats import Manifest, encode_manifest, encode_segment, manifest_path, segment_ref
+from nopstream.checkpoint.storage import LocalStorage
 from nopstream.errors import RestoreRefused, StorageError
 from nopstream.plan.epochs import EpochKind
 
@@ -60,6 +61,17 @@ def test_a_prefix_lists_what_starts_with_it_whether_or_not_it_ends_a_directory(s
     assert storage.list("a") == ["a/b/c", "a/bb", "a/c/b", "ab/x"]
     assert storage.list("") == ["a/b/c", "a/bb", "a/c/b", "ab/x", "z"]
     assert storage.list("q/r/") == []
+
+
+def test_a_local_put_that_fails_names_the_object_and_leaves_no_temp_file(tmp_path):
+    storage = LocalStorage(tmp_path / "checkpoints")
+    (tmp_path / "checkpoints" / "e" / "1" / "b").mkdir(parents=True)  # a directory where b should be
+    with pytest.raises(StorageError, match=r"cannot write .*/checkpoints/e/1/b: Is a directory"):
+        storage.put_many({"e/1/a": b"1", "e/1/b": b"2", "e/1/c": b"3"})
+    assert not [p for p in (tmp_path / "checkpoints").rglob("*") if p.name.startswith(".tmp-")]
+    assert storage.list("e/") == ["e/1/c"]  # each object is atomic, a put of several is not
+    storage.put_many({f"e/2/{shard}/acc": bytes([shard]) for shard in range(64)})
+    assert [storage.get(f"e/2/{shard}/acc") for shard in range(64)] == [bytes([s]) for s in range(64)]
 
 
 def test_a_durable_epoch_loads_verified(storage):
