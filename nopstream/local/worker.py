@@ -102,12 +102,7 @@ async def serve(settings: WorkerSettings) -> None:
             await link.flush()  # the coordinator has every ACK before this process may exit
             await post("/stats", task.stats().to_json())
             await post("/done", {})
-            log.info(
-                "task %s finished: %d records in, %d out",
-                settings.task_id,
-                task.metrics.records_in,
-                task.metrics.records_out,
-            )
+            log.info(task.summary())
         except Exception:
             with contextlib.suppress(aiohttp.ClientError):
                 await post("/failed", {"error": traceback.format_exc(limit=8)})

@@ -162,12 +162,7 @@ async def _work(
     # over at the very end can still ask each of them for its last ACK.
     await task.final_committed()
     _exit_if_teardown_hangs(who.task_id)
-    log.info(
-        "task %s finished: %d records in, %d out",
-        who.task_id,
-        task.metrics.records_in,
-        task.metrics.records_out,
-    )
+    log.info(task.summary())
 
 
 def _exit_if_teardown_hangs(task_id: str) -> None:

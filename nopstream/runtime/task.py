@@ -270,6 +270,12 @@ class Task:
             "refused_commands": m.refused_commands,
         }
 
+    def summary(self) -> str:
+        """How the task ended, for the log of the process it ran in: records, and that process's CPU."""
+        m, cpu = self.metrics, time.process_time()
+        records = f"{m.records_in} records in, {m.records_out} out"
+        return f"task {self.task_id} finished: {records}, {cpu:.2f} s of CPU"
+
     def stats(self) -> TaskStats:
         """The counters a task process sends its coordinator (`runtime.metrics.TaskStats`)."""
         m = self.metrics
