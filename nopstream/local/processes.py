@@ -9,6 +9,7 @@ WARNING: fork only from a process with no running event loop and no other thread
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import logging
@@ -17,6 +18,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from nopstream.local import worker
@@ -83,6 +85,35 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+@contextlib.contextmanager
+def waking_on_exit(procs: list[TaskProcess], wake: Callable[[], None]) -> Iterator[None]:
+    """Inside, `wake()` is called as soon as one of `procs` exits (a pidfd each in the running loop).
+
+    Without it a supervisor polling exit codes learns of an exit only at its next
+    poll. Where pidfds do not exist (Linux before 5.3), nothing wakes it early.
+    """
+    loop = asyncio.get_running_loop()
+    watched: list[int] = []
+
+    def exited(fd: int) -> None:
+        loop.remove_reader(fd)  # an exited process's pidfd stays readable: once is enough
+        wake()
+
+    try:
+        for proc in procs:
+            try:
+                fd = os.pidfd_open(proc.pid)
+            except (AttributeError, OSError):  # no pidfd on this system, or the process is reaped
+                continue
+            watched.append(fd)
+            loop.add_reader(fd, exited, fd)
+        yield
+    finally:
+        for fd in watched:
+            loop.remove_reader(fd)
+            os.close(fd)
 
 
 def die_with_parent() -> None:

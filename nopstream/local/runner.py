@@ -430,6 +430,12 @@ async def _supervise(procs: list[processes.TaskProcess], control: ControlServer)
     A task killed by a signal comes before the failures its peers report (their
     channels to it broke), so a recovery's cause names the task that died.
     """
+    with processes.waking_on_exit(procs, control.changed.set):
+        await _until_finished(procs, control)
+
+
+async def _until_finished(procs: list[processes.TaskProcess], control: ControlServer) -> None:
+    """Check every process and report at each change (a report, an exit) and every 0.1 s."""
     while True:
         for task_id, report in control.tasks.items():
             if report.error is not None and report.refused:  # the same on every attempt: not recovered

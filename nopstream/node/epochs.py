@@ -16,6 +16,7 @@ WARNING: nothing is committed before its manifest is durable; keep that order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import time
@@ -141,6 +142,7 @@ class EpochCoordinator:
         self.last_duration_ms = 0
         self.savepoints: list[int] = []
         self._savepoint_requested: EpochKind | None = None  # SAVEPOINT, or STOP (stop with a savepoint)
+        self._wake = asyncio.Event()  # the wait between epochs ends early: sources finished, a savepoint
         self.stopped = False
         self._adopted: _Epoch | None = None
         self._manifest_write: asyncio.Future[None] | None = None
@@ -172,6 +174,7 @@ class EpochCoordinator:
         for a redeployment (an upgrade or rescale) to go on from it.
         """
         self._savepoint_requested = EpochKind.STOP if stop else EpochKind.SAVEPOINT
+        self._wake.set()
 
     @property
     def finishing(self) -> bool:
@@ -182,6 +185,7 @@ class EpochCoordinator:
     def source_finished(self, task_id: str) -> None:
         """A source task has read everything."""
         self.finished_sources.add(task_id)
+        self._wake.set()
 
     def ack(self, task_id: str, epoch: int, ack: Ack) -> None:
         """A task's ACK for `epoch` (late ACKs of aborted epochs are ignored)."""
@@ -210,13 +214,16 @@ class EpochCoordinator:
                 await self._wait_interval(interval)
 
     async def _wait_interval(self, interval: float) -> None:
+        """Wait out the interval, or less: the final epoch and a savepoint are taken as soon as they may."""
         deadline = self.clock() + interval
         while (
             self.clock() < deadline
             and not self.finished_sources >= self.sources
             and not self._savepoint_requested
         ):
-            await asyncio.sleep(min(0.05, interval))
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):  # the clock is read again at least every 50 ms
+                await asyncio.wait_for(self._wake.wait(), min(0.05, interval))
 
     async def _take(self, final: bool) -> None:
         if self._adopted is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 
@@ -74,3 +75,48 @@ def test_a_savepoint_asked_after_the_sources_finished_comes_before_the_final_epo
     manifests = sorted((tmp_path / "cp" / "checkpoint" / "ending" / "main").glob("*/_manifest.json"))
     assert [json.loads(m.read_text())["kind"] for m in manifests] == ["savepoint", "final"]
     assert refused == (409, "the job is finishing: no savepoint can follow its final epoch")
+
+
+def test_a_savepoint_and_the_final_epoch_are_triggered_at_once_not_at_the_next_interval(tmp_path):
+    """The wait between epochs ends when it must: a job's end waited up to 50 ms for a poll.
+
+    Each of the two is asked for mid-interval (a minute long) and must be triggered
+    within 20 ms; the 50 ms poll this replaces took about 40 ms for each here.
+    """
+    model = {"jobId": "prompt", "parallelism": 2, "checkpoint": {"intervalMs": 60_000}, "model": MODEL}
+    plans = compiler.compile_model(load_data(model))
+    plan = plans.partitioned
+
+    async def scenario() -> list[tuple[EpochKind, float]]:
+        backend = LocalBackend()
+        taken: list[tuple[EpochKind, float]] = []
+        try:
+            async with LeaseKeeper(backend, 30) as keeper:
+
+                async def trigger(epoch: int, kind: EpochKind) -> None:  # every task ACKs at once
+                    taken.append((kind, time.monotonic()))
+                    for task_id in plan.ack_set:
+                        coordinator.ack(task_id, epoch, Ack((), {}, []))
+
+                coordinator = await led_coordinator(
+                    plans, backend, keeper, tmp_path / "cp", run=1, trigger=trigger
+                )
+                running = asyncio.create_task(coordinator.run())
+                await asyncio.sleep(0.21)  # off any 50 ms beat of the wait's start
+                asked = time.monotonic()
+                coordinator.request_savepoint()
+                while not taken:
+                    await asyncio.sleep(0.001)
+                await asyncio.sleep(0.21)
+                finished = time.monotonic()
+                for task_id in plan.source_task_ids():
+                    coordinator.source_finished(task_id)
+                await asyncio.wait_for(running, 10)
+        finally:
+            await backend.close()
+        return [(taken[0][0], taken[0][1] - asked), (taken[1][0], taken[1][1] - finished)]
+
+    (savepoint, after_ask), (final, after_finish) = asyncio.run(scenario())
+    assert (savepoint, final) == (EpochKind.SAVEPOINT, EpochKind.FINAL)
+    assert after_ask < 0.02, f"the savepoint was triggered {after_ask * 1000:.0f} ms after it was asked for"
+    assert after_finish < 0.02, f"the final epoch came {after_finish * 1000:.0f} ms after the sources ended"
