@@ -54,7 +54,8 @@ class LeaseKeeper:
         while not self.lost.is_set():
             await asyncio.sleep(self.ttl / 3)
             try:
-                await asyncio.wait_for(self.backend.refresh(self.lease), self.ttl / 3)
+                async with asyncio.timeout(self.ttl / 3):
+                    await self.backend.refresh(self.lease)
                 last_ok = self.clock()
             except LeaseExpired:
                 log.error("lease %x expired", self.lease)
@@ -72,7 +73,8 @@ class LeaseKeeper:
                 await self._task
         if revoke and self.lease and not self.lost.is_set():
             with contextlib.suppress(StoreUnavailable, LeaseExpired, TimeoutError):
-                await asyncio.wait_for(self.backend.revoke(self.lease), self.ttl)
+                async with asyncio.timeout(self.ttl):
+                    await self.backend.revoke(self.lease)
 
 
 class ThreadedLeaseKeeper:

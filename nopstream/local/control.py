@@ -98,7 +98,8 @@ class ControlServer:
     async def _endpoint(self, request: web.Request) -> web.Response:
         task = self._task(request.query.get("task", ""))
         try:
-            await asyncio.wait_for(task.registered.wait(), 60)
+            async with asyncio.timeout(60):
+                await task.registered.wait()
         except TimeoutError:
             raise web.HTTPGatewayTimeout(text=f"task {request.query['task']} did not register") from None
         return web.json_response({"endpoint": task.endpoint})

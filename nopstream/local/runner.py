@@ -455,7 +455,8 @@ async def _until_finished(procs: list[processes.TaskProcess], control: ControlSe
             return
         control.changed.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(control.changed.wait(), 0.1)
+            async with asyncio.timeout(0.1):
+                await control.changed.wait()
 
 
 def _died(proc: processes.TaskProcess, code: int, control: ControlServer) -> TaskDied:

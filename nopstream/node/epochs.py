@@ -223,7 +223,8 @@ class EpochCoordinator:
         ):
             self._wake.clear()
             with contextlib.suppress(TimeoutError):  # the clock is read again at least every 50 ms
-                await asyncio.wait_for(self._wake.wait(), min(0.05, interval))
+                async with asyncio.timeout(min(0.05, interval)):
+                    await self._wake.wait()
 
     async def _take(self, final: bool) -> None:
         if self._adopted is not None:
@@ -244,7 +245,8 @@ class EpochCoordinator:
         if set(current.acks) >= set(self.plan.ack_set):
             current.complete.set()
         try:
-            await asyncio.wait_for(current.complete.wait(), self.settings.timeout_ms / 1000)
+            async with asyncio.timeout(self.settings.timeout_ms / 1000):
+                await current.complete.wait()
         except TimeoutError:
             missing = sorted(set(self.plan.ack_set) - set(current.acks))
             log.warning(

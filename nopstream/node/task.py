@@ -152,12 +152,14 @@ async def _work(
     except Exception:  # shown on the dashboard; the pod's failure is what recovers the job
         failure = {"error": traceback.format_exc(limit=8)}
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(link.post_now("/failed", failure), REPORT_SECONDS)
+            async with asyncio.timeout(REPORT_SECONDS):
+                await link.post_now("/failed", failure)
         raise
     finally:
         stats.cancel()
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(link.post_now("/stats", task.stats().to_json()), REPORT_SECONDS)
+        async with asyncio.timeout(REPORT_SECONDS):
+            await link.post_now("/stats", task.stats().to_json())
     # Every task stays until the final epoch is committed, so a coordinator that takes
     # over at the very end can still ask each of them for its last ACK.
     await task.final_committed()

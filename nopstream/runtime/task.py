@@ -367,7 +367,8 @@ class Task:
         recovers from its durable epoch rather than wait on a sink that cannot go on."""
         limit = self.settings.sink_call_s
         try:
-            await asyncio.wait_for(in_daemon_thread(lambda: call(sink)), limit)
+            async with asyncio.timeout(limit):
+                await in_daemon_thread(lambda: call(sink))
         except TimeoutError:
             faulthandler.dump_traceback(all_threads=True)  # where it hangs, into the task's log
             stuck = SinkStuck(f"task {self.task_id}: a sink call did not return within {limit:g} s")
@@ -525,7 +526,8 @@ class Task:
         while self.gate.open_channels():
             if self.processing_time and not data_ended:
                 try:
-                    ch, frame, units = await self._idle(asyncio.wait_for(self.gate.next(), tick))
+                    async with asyncio.timeout(tick):
+                        ch, frame, units = await self._idle(self.gate.next())
                 except TimeoutError:
                     await self._tick()
                     continue

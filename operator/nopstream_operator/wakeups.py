@@ -44,7 +44,8 @@ class Wakeups:
         """Wait up to `seconds` for a wake of the watched job; whether one came (it is consumed)."""
         event = self._events[(namespace, job_id)]
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await event.wait()
         woken = event.is_set()
         event.clear()
         return woken

@@ -120,3 +120,36 @@ def test_a_savepoint_and_the_final_epoch_are_triggered_at_once_not_at_the_next_i
     assert (savepoint, final) == (EpochKind.SAVEPOINT, EpochKind.FINAL)
     assert after_ask < 0.02, f"the savepoint was triggered {after_ask * 1000:.0f} ms after it was asked for"
     assert after_finish < 0.02, f"the final epoch came {after_finish * 1000:.0f} ms after the sources ended"
+
+
+def test_a_coordinator_cancelled_as_its_last_source_finishes_stops(tmp_path):
+    """Found in a CI dry run: a run whose task failed as the other source finished hung.
+
+    The wait between epochs used `asyncio.wait_for`, which on Python 3.11 loses a
+    cancellation that comes as the awaited event is set: the coordinator went on
+    waiting and its run's task group waited for it forever. Here the last source
+    finishes and the coordinator is cancelled at once, with 0 to 3 turns of the event
+    loop between the two; each time it must stop.
+    """
+    model = {"jobId": "cancelled", "parallelism": 2, "checkpoint": {"intervalMs": 60_000}, "model": MODEL}
+    plans = compiler.compile_model(load_data(model))
+    sources = plans.partitioned.source_task_ids()
+
+    async def scenario(turns: int) -> bool:
+        backend = LocalBackend()
+        try:
+            async with LeaseKeeper(backend, 30) as keeper:
+                coordinator = await led_coordinator(plans, backend, keeper, tmp_path / f"cp{turns}", run=1)
+                running = asyncio.create_task(coordinator.run())
+                await asyncio.sleep(0.07)  # in the wait between epochs
+                for task_id in sources:
+                    coordinator.source_finished(task_id)
+                for _ in range(turns):
+                    await asyncio.sleep(0)
+                running.cancel()
+                done, _ = await asyncio.wait({running}, timeout=2)
+                return bool(done) and running.cancelled()
+        finally:
+            await backend.close()
+
+    assert [asyncio.run(scenario(turns)) for turns in range(4)] == [True] * 4
