@@ -47,8 +47,16 @@ class Topics:
         if transactional:
             producer.init_transactions(30)
             producer.begin_transaction()
+        failed: list[Any] = []
+
+        def delivered(error: Any, _message: Any) -> None:
+            if error is not None:
+                failed.append(error)
+
         for i, v in enumerate(values):
-            extra: dict[str, Any] = {} if partition is None else {"partition": partition}
+            extra: dict[str, Any] = {"on_delivery": delivered}
+            if partition is not None:
+                extra["partition"] = partition
             if timestamp is not None:
                 extra["timestamp"] = timestamp[i] if isinstance(timestamp, list) else timestamp
             while True:
@@ -57,7 +65,12 @@ class Topics:
                     break
                 except BufferError:  # the local queue is full: let it send
                     producer.poll(0.05)
-        producer.flush(30)  # in the log before an abort, so that readers have aborted records to skip
+        # in the log before an abort, so that readers have aborted records to skip; and all of it:
+        # a busy CI machine once lost a partition's records here silently (a flush that timed
+        # out), and the job reading the topic was blamed for the missing counts
+        left = producer.flush(120)
+        if left or failed:
+            raise RuntimeError(f"test producer: {left} records not sent, {len(failed)} failed: {failed[:3]}")
         if transactional:
             (producer.abort_transaction if abort else producer.commit_transaction)(30)
 
