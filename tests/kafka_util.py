@@ -66,8 +66,8 @@ class Topics:
                 except BufferError:  # the local queue is full: let it send
                     producer.poll(0.05)
         # in the log before an abort, so that readers have aborted records to skip; and all of it:
-        # a busy CI machine once lost a partition's records here silently (a flush that timed
-        # out), and the job reading the topic was blamed for the missing counts
+        # a CI dry run once counted about one partition's records short, and a flush that
+        # timed out would have lost them here without a word
         left = producer.flush(120)
         if left or failed:
             raise RuntimeError(f"test producer: {left} records not sent, {len(failed)} failed: {failed[:3]}")
