@@ -80,26 +80,26 @@ class LocalStorage:
         written (a file where a directory should be, a directory where the object
         should be, no permission, a full disk).
         """
-        staged: list[tuple[str, str]] = []  # (object path, its temp file) until renamed into place
+        staged: list[tuple[str, Path, Path]] = []  # (object path, file, temp file) until renamed
         try:
             for path, data in objects.items():
+                target = self._file(path)
                 with self._writing(path):
-                    staged.append((path, _write_temp(self._file(path), data)))
+                    staged.append((path, target, _write_temp(target, data)))
             every = next(iter(objects), "") + (f" and {len(objects) - 1} more" if len(objects) > 1 else "")
             with self._writing(every):
-                make_durable(Path(tmp) for _, tmp in staged)
-            directories = {self._file(path).parent for path, _ in staged}
+                make_durable(tmp for _, _, tmp in staged)
+            directories = {target.parent for _, target, _ in staged}
             while staged:
-                path, tmp = staged[-1]
+                path, target, tmp = staged[-1]
                 with self._writing(path):
-                    os.replace(tmp, self._file(path))
+                    os.replace(tmp, target)
                 staged.pop()
             with self._writing(every):
                 make_durable(directories)
         finally:
-            for _, tmp in staged:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
+            for _, _, tmp in staged:
+                tmp.unlink(missing_ok=True)
 
     @contextlib.contextmanager
     def _writing(self, what: str) -> Iterator[None]:
@@ -153,16 +153,16 @@ class LocalStorage:
         return str(self.root.resolve())
 
 
-def _write_temp(target: Path, data: bytes) -> str:
+def _write_temp(target: Path, data: bytes) -> Path:
     """A temp file beside `target` holding `data`, not yet durable; its path."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
+    fd, name = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
+    tmp = Path(name)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
         raise
     return tmp
 
