@@ -55,8 +55,9 @@ def encode_key(key: Any) -> bytes:
 
 def stable_hash(key: Any) -> int:
     """The 64-bit stable hash of a key under policy blake2b64-v1."""
-    digest = hashlib.blake2b(encode_key(key), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
+    # a str (the commonest key) encodes as it is: the same bytes as encode_key, a third faster
+    data = b"s" + key.encode("utf-8") if type(key) is str else encode_key(key)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 
 def shard_of(key: Any, shard_count: int) -> int:

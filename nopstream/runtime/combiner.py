@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from nopstream.plan.partitioned import Edge, PartitionedPlan
 from nopstream.plan.streamgraph import EdgePolicy, StreamNode
@@ -73,6 +73,13 @@ def combined_edges(plan: PartitionedPlan) -> frozenset[str]:
     return frozenset(e.edge_id for e in plan.edges if combines(e, operators[e.target_operator]))
 
 
+class Drained(NamedTuple):
+    """Partials handed over by a combiner: the records to send and, in the same order, their keys."""
+
+    keys: list[Any]
+    records: list[list[Any]]
+
+
 class Combiner:
     """The partial accumulators of one upstream subtask's HASH edge into a final aggregate or reduce."""
 
@@ -116,14 +123,14 @@ class Combiner:
             k = key_fn(r)
             partials[k] = fold(partials[k], r) if k in partials else first(r)
 
-    def drain(self) -> list[tuple[Any, list[Any]]]:
-        """Every partial as (key, `[key, accumulator]`), handed over; the combiner is empty after."""
+    def drain(self) -> Drained:
+        """Every partial as `[key, accumulator]`, handed over; the combiner is empty after."""
         partials, self.partials = self.partials, self._fresh()
-        return [(k, [k, acc]) for k, acc in partials.items()]
+        return Drained(list(partials), list(map(list, partials.items())))
 
-    def drain_closed(self, watermark: int) -> list[tuple[Any, list[Any]]]:
+    def drain_closed(self, watermark: int) -> Drained:
         """Nothing: a final result does not wait for event time."""
-        return []
+        return Drained([], [])
 
 
 class WindowCombiner:
@@ -160,18 +167,19 @@ class WindowCombiner:
                     partials[entry] = agg.add(agg.create(), r)
                     self._ends.setdefault(end, []).append(entry)
 
-    def drain(self) -> list[tuple[Any, list[Any]]]:
-        """Every partial as (key, `[key, start, end, accumulator]`); the combiner is empty after."""
+    def drain(self) -> Drained:
+        """Every partial as `[key, start, end, accumulator]`; the combiner is empty after."""
         partials, self.partials, self._ends = self.partials, {}, {}
-        return [(k, [k, start, end, acc]) for (k, start, end), acc in partials.items()]
+        return Drained([k for k, _, _ in partials], [[*entry, acc] for entry, acc in partials.items()])
 
-    def drain_closed(self, watermark: int) -> list[tuple[Any, list[Any]]]:
+    def drain_closed(self, watermark: int) -> Drained:
         """The partials of the windows `watermark` closes (it fires them downstream), handed over."""
-        out = []
+        drained = Drained([], [])
         for end in [e for e in self._ends if e - 1 <= watermark]:
-            for k, start, _ in self._ends.pop(end):
-                out.append((k, [k, start, end, self.partials.pop((k, start, end))]))
-        return out
+            for entry in self._ends.pop(end):
+                drained.keys.append(entry[0])
+                drained.records.append([*entry, self.partials.pop(entry)])
+        return drained
 
 
 AnyCombiner = Combiner | WindowCombiner

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from operator import itemgetter
-from typing import Any
+from typing import Any, cast
 
 from nopstream.plan.keys import shard_of
 from nopstream.plan.partitioned import ShardRange
@@ -27,6 +27,11 @@ def hashable_key(key: Any) -> Any:
     if isinstance(key, list):
         return tuple(hashable_key(k) for k in key)
     return key
+
+
+def hashable_keys(keys: list[Any]) -> list[Any]:
+    """`hashable_key` of each key; the same list when none is a list (checked in one C pass)."""
+    return [hashable_key(k) for k in keys] if list in set(map(type, keys)) else keys
 
 
 def key_function(selector: KeySelector) -> KeyFn:
@@ -78,6 +83,14 @@ class ShardCache:
             shard = self.known[key] = shard_of(key, self.shard_count)
         return shard
 
+    def shards(self, keys: list[Any]) -> list[int]:
+        """The shard of each key, looked up in one pass over the cache."""
+        cached = list(map(self.known.get, keys))  # None where a key was not seen yet
+        if None not in cached:
+            return cast("list[int]", cached)
+        shard = self.shard
+        return [shard(k) if s is None else s for k, s in zip(keys, cached, strict=True)]
+
 
 class KeyedState:
     """Named keyed state of one operator subtask: state name -> shard -> {key: value}."""
@@ -110,7 +123,7 @@ class KeyedState:
         for name, table in self._states.items():
             for shard, d in table.items():
                 if d:
-                    out.setdefault(str(shard), {})[name] = [[_plain_key(k), v] for k, v in d.items()]
+                    out.setdefault(str(shard), {})[name] = _pairs(d)
         return out
 
     def restore(self, data: dict[str, dict[str, list[list[Any]]]]) -> None:
@@ -124,5 +137,8 @@ class KeyedState:
                 table[shard] = {hashable_key(k): v for k, v in pairs}
 
 
-def _plain_key(key: Any) -> Any:
-    return list(key) if isinstance(key, tuple) else key
+def _pairs(d: dict[Any, Any]) -> list[list[Any]]:
+    """`[key, value]` of each entry, tuple keys as lists (a dict without tuple keys in C)."""
+    if tuple in set(map(type, d)):
+        return [[list(k) if isinstance(k, tuple) else k, v] for k, v in d.items()]
+    return list(map(list, d.items()))

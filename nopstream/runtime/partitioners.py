@@ -50,8 +50,35 @@ class Partitioner:
         self._next += 1
         return [(target, batch)]
 
-    def owner(self, key: Any) -> int:
-        """The subtask that owns a key's shard."""
+    def route(
+        self, keys: list[Any], records: list[Any], timestamps: list[int] | None = None
+    ) -> list[tuple[int, Batch]]:
+        """(owner subtask, sub-batch) pairs of `records`, whose keys are `keys`, in their order."""
+        if self.parallelism == 1:
+            return [(0, Batch(records, timestamps))]
+        owners = self._owners(keys)
+        parts: list[list[Any]] = [[] for _ in range(self.parallelism)]
+        add = [p.append for p in parts]
+        if timestamps is None:
+            for r, o in zip(records, owners, strict=True):
+                add[o](r)
+            return [(i, Batch(p)) for i, p in enumerate(parts) if p]
+        stamps: list[list[int]] = [[] for _ in range(self.parallelism)]
+        stamp = [s.append for s in stamps]
+        for r, t, o in zip(records, timestamps, owners, strict=True):
+            add[o](r)
+            stamp[o](t)
+        return [(i, Batch(p, stamps[i])) for i, p in enumerate(parts) if p]
+
+    def _owners(self, keys: list[Any]) -> list[int]:
+        """The subtask that owns each key's shard, looked up in one pass over the cache."""
+        cached = list(map(self._owner.get, keys))  # None where a key was not seen yet
+        if None not in cached:
+            return cast("list[int]", cached)
+        owner = self._owner_of
+        return [owner(k) if o is None else o for k, o in zip(keys, cached, strict=True)]
+
+    def _owner_of(self, key: Any) -> int:
         owner = self._owner.get(key)
         if owner is None:
             if len(self._owner) >= _CACHE_LIMIT:
@@ -63,23 +90,4 @@ class Partitioner:
     def _hash(self, batch: Batch) -> list[tuple[int, Batch]]:
         if self.parallelism == 1:
             return [(0, batch)]
-        records = batch.records
-        keys = self.keys_of(records)
-        cached = list(map(self._owner.get, keys))  # None where a key was not seen yet
-        if None in cached:
-            owner = self.owner
-            owners = [owner(k) if o is None else o for k, o in zip(keys, cached, strict=True)]
-        else:
-            owners = cast("list[int]", cached)
-        parts: list[list[Any]] = [[] for _ in range(self.parallelism)]
-        add = [p.append for p in parts]
-        if batch.timestamps is None:
-            for r, o in zip(records, owners, strict=True):
-                add[o](r)
-            return [(i, Batch(p)) for i, p in enumerate(parts) if p]
-        stamps: list[list[int]] = [[] for _ in range(self.parallelism)]
-        stamp = [s.append for s in stamps]
-        for r, t, o in zip(records, batch.timestamps, owners, strict=True):
-            add[o](r)
-            stamp[o](t)
-        return [(i, Batch(p, stamps[i])) for i, p in enumerate(parts) if p]
+        return self.route(self.keys_of(batch.records), batch.records, batch.timestamps)

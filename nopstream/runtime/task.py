@@ -38,7 +38,7 @@ from nopstream.records import (
     SplitEventTime,
     TaskSnapshot,
 )
-from nopstream.runtime.combiner import AnyCombiner, combined_edges, combiner_for
+from nopstream.runtime.combiner import AnyCombiner, Drained, combined_edges, combiner_for
 from nopstream.runtime.frames import Barrier, EndOfInput, EndOfStream, Frame, Watermark
 from nopstream.runtime.gate import InputChannel, InputGate
 from nopstream.runtime.keyed import ShardCache
@@ -620,14 +620,11 @@ class Task:
         assert isinstance(head, PerKey | Window), "combined edges end at a final aggregate, reduce or window"
         head.merge_partials(batch)
 
-    async def _send_partials(self, out: _OutputEdge, partials: list[tuple[Any, list[Any]]]) -> None:
+    async def _send_partials(self, out: _OutputEdge, drained: Drained) -> None:
         """Send a combiner's partials, each to its key's owner."""
-        parts: dict[int, list[Any]] = {}
-        owner = out.partitioner.owner
-        for key, record in partials:
-            parts.setdefault(owner(key), []).append(record)
-        for downstream, records in parts.items():
-            await out.channels[downstream].send(Batch(records))
+        if drained.records:
+            for downstream, part in out.partitioner.route(drained.keys, drained.records):
+                await out.channels[downstream].send(part)
 
     async def _flush_combiners(self, closed_by: int | None = None) -> None:
         """Before a barrier, an idle mark or the end of input goes out, every combiner sends what it

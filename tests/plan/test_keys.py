@@ -16,6 +16,7 @@ from tests.conftest import ROOT
 # cross-checked outside Python: printf 'shello' | b2sum -l 64 (coreutils).
 VECTORS = [
     ("hello", 15768710110751428397),
+    ("grüße", 10063363496211210576),
     ("", 16593940277942513374),
     (42, 1027869399216032918),
     (None, 6753767377493465268),
@@ -26,6 +27,13 @@ VECTORS = [
 @pytest.mark.parametrize(("key", "expected"), VECTORS)
 def test_vectors(key, expected):
     assert stable_hash(key) == expected
+
+
+def test_a_str_subclass_hashes_as_its_str():
+    class Name(str):
+        pass
+
+    assert stable_hash(Name("grüße")) == stable_hash("grüße") == VECTORS[1][1]
 
 
 def test_keys_python_treats_as_equal_hash_equally():

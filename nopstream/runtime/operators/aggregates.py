@@ -8,11 +8,13 @@ once, at end of input. Accumulators are plain data, so they snapshot as they are
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from operator import add, itemgetter
 from typing import Any, Protocol
 
 from nopstream.records import Batch
 from nopstream.runtime.functions import resolve
-from nopstream.runtime.keyed import batch_keys, hashable_key, key_function
+from nopstream.runtime.keyed import batch_keys, hashable_keys, key_function
 from nopstream.runtime.operators.base import Context, KeyedOperator, empty_like
 
 
@@ -90,6 +92,11 @@ def is_count(agg: Aggregator) -> bool:
     return isinstance(agg, _Builtin) and agg.kind == "count"
 
 
+def merges_by_adding(agg: Aggregator) -> bool:
+    """Whether an aggregator's accumulators merge by `+` (the built-in count and sum)."""
+    return isinstance(agg, _Builtin) and agg.kind in ("count", "sum")
+
+
 def output_key(key: Any) -> Any:
     """A key as written in output records (tuples back to lists)."""
     return list(key) if isinstance(key, tuple) else key
@@ -97,6 +104,9 @@ def output_key(key: Any) -> Any:
 
 class PerKey(KeyedOperator):
     """What Aggregate and Reduce share: a key function, one value per key, rolling or final."""
+
+    merge: Callable[[Any, Any], Any]
+    """A key's value with an upstream combiner's partial value folded in (set by each kind)."""
 
     def __init__(self, ctx: Context) -> None:
         """Prepare the key function and the state table."""
@@ -110,16 +120,12 @@ class PerKey(KeyedOperator):
         """The record emitted for one key at end of input (`emit: final`)."""
         raise NotImplementedError
 
-    def merge(self, value: Any, partial: Any) -> Any:
-        """A key's value with an upstream combiner's partial value folded in."""
-        raise NotImplementedError
-
     def merge_partials(self, batch: Batch) -> None:
         """Fold `[key, partial]` pairs of upstream combiners (`runtime.combiner`) into the values."""
-        table, shard, merge = self.table, self.shard, self.merge
-        for key, partial in batch.records:
-            k = hashable_key(key)
-            d = table[shard(k)]
+        records, table, merge = batch.records, self.table, self.merge
+        keys = hashable_keys(list(map(itemgetter(0), records)))
+        for k, s, (_, partial) in zip(keys, self.ctx.shard_cache.shards(keys), records, strict=True):
+            d = table[s]
             d[k] = merge(d[k], partial) if k in d else partial
 
     def on_end(self) -> Batch | None:
@@ -137,6 +143,8 @@ class Aggregate(PerKey):
         super().__init__(ctx)
         self.agg = aggregator(ctx.node.spec["aggregate"])
         self.count_fast = is_count(self.agg)
+        # `add` is the same merge in one C call instead of two Python calls per partial
+        self.merge = add if merges_by_adding(self.agg) else self.agg.merge
         self.keys_of = batch_keys(ctx.node.key)  # type: ignore[arg-type]
 
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
@@ -165,10 +173,6 @@ class Aggregate(PerKey):
         """`{"key", "value"}` with the aggregate's result."""
         return {"key": output_key(key), "value": self.agg.result(value)}
 
-    def merge(self, value: Any, partial: Any) -> Any:
-        """Two accumulators merged."""
-        return self.agg.merge(value, partial)
-
 
 class Reduce(PerKey):
     """A running reduction per key: `fn(accumulated, record)`; the value is the reduced record."""
@@ -177,6 +181,7 @@ class Reduce(PerKey):
         """Resolve the reduce function on top of the shared per-key state."""
         super().__init__(ctx)
         self.fn = resolve(ctx.node.spec["fn"])
+        self.merge = self.fn  # partially reduced values reduce like records (the fn is associative)
 
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
         """Reduce the batch into the per-key values."""
@@ -195,7 +200,3 @@ class Reduce(PerKey):
     def final_record(self, key: Any, value: Any) -> Any:
         """The reduced record itself."""
         return value
-
-    def merge(self, value: Any, partial: Any) -> Any:
-        """The partially reduced value reduced into the key's value (the fn is associative)."""
-        return self.fn(value, partial)
