@@ -147,6 +147,49 @@ def windows(home: Path) -> dict[str, Any]:
     )
 
 
+def windowed_events(seed: int, files: int, per_file: int) -> dict[str, list[dict[str, Any]]]:
+    """Keyed events per file whose timestamps are out of order by less than 100 ms: never late."""
+    rng = random.Random(seed)
+    return {
+        f"part-{f}.jsonl": [
+            {"k": f"k{rng.randrange(12)}", "v": rng.randrange(100), "ts": 100 + i * 5 + rng.randrange(-90, 1)}
+            for i in range(per_file)
+        ]
+        for f in range(files)
+    }
+
+
+def combined_windows(home: Path) -> dict[str, Any]:
+    """Event-time sliding averages at parallelism 2, whose maps pre-aggregate per key and window."""
+    events = windowed_events(4, 2, 2000)
+    _write(home, {name: "".join(json.dumps(e) + "\n" for e in es) for name, es in events.items()})
+    return _job(
+        "combined-windows",
+        {
+            "sources": [
+                {
+                    "id": "src",
+                    "type": "file",
+                    "config": {"path": f"{home}/in/*.jsonl", "format": "jsonl"},
+                    "watermark": {"timestampField": "ts", "maxOutOfOrdernessMs": 100},
+                }
+            ],
+            "operators": [
+                {"id": "slow", "type": "map", "fn": "chaosfns:slow"},
+                {
+                    "id": "win",
+                    "type": "window",
+                    "key": {"field": "k"},
+                    "aggregate": {"kind": "avg", "field": "v"},
+                    "window": {"kind": "sliding", "time": "event", "sizeMs": 1000, "slideMs": 250},
+                },
+            ],
+            "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
+        },
+        parallelism=2,
+    )
+
+
 def cep(home: Path) -> dict[str, Any]:
     """A keyed CEP pattern (a small charge, then a large one on the same card within 2 s)."""
     rng = random.Random(5)

@@ -141,6 +141,21 @@ def test_chaos_cell_final_counts_pre_aggregated(mode, tmp_path, etcd_server, cap
     assert "committed records: 200 failure-free, 200 under kills" in result.out  # one per word
 
 
+@pytest.mark.parametrize("mode", ["run"])  # the combiner is the same code under --etcd
+def test_chaos_cell_window_averages_pre_aggregated(mode, tmp_path, etcd_server, capsys):
+    home = tmp_path / "job"
+    job = jobs.prepare(home, jobs.combined_windows(home))
+    result = chaos(job, tmp_path, mode=mode, etcd_server=etcd_server, seed=70 + MODES.index(mode))
+    check(result, capsys, f"combined-windows / {mode}")
+    windows = {
+        (e["k"], start)
+        for events in jobs.windowed_events(4, 2, 2000).values()
+        for e in events
+        for start in range((e["ts"] // 250 - 3) * 250, e["ts"] + 1, 250)
+    }
+    assert f"committed records: {len(windows)} failure-free, {len(windows)} under kills" in result.out
+
+
 def test_chaos_reports_a_function_that_is_not_deterministic(tmp_path, etcd_server):
     job = jobs.file_to_file_mapping_with(tmp_path / "job", "stamp", "return f'{line} {time.time_ns()}'")
     result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=0)
