@@ -160,6 +160,27 @@ def test_event_time_window_aggregates_are_exact_with_partials_per_window(tmp_pat
         assert multiset(out[f"{name}-out"]) == multiset(expected[name]), name
 
 
+def test_window_partials_held_at_a_durable_epoch_are_neither_lost_nor_doubled_by_a_recovery(tmp_path):
+    """As for the counts above: a task is killed right after epoch 3 becomes durable, while both
+    sources' maps (slowed) hold partials per key and window of records before the barrier."""
+    model, inputs, expected = windowed(tmp_path)
+    model["operators"].insert(0, {"id": "slow", "type": "map", "inputs": ["src"], "fn": "windowfns:slow"})
+    for op in model["operators"][1:]:
+        op["inputs"] = ["slow"]
+    for name, events in inputs.items():
+        write_jsonl(tmp_path / "in" / name, events)
+    (tmp_path / "windowfns.py").write_text(
+        "import time\n\ndef slow(r):\n    time.sleep(0.0004)\n    return r\n"
+    )
+    spec = {"jobId": "windows", "parallelism": 2, "checkpoint": {"intervalMs": 250}, "model": model}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    result = run_nopstream("run", "job.yaml", cwd=tmp_path, env={"NOPSTREAM_FAULTS": "after-durable@3"})
+    assert result.code == 0, result.err
+    assert "recovering: " in result.err
+    for name in ("sum", "avg"):
+        assert multiset(read_outputs(tmp_path / "out" / name)) == multiset(expected[name]), name
+
+
 @pytest.mark.parametrize("combine", [None, False])
 def test_a_window_receives_partials_per_key_and_window_not_every_event(tmp_path, monkeypatch, combine):
     model, inputs, expected = windowed(tmp_path, combine=combine)
