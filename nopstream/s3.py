@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from minio import Minio
@@ -39,6 +40,14 @@ def credentials() -> tuple[str, str]:
                 f"{CREDENTIALS_ENV}={mounted}: cannot read {name} ({err.strerror or err})"
             ) from None
     return keys[0], keys[1]
+
+
+@dataclass(frozen=True)
+class ObjectStat:
+    """What a HEAD tells of an object."""
+
+    size: int
+    etag: str
 
 
 class S3Storage:
@@ -72,17 +81,30 @@ class S3Storage:
 
     def get(self, path: str) -> bytes:
         """An object's bytes."""
-        return self.get_from(path, 0)
+        return self.get_range(path, 0)
 
     def get_from(self, path: str, offset: int) -> bytes:
         """An object's bytes from `offset` to its end (empty at or past the end)."""
+        return self.get_range(path, offset)
+
+    def get_range(self, path: str, offset: int, length: int = 0, *, etag: str | None = None) -> bytes:
+        """`length` bytes of an object from `offset` (0: to its end; empty at or past the end);
+        with `etag`, StorageError unless the object still has that ETag."""
+        # an entity tag is quoted on the wire (RFC 9110); the client hands ETags out unquoted
+        headers: dict[str, str | list[str] | tuple[str]] | None = {"If-Match": f'"{etag}"'} if etag else None
         try:
-            response = self.client.get_object(self.bucket, self.prefix + path, offset=offset)
+            response = self.client.get_object(
+                self.bucket, self.prefix + path, offset=offset, length=length, request_headers=headers
+            )
         except S3Error as exc:
             if exc.code == "NoSuchKey":
                 raise StorageError(f"{self.describe()}/{path} is missing") from None
             if exc.code == "InvalidRange":
                 return b""
+            if exc.code == "PreconditionFailed":
+                raise StorageError(
+                    f"{self.describe()}/{path} changed under a running job: its ETag is no longer {etag}"
+                ) from None
             raise StorageError(f"cannot read {self.describe()}/{path}: {exc.code}") from exc
         try:
             data: bytes = response.read()
@@ -102,23 +124,22 @@ class S3Storage:
 
     def exists(self, path: str) -> bool:
         """Whether an object exists."""
-        try:
-            self.client.stat_object(self.bucket, self.prefix + path)
-        except S3Error as exc:
-            if exc.code in ("NoSuchKey", "NoSuchObject"):
-                return False
-            raise StorageError(f"cannot stat {self.describe()}/{path}: {exc.code}") from exc
-        return True
+        return self.stat(path) is not None
 
     def etag(self, path: str) -> str | None:
         """An object's ETag (its content's MD5 when written in one PUT or copied), or None when missing."""
+        found = self.stat(path)
+        return found.etag if found is not None else None
+
+    def stat(self, path: str) -> ObjectStat | None:
+        """An object's size and ETag, or None when it is missing."""
         try:
-            etag: str | None = self.client.stat_object(self.bucket, self.prefix + path).etag
+            found = self.client.stat_object(self.bucket, self.prefix + path)
         except S3Error as exc:
             if exc.code in ("NoSuchKey", "NoSuchObject"):
                 return None
             raise StorageError(f"cannot stat {self.describe()}/{path}: {exc.code}") from exc
-        return etag
+        return ObjectStat(int(found.size or 0), str(found.etag))
 
     def list(self, prefix: str) -> list[str]:
         """Every object under a prefix."""

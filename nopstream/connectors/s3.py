@@ -1,11 +1,11 @@
 """The `s3` source and sink, on any S3 endpoint (MinIO in the tests).
 
-Source (REPLAYABLE): the objects under `prefix`, one split per object, read as text
-lines or JSON lines. Split `key` belongs to subtask `stableHash(key) mod parallelism`.
-Cursor: the byte offset of the next line (an exclusive cut); `snapshot` returns every
-split's cursor, the finished objects and the ETag of each object begun; `restore`
-resumes each at its cursor, and refuses (naming the split) when an unfinished object
-begun is gone or has another ETag: an object being read must not change.
+Source (REPLAYABLE): the objects under `prefix`, read as text lines or JSON lines,
+each spread over the source's subtasks in stripes (`connectors.striped`) and read by
+ranged GETs of `READ_BYTES`, so a subtask holds at most that much of an object
+however large it is. Each GET asks for the ETag the object had when opened; a restore
+refuses (naming the split) an object begun that is gone, shorter than its cursor, or
+has another ETag: an object being read must not change.
 
 Sink (STAGED_ATOMIC_COMMIT): transaction N of a subtask collects its records and, at
 barrier N, is PUT as the staged object `{prefix}.staging/{object}` (durable once the
@@ -18,18 +18,22 @@ Credentials: those of checkpoint storage (`nopstream.s3.credentials`).
 
 from __future__ import annotations
 
+import io
 import os
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from nopstream.connectors import lines as line_format
 from nopstream.connectors.staged import ObjectSink, OutputConflict, SinkName
-from nopstream.errors import RestoreRefused
+from nopstream.connectors.striped import StripedSource
+from nopstream.errors import RestoreRefused, StorageError
 from nopstream.model.connectors import S3SinkConfig, S3SourceConfig
-from nopstream.plan.keys import stable_hash
 from nopstream.records import Batch
-from nopstream.s3 import S3Storage
+from nopstream.s3 import ObjectStat, S3Storage
 
 _RULE = "an object being read must not change (docs/runtime.md)"
+READ_BYTES = 1 << 20
+"""The most bytes of an object one ranged GET asks for."""
+_TAIL = 1 << 16
 
 
 def connect(config: S3SourceConfig | S3SinkConfig) -> S3Storage:
@@ -38,70 +42,103 @@ def connect(config: S3SourceConfig | S3SinkConfig) -> S3Storage:
     return S3Storage.connect(endpoint, config.bucket)
 
 
-class S3Source:
-    """Reads the objects of one source subtask."""
+class _Ranged(io.RawIOBase):
+    """An object read by ranged GETs at a position, each only if its ETag is still the one opened.
+
+    A GET asks for what the buffer wants, but not past `until` (the end of what the
+    reader means to read); past it, `_TAIL` at a time: the rest of a line crossing it.
+    """
+
+    def __init__(self, store: S3Storage, name: str, found: ObjectStat) -> None:
+        self.store, self.name, self.found, self.pos = store, name, found, 0
+        self.until = found.size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.found.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buffer: Any) -> int:
+        ahead = self.until - self.pos if self.pos < self.until else _TAIL
+        n = min(len(buffer), ahead, self.found.size - self.pos)
+        if n <= 0:
+            return 0
+        data = self.store.get_range(self.name, self.pos, n, etag=self.found.etag)
+        buffer[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+class BucketObjects:
+    """The objects under a prefix, each told from another under its key by its ETag."""
+
+    identity_field = "etags"
+
+    def __init__(self, store: S3Storage, prefix: str) -> None:
+        """The objects of `store` under `prefix`."""
+        self.store = store
+        self.prefix = prefix
+        self._opened: dict[str, _Ranged] = {}
+
+    def names(self) -> list[str]:
+        """Every object under the prefix now, in key order."""
+        return self.store.list(self.prefix)
+
+    def open(self, name: str) -> BinaryIO:
+        """The object as it is now, read `READ_BYTES` at most at a time (once replaced, a read fails)."""
+        found = self.store.stat(name)
+        if found is None:
+            raise StorageError(f"{self.store.describe()}/{name} is missing")
+        raw = self._opened[name] = _Ranged(self.store, name, found)
+        return cast(BinaryIO, io.BufferedReader(raw, buffer_size=READ_BYTES))
+
+    def size(self, name: str, handle: BinaryIO) -> int:
+        """The object's size when opened (every read since checked that it is the same object)."""
+        return self._opened[name].found.size
+
+    def reading_to(self, name: str, end: int) -> None:
+        """GETs of `name` stop at `end`, then go on a line's worth at a time."""
+        self._opened[name].until = end
+
+    def identity(self, name: str) -> str:
+        """The ETag of the object opened under `name` (of the object now, if not opened yet)."""
+        raw = self._opened.get(name)
+        found = raw.found if raw is not None else self.store.stat(name)
+        return found.etag if found is not None else ""
+
+    def check(self, split: str, name: str, cursor: int, identity: Any) -> None:
+        """RestoreRefused naming the split when its object is gone, shorter, or another ETag's."""
+        found = self.store.stat(name)
+        if found is None:
+            raise RestoreRefused(f"split '{split}' is gone, its cursor is at byte {cursor}: {_RULE}")
+        if identity is not None and found.etag != identity:
+            raise RestoreRefused(
+                f"split '{split}' changed under its cursor (its ETag is not {identity}): {_RULE}"
+            )
+        if found.size < cursor:
+            raise RestoreRefused(
+                f"split '{split}' changed under its cursor: the object has {found.size} bytes, the cursor"
+                f" is at byte {cursor}: {_RULE}"
+            )
+
+
+class S3Source(StripedSource):
+    """Reads one source subtask's stripes of the objects (`connectors.striped`)."""
 
     def __init__(self, config: S3SourceConfig | dict[str, Any], *, subtask: int, parallelism: int) -> None:
-        """List the objects of this subtask."""
+        """List the objects."""
         c = S3SourceConfig.model_validate(config)
-        self.store = connect(c)
-        self.prefix = c.prefix
-        self.jsonl = c.format == "jsonl"
-        self.subtask = subtask
-        self.parallelism = parallelism
-        self.cursors: dict[str, int] = {}
-        self.finished: set[str] = set()
-        self.etags: dict[str, str] = {}
-        self._lines: list[bytes] = []
-        self._current: str | None = None
-        for key in self.store.list(self.prefix):
-            if stable_hash(key) % parallelism == subtask:
-                self.cursors[key] = 0
-
-    def read(self, max_records: int) -> Batch | None:
-        """Up to `max_records` lines of the current object."""
-        while True:
-            if self._current is None:
-                todo = sorted(k for k in self.cursors if k not in self.finished)
-                if not todo:
-                    return None
-                self._current = todo[0]
-                self.etags.setdefault(self._current, self.store.etag(self._current) or "")
-                self._lines = self.store.get_from(self._current, self.cursors[self._current]).splitlines(True)
-            if not self._lines:
-                self.finished.add(self._current)
-                self._current = None
-                continue
-            lines, self._lines = self._lines[:max_records], self._lines[max_records:]
-            self.cursors[self._current] += sum(len(line) for line in lines)
-            return Batch(line_format.decode(lines, jsonl=self.jsonl))
-
-    def snapshot(self) -> dict[str, Any]:
-        """Cursor of every split, the finished objects, and the ETags of the unfinished ones begun."""
-        begun = {k: e for k, e in self.etags.items() if k not in self.finished and self.cursors.get(k)}
-        return {"cursors": dict(self.cursors), "finished": sorted(self.finished), "etags": begun}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        """Resume every split at its cursor; RestoreRefused when an unfinished object begun changed."""
-        finished = set(state.get("finished", []))
-        for key, cursor in state.get("cursors", {}).items():
-            if stable_hash(key) % self.parallelism != self.subtask:
-                continue
-            if key not in self.cursors and int(cursor) and key not in finished:
-                raise RestoreRefused(f"split '{key}' is gone, its cursor is at byte {cursor}: {_RULE}")
-            if key in self.cursors:
-                self.cursors[key] = int(cursor)
-        self.finished = {k for k in finished if k in self.cursors}
-        self.etags = {k: str(e) for k, e in state.get("etags", {}).items() if k in self.cursors}
-        for key, etag in self.etags.items():
-            if key not in self.finished and self.store.etag(key) != etag:
-                raise RestoreRefused(
-                    f"split '{key}' changed under its cursor (its ETag is not {etag}): {_RULE}"
-                )
-        self._current, self._lines = None, []
-
-    def close(self) -> None:
-        """Nothing to release."""
+        objects = BucketObjects(connect(c), c.prefix)
+        super().__init__(objects, jsonl=c.format == "jsonl", subtask=subtask, parallelism=parallelism)
 
 
 class S3Sink(ObjectSink):

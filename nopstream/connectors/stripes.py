@@ -1,4 +1,4 @@
-"""Stripes: how the file source spreads the bytes of every file over its subtasks.
+"""Stripes: how the file and s3 sources spread the bytes of every file (or object) over their subtasks.
 
 A file is cut at fixed offsets into stripes of `STRIPE_BYTES`; stripe k of `path`
 belongs to subtask `(stableHash(path) + k) mod parallelism`. So every subtask reads

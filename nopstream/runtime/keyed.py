@@ -34,6 +34,14 @@ def hashable_keys(keys: list[Any]) -> list[Any]:
     return [hashable_key(k) for k in keys] if list in set(map(type, keys)) else keys
 
 
+def cached_all(cache: dict[Any, int], keys: list[Any], one: Callable[[Any], int]) -> list[int]:
+    """`cache[k]` of each key (one C pass when all are cached), `one(k)`, which caches, for the others."""
+    found = list(map(cache.get, keys))  # None where a key was not seen yet
+    if None not in found:
+        return cast("list[int]", found)
+    return [one(k) if v is None else v for k, v in zip(keys, found, strict=True)]
+
+
 def key_function(selector: KeySelector) -> KeyFn:
     """The function that takes a record's key under a selector."""
     if selector.field is not None:
@@ -85,11 +93,7 @@ class ShardCache:
 
     def shards(self, keys: list[Any]) -> list[int]:
         """The shard of each key, looked up in one pass over the cache."""
-        cached = list(map(self.known.get, keys))  # None where a key was not seen yet
-        if None not in cached:
-            return cast("list[int]", cached)
-        shard = self.shard
-        return [shard(k) if s is None else s for k, s in zip(keys, cached, strict=True)]
+        return cached_all(self.known, keys, self.shard)
 
 
 class KeyedState:

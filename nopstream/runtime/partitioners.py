@@ -10,13 +10,13 @@ owners up in the cached key -> owner map in one more, and only then touches reco
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from nopstream.plan.keys import owner_of_shard, shard_of
 from nopstream.plan.partitioned import Edge
 from nopstream.plan.streamgraph import EdgePolicy
 from nopstream.records import Batch
-from nopstream.runtime.keyed import batch_keys
+from nopstream.runtime.keyed import batch_keys, cached_all
 
 _CACHE_LIMIT = 1 << 20
 
@@ -56,7 +56,7 @@ class Partitioner:
         """(owner subtask, sub-batch) pairs of `records`, whose keys are `keys`, in their order."""
         if self.parallelism == 1:
             return [(0, Batch(records, timestamps))]
-        owners = self._owners(keys)
+        owners = cached_all(self._owner, keys, self._owner_of)
         parts: list[list[Any]] = [[] for _ in range(self.parallelism)]
         add = [p.append for p in parts]
         if timestamps is None:
@@ -69,14 +69,6 @@ class Partitioner:
             add[o](r)
             stamp[o](t)
         return [(i, Batch(p, stamps[i])) for i, p in enumerate(parts) if p]
-
-    def _owners(self, keys: list[Any]) -> list[int]:
-        """The subtask that owns each key's shard, looked up in one pass over the cache."""
-        cached = list(map(self._owner.get, keys))  # None where a key was not seen yet
-        if None not in cached:
-            return cast("list[int]", cached)
-        owner = self._owner_of
-        return [owner(k) if o is None else o for k, o in zip(keys, cached, strict=True)]
 
     def _owner_of(self, key: Any) -> int:
         owner = self._owner.get(key)

@@ -76,6 +76,16 @@ def _words(rng: random.Random, files: int, lines: int, vocabulary: int = 200) ->
     }
 
 
+def _events(source_id: str, path: str, *, out_of_order_ms: int) -> dict[str, Any]:
+    """A file source of JSON events whose watermark follows their `ts`."""
+    return {
+        "id": source_id,
+        "type": "file",
+        "config": {"path": path, "format": "jsonl"},
+        "watermark": {"timestampField": "ts", "maxOutOfOrdernessMs": out_of_order_ms},
+    }
+
+
 def _job(job_id: str, model: dict[str, Any], **spec: Any) -> dict[str, Any]:
     return {"jobId": job_id, "checkpoint": {"intervalMs": 250}, **spec, "model": model}
 
@@ -119,15 +129,7 @@ def windows(home: Path) -> dict[str, Any]:
     return _job(
         "late-windows",
         {
-            "sources": [
-                {
-                    "id": "src",
-                    "type": "file",
-                    "parallelism": 1,
-                    "config": {"path": f"{home}/in/events.jsonl", "format": "jsonl"},
-                    "watermark": {"timestampField": "ts", "maxOutOfOrdernessMs": 100},
-                }
-            ],
+            "sources": [_events("src", f"{home}/in/events.jsonl", out_of_order_ms=100) | {"parallelism": 1}],
             "operators": [
                 {"id": "slow", "type": "map", "fn": "chaosfns:slow"},
                 {
@@ -166,14 +168,7 @@ def combined_windows(home: Path) -> dict[str, Any]:
     return _job(
         "combined-windows",
         {
-            "sources": [
-                {
-                    "id": "src",
-                    "type": "file",
-                    "config": {"path": f"{home}/in/*.jsonl", "format": "jsonl"},
-                    "watermark": {"timestampField": "ts", "maxOutOfOrdernessMs": 100},
-                }
-            ],
+            "sources": [_events("src", f"{home}/in/*.jsonl", out_of_order_ms=100)],
             "operators": [
                 {"id": "slow", "type": "map", "fn": "chaosfns:slow"},
                 {
@@ -201,14 +196,7 @@ def cep(home: Path) -> dict[str, Any]:
     return _job(
         "cep-fraud",
         {
-            "sources": [
-                {
-                    "id": "charges",
-                    "type": "file",
-                    "config": {"path": f"{home}/in/*.jsonl", "format": "jsonl"},
-                    "watermark": {"timestampField": "ts", "maxOutOfOrdernessMs": 50},
-                }
-            ],
+            "sources": [_events("charges", f"{home}/in/*.jsonl", out_of_order_ms=50)],
             "operators": [
                 {
                     "id": "fraud",

@@ -14,6 +14,7 @@ from nopstream.checkpoint import snapshots
 from nopstream.checkpoint.formats import decode_segment
 from nopstream.connectors import stripes
 from nopstream.connectors.files import FileSource
+from nopstream.connectors.striped import StripedSource
 from nopstream.errors import RestoreRefused
 from nopstream.model.load import load_data
 from nopstream.plan import compiler
@@ -46,7 +47,18 @@ def corpus(directory: Path, seed: int = 7) -> list[str]:
     return lines
 
 
-def read_all(source: FileSource, batch: int = 50) -> list[str]:
+def read_some(source: StripedSource, rng: random.Random, most: int, sizes: list[int]) -> list[str]:
+    """The lines of a random number (below `most`) of batches of random sizes (fewer at the end)."""
+    got: list[str] = []
+    for _ in range(rng.randrange(0, most)):
+        batch = source.read(rng.choice(sizes))
+        if batch is None:
+            break
+        got.extend(batch.records)
+    return got
+
+
+def read_all(source: StripedSource, batch: int = 50) -> list[str]:
     got: list[str] = []
     while (b := source.read(batch)) is not None:
         got.extend(b.records)
@@ -126,11 +138,7 @@ def test_a_restore_from_every_subtasks_snapshots_reads_each_stripe_once(tmp_path
     sources = [FileSource({"path": path}, subtask=i, parallelism=before) for i in range(before)]
     states = []
     for source in sources:
-        for _ in range(rng.randrange(0, 40)):
-            batch = source.read(rng.choice([1, 7, 50]))
-            if batch is None:
-                break
-            kept.extend(batch.records)
+        kept.extend(read_some(source, rng, 40, [1, 7, 50]))
         states.append(orjson.loads(orjson.dumps(source.snapshot())))
         source.read(20)  # read after the barrier: not in the checkpoint, read again after the restore
         source.close()
@@ -143,11 +151,7 @@ def test_a_restore_from_every_subtasks_snapshots_reads_each_stripe_once(tmp_path
     # a second checkpoint of the restored subtasks, then a second restore at the old parallelism
     states = []
     for source in restored:
-        for _ in range(rng.randrange(0, 30)):
-            batch = source.read(rng.choice([3, 50]))
-            if batch is None:
-                break
-            kept.extend(batch.records)
+        kept.extend(read_some(source, rng, 30, [3, 50]))
         states.append(orjson.loads(orjson.dumps(source.snapshot())))
         source.close()
     segments = checkpoint(new, states, 9)
@@ -183,7 +187,7 @@ def test_a_checkpoint_with_other_stripes_is_refused(tmp_path):
     with pytest.raises(RestoreRefused) as refused:
         source.restore({"stripeBytes": 1 << 20, "cursors": {}, "done": {}})
     assert str(refused.value) == (
-        f"the file source's checkpoint cuts files into stripes of 1048576 bytes; this version of"
+        f"the source's checkpoint cuts its input into stripes of 1048576 bytes; this version of"
         f" nopstream reads stripes of {STRIPE} bytes: start over with --fresh"
     )
 
