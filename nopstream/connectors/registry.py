@@ -1,11 +1,15 @@
 """The connector factory: builds each source and sink type of the model's catalogue.
 
-The Kafka and PostgreSQL connectors are imported when a job uses them: their client
-libraries take a third of a task process's start (measured), and every task of a
-recovery starts at once on the same cores.
+The S3, Kafka and PostgreSQL connectors are imported when a job uses them: their
+client libraries take a third of a task process's start (measured), and every task of
+a recovery starts at once on the same cores. A process that forks the tasks imports
+them once before (`preload`), and every child has them.
 """
 
 from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
 
 from nopstream.connectors.files import FileSink, FileSource
 from nopstream.connectors.generator import GeneratorSource
@@ -15,6 +19,20 @@ from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES
 from nopstream.plan.partitioned import SourceSplits
 from nopstream.plan.streamgraph import JobIdentity, StreamNode
 from nopstream.records import SinkWriter, SourceReader
+
+_IMPORTED_WHEN_USED = {
+    "s3": "nopstream.connectors.s3",
+    "kafka": "nopstream.connectors.kafka",
+    "postgres": "nopstream.connectors.postgres",
+}
+
+
+def preload(nodes: Iterable[StreamNode]) -> None:
+    """Import now the connector modules that the sources and sinks among `nodes` import when used."""
+    for node in nodes:
+        module = _IMPORTED_WHEN_USED.get(node.type) if node.kind in ("source", "sink") else None
+        if module is not None:
+            importlib.import_module(module)
 
 
 class Connectors:

@@ -158,6 +158,7 @@ class StripedSource:
         """Go to the first line of a stretch: its cursor, or the first line starting in its first stripe."""
         f = self._current
         assert f is not None
+        self.objects.reading_to(self._current_name, stretch.end_offset)
         if stretch.resume is not None:
             f.seek(stretch.resume)
         elif stretch.first:
@@ -165,7 +166,6 @@ class StripedSource:
             f.readline()  # the rest of the line that starts before the stripe: its owner reads it
         else:
             f.seek(0)
-        self.objects.reading_to(self._current_name, stretch.end_offset)
         self._stretch, self._stretch_read, self._pos = stretch, False, f.tell()
         self._marked = stretch.first
         self._advance(0)

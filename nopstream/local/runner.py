@@ -34,6 +34,7 @@ from nopstream.cluster.epochlog import EpochLog
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.local import LocalBackend
+from nopstream.connectors import registry
 from nopstream.errors import RestoreRefused, StartRefused, StorageError
 from nopstream.local import inprocess, ownership, processes, worker
 from nopstream.local.control import ControlServer
@@ -298,6 +299,7 @@ def _attempt(plans: compiler.CompiledPlans, options: RunOptions, this: _Run) -> 
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     plan_path = run_dir / "plan.json"
     plan_path.write_text(compiler.dump_document(plan))
+    registry.preload(plan.operators().values())  # imported once here, not once in every task process
     deployment_path = run_dir / "deployment.json"
     deployment_path.write_text(compiler.dump_document(plans.deployment))
     # The control socket listens before the tasks are forked (they may call it at once);
