@@ -279,6 +279,25 @@ def minio_to_minio(home: Path, *, client: Any, bucket: str, endpoint: str) -> di
     )
 
 
+def minio_final_count(home: Path, *, client: Any, bucket: str, endpoint: str) -> dict[str, Any]:
+    """Final counts at parallelism 3 over one object of four stripes (every subtask reads a part)."""
+    words = [f"w{i}" for i in range(200)]
+    rng = random.Random(13)
+    data = "".join(" ".join(rng.choices(words, k=60)) + "\n" for _ in range(3000)).encode()
+    client.put_object(bucket, "in/big.txt", io.BytesIO(data), len(data))
+    s3 = {"endpoint": endpoint, "bucket": bucket}
+    return _job(
+        "minio-final-count",
+        {
+            "sources": [{"id": "lines", "type": "s3", "config": {**s3, "prefix": "in/"}}],
+            "operators": rolling_word_count(emit="final"),
+            "sinks": [{"id": "out", "type": "s3", "config": {**s3, "prefix": "out/"}}],
+        },
+        parallelism=3,
+        checkpoint={"intervalMs": 250, "storage": {"s3": {**s3, "prefix": "cp/"}}},
+    )
+
+
 POSTGRES_TABLES = (
     "CREATE TABLE counts (key text PRIMARY KEY, value bigint NOT NULL)",
     "CREATE TABLE updates (key text NOT NULL, value bigint NOT NULL)",

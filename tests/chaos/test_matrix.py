@@ -10,7 +10,9 @@ fail: a job whose function is not deterministic is reported, exit 1.
 
 from __future__ import annotations
 
+import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -73,6 +75,29 @@ def test_chaos_cell_minio_to_minio(mode, tmp_path, etcd_server, minio_server, mi
     check(result, capsys, f"minio-to-minio / {mode}")
     staged = [o.object_name for o in minio_client.list_objects(bucket, prefix="out/", recursive=True)]
     assert staged and not [k for k in staged if "/.staging/" in k]
+
+
+def test_chaos_cell_final_counts_over_the_stripes_of_one_object(
+    tmp_path, etcd_server, minio_server, minio_client, bucket, capsys
+):
+    home = tmp_path / "job"
+    model = jobs.minio_final_count(home, client=minio_client, bucket=bucket, endpoint=minio_server.url)
+    env = {
+        "NOPSTREAM_S3_ACCESS_KEY": minio_server.access_key,
+        "NOPSTREAM_S3_SECRET_KEY": minio_server.secret_key,
+    }
+    result = chaos(jobs.prepare(home, model), tmp_path, mode="run", etcd_server=etcd_server, seed=24, env=env)
+    check(result, capsys, "minio-final-count / run")
+    assert "committed records: 200 failure-free, 200 under kills" in result.out  # one per word
+    # and each count is the object's: every line read once by one subtask, with and without kills
+    expected = Counter(minio_client.get_object(bucket, "in/big.txt").read().decode().split())
+    runs: dict[str, Counter[str]] = {}
+    for o in minio_client.list_objects(bucket, prefix="out/", recursive=True):
+        assert "/.staging/" not in o.object_name, o.object_name
+        for line in minio_client.get_object(bucket, o.object_name).read().splitlines():
+            record = json.loads(line)
+            runs.setdefault(o.object_name.split("/")[1], Counter())[record["key"]] += record["value"]
+    assert len(runs) == 2 and all(counts == expected for counts in runs.values())
 
 
 @pytest.mark.parametrize("mode", ["run"])  # the etcd mode is walked by the Kafka cells
