@@ -83,10 +83,6 @@ class S3Storage:
         """An object's bytes."""
         return self.get_range(path, 0)
 
-    def get_from(self, path: str, offset: int) -> bytes:
-        """An object's bytes from `offset` to its end (empty at or past the end)."""
-        return self.get_range(path, offset)
-
     def get_range(self, path: str, offset: int, length: int = 0, *, etag: str | None = None) -> bytes:
         """`length` bytes of an object from `offset` (0: to its end; empty at or past the end);
         with `etag`, StorageError unless the object still has that ETag."""

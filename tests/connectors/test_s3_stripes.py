@@ -5,7 +5,14 @@ through rescaled restores, and an object changed under its cursor refused or fai
 from __future__ import annotations
 
 import io
+import json
+import os
 import random
+import re
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -16,6 +23,8 @@ from nopstream.connectors import s3 as s3_connector
 from nopstream.connectors.s3 import S3Source
 from nopstream.errors import RestoreRefused, StorageError
 from nopstream.s3 import S3Storage
+from tests.chaos import jobs
+from tests.conftest import ROOT, run_nopstream
 from tests.connectors.test_file_stripes import STRIPE, checkpoint, corpus, joined, plan, read_all, read_some
 
 RULE = "an object being read must not change (docs/runtime.md)"
@@ -163,3 +172,69 @@ def test_an_object_replaced_while_it_is_read_fails_the_read(inputs, bucket):
     assert str(failed.value).startswith(
         f"s3://{bucket}/in/a.txt changed under a running job: its ETag is no longer"
     )
+
+
+def test_an_object_replaced_under_a_running_job_fails_the_run_naming_it(
+    tmp_path, inputs, minio_server, minio_client, bucket
+):
+    """A user overwrites an object while a job reads it: the run stops, naming the object and
+    the rule, and what was committed stays; a start after refuses the changed split."""
+    home = tmp_path / "job"
+    words = [f"w{i}" for i in range(50)]
+    rng = random.Random(17)
+    # 25 stripes: a subtask GETs its next stretch long after the first durable epoch
+    inputs.put("big.txt", "".join(" ".join(rng.choices(words, k=600)) + "\n" for _ in range(2700)).encode())
+    model = {
+        "jobId": "replaced",
+        "parallelism": 2,
+        "checkpoint": {"intervalMs": 200, "storage": {"local": {"path": "cp"}}},
+        "model": {
+            "sources": [{"id": "lines", "type": "s3", "config": inputs.config}],
+            "operators": jobs.rolling_word_count(emit="final"),
+            "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
+        },
+    }
+    model["model"]["operators"][0]["fn"] = "slowfns:split"
+    job = jobs.prepare(home, model)
+    # 5 ms a line: the run reads for about 7 s, a busy machine's poll below sees an epoch in it
+    (home / "slowfns.py").write_text(
+        "import time\n\ndef split(line):\n    time.sleep(0.005)\n    return line.split()\n"
+    )
+    etag = minio_client.stat_object(bucket, "in/big.txt").etag
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(home)]),
+        "NOPSTREAM_S3_ACCESS_KEY": minio_server.access_key,
+        "NOPSTREAM_S3_SECRET_KEY": minio_server.secret_key,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nopstream", "run", str(job)], cwd=home, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not any(
+            cursor
+            for manifest in home.glob("cp/checkpoint/*/*/*/_manifest.json")
+            for state in json.loads(manifest.read_text())["sources"].values()
+            for cursor in state.get("cursors", {}).values()
+        ):
+            assert time.monotonic() < deadline and proc.poll() is None, "no durable epoch began the object"
+            time.sleep(0.02)
+        inputs.put("big.txt", b"other words\n" * 60_000)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    # the reader's next GET of the replaced object fails (If-Match), and the recovery refuses it
+    assert proc.returncode == 1, err
+    assert "recovering: task replaced/main/lines/" in err
+    refusal = (
+        rf"job 'replaced' cannot restore: task replaced/main/lines/\d: split 'in/big\.txt#\d+' changed under"
+        rf" its cursor \(its ETag is not {etag}\): an object being read must not change \(docs/runtime\.md\)"
+    )
+    assert re.search(refusal, err), err
+    assert "Traceback" not in err
+    assert not list((home / "out").glob("*.jsonl"))  # final counts: nothing was due before the end
+    again = run_nopstream("run", str(job), cwd=home, env=env)
+    assert again.code == 1 and re.search(refusal, again.err), again.err
