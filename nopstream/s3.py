@@ -139,8 +139,12 @@ class S3Storage:
 
     def list(self, prefix: str) -> list[str]:
         """Every object under a prefix."""
+        return sorted(self.listing(prefix))
+
+    def listing(self, prefix: str) -> dict[str, ObjectStat]:
+        """Every object under a prefix with its size and ETag, as the listing gives them (no HEAD each)."""
         objects = self.client.list_objects(self.bucket, prefix=self.prefix + prefix, recursive=True)
-        return sorted(o.object_name[len(self.prefix) :] for o in objects)
+        return {o.object_name[len(self.prefix) :]: ObjectStat(int(o.size or 0), str(o.etag)) for o in objects}
 
     def delete(self, path: str) -> None:
         """Remove an object."""

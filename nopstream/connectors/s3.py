@@ -87,15 +87,21 @@ class BucketObjects:
         """The objects of `store` under `prefix`."""
         self.store = store
         self.prefix = prefix
+        self._listed: dict[str, ObjectStat] = {}
         self._opened: dict[str, _Ranged] = {}
 
     def names(self) -> list[str]:
         """Every object under the prefix now, in key order."""
-        return self.store.list(self.prefix)
+        self._listed = self.store.listing(self.prefix)
+        return sorted(self._listed)
 
     def open(self, name: str) -> BinaryIO:
-        """The object as it is now, read `READ_BYTES` at most at a time (once replaced, a read fails)."""
-        found = self.store.stat(name)
+        """The object as listed, read `READ_BYTES` at most at a time (once replaced, a read fails).
+
+        No request: the listing gave its size and ETag, so a subtask that owns no stripe
+        of a small object costs the store nothing for it.
+        """
+        found = self._listed.get(name) or self.store.stat(name)
         if found is None:
             raise StorageError(f"{self.store.describe()}/{name} is missing")
         raw = self._opened[name] = _Ranged(self.store, name, found)

@@ -90,6 +90,28 @@ def test_each_subtask_fetches_its_share_of_an_object_a_bounded_range_at_a_time(i
         assert got <= read + 2 * s3_connector.READ_BYTES, shares  # its own stripes, not the object
 
 
+def test_many_small_objects_cost_one_get_each_and_no_head(inputs, monkeypatch):
+    """30 objects of one stripe each over three subtasks: the listing gives sizes and ETags,
+    so each object is fetched once, by the subtask that owns it, and nothing is HEADed."""
+    expected = []
+    for i in range(30):
+        lines = [f"o{i}-{j}" for j in range(100)]
+        inputs.put(f"{i:02d}.txt", ("\n".join(lines) + "\n").encode())
+        expected += lines
+    calls: Counter[str] = Counter()
+    for method in ("get_range", "stat"):
+        original = getattr(S3Storage, method)
+
+        def counted(self, *args, _original=original, _method=method, **kwargs):
+            calls[_method] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(S3Storage, method, counted)
+    got = [line for i in range(3) for line in read_all(inputs.source(i, 3))]
+    assert Counter(got) == Counter(expected)
+    assert calls == Counter({"get_range": 30}), calls
+
+
 @pytest.mark.parametrize(("before", "after"), [(3, 5), (4, 2)])
 def test_a_restore_from_every_subtasks_snapshots_reads_each_stripe_of_the_objects_once(
     tmp_path, inputs, before, after
