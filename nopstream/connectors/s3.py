@@ -95,8 +95,9 @@ class BucketObjects:
         self._listed = self.store.listing(self.prefix)
         return sorted(self._listed)
 
-    def open(self, name: str) -> BinaryIO:
-        """The object as listed, read `READ_BYTES` at most at a time (once replaced, a read fails).
+    def open(self, name: str, identity: Any) -> BinaryIO:
+        """The object as listed, read `READ_BYTES` at most at a time, each read only while its
+        ETag is `identity` (the one it had when begun) or, for one not begun, the listed one.
 
         No request: the listing gave its size and ETag, so a subtask that owns no stripe
         of a small object costs the store nothing for it.
@@ -104,6 +105,8 @@ class BucketObjects:
         found = self._listed.get(name) or self.store.stat(name)
         if found is None:
             raise StorageError(f"{self.store.describe()}/{name} is missing")
+        if identity is not None:
+            found = ObjectStat(found.size, str(identity))
         raw = self._opened[name] = _Ranged(self.store, name, found)
         return cast(BinaryIO, io.BufferedReader(raw, buffer_size=READ_BYTES))
 

@@ -41,8 +41,9 @@ class Objects(Protocol):
         """Every object visible now, in name order."""
         ...
 
-    def open(self, name: str) -> BinaryIO:
-        """An object opened for reading: seekable, buffered."""
+    def open(self, name: str, identity: Any) -> BinaryIO:
+        """An object opened for reading: seekable, buffered; RuntimeError when it is no longer
+        `identity` (the identity it had when begun; None for one not begun)."""
         ...
 
     def size(self, name: str, handle: BinaryIO) -> int:
@@ -142,7 +143,7 @@ class StripedSource:
 
     def _open(self, name: str) -> None:
         """Open an object and plan the stretches of this subtask's unread stripes in it."""
-        self._current = self.objects.open(name)
+        self._current = self.objects.open(name, self.identities.get(name))
         self._current_name = name
         size = self.objects.size(name, self._current)
         done = self.done.get(name, set())

@@ -209,3 +209,19 @@ def test_a_begun_stripe_whose_file_shrank_is_refused_naming_it(tmp_path):
         f"split '{split}' changed under its cursor: the file has {cursor // 2} bytes, the cursor is at"
         f" byte {cursor}: a file being read must not shrink or be replaced (docs/runtime.md)"
     )
+
+
+def test_a_file_replaced_between_a_restore_and_its_first_read_fails_the_read(tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_text("".join(f"{i:08d}\n" for i in range(100_000)))
+    source = FileSource({"path": str(tmp_path / "*.txt")}, subtask=0, parallelism=2)
+    for _ in range(3):
+        source.read(1000)
+    state = orjson.loads(orjson.dumps(source.snapshot()))
+    source.close()
+    again = FileSource({"path": str(tmp_path / "*.txt")}, subtask=0, parallelism=2)
+    again.restore(state)  # the file is still the one begun
+    path.write_text("".join(f"{i + 1:08d}\n" for i in range(100_000)))
+    with pytest.raises(RuntimeError) as failed:
+        again.read(10)
+    assert str(failed.value) == f"file '{path}' changed under a running job: its first 4096 bytes differ"

@@ -260,3 +260,17 @@ def test_an_object_replaced_under_a_running_job_fails_the_run_naming_it(
     assert not list((home / "out").glob("*.jsonl"))  # final counts: nothing was due before the end
     again = run_nopstream("run", str(job), cwd=home, env=env)
     assert again.code == 1 and re.search(refusal, again.err), again.err
+
+
+def test_an_object_replaced_between_a_restore_and_its_first_read_fails_the_read(inputs, bucket):
+    state, _, _ = begun(inputs)
+    source = inputs.source(0, 2)
+    source.restore(state)  # the object is still the one begun
+    inputs.put("a.txt", b"".join(b"%08d\n" % (i + 3) for i in range(1_000_000)))
+    with pytest.raises(StorageError) as failed:
+        source.read(10)
+    etag = state["etags"]["in/a.txt"]
+    assert (
+        str(failed.value)
+        == f"s3://{bucket}/in/a.txt changed under a running job: its ETag is no longer {etag}"
+    )
