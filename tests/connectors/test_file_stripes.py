@@ -192,15 +192,21 @@ def test_a_checkpoint_with_other_stripes_is_refused(tmp_path):
     )
 
 
-def test_a_begun_stripe_whose_file_shrank_is_refused_naming_it(tmp_path):
+def begun_file(tmp_path: Path) -> tuple[Path, dict]:
+    """A file of 100,000 lines and a subtask's snapshot that has begun it."""
     path = tmp_path / "a.txt"
     path.write_text("".join(f"{i:08d}\n" for i in range(100_000)))
     source = FileSource({"path": str(tmp_path / "*.txt")}, subtask=0, parallelism=2)
     for _ in range(3):
         source.read(1000)
     state = orjson.loads(orjson.dumps(source.snapshot()))
-    ((split, cursor),) = state["cursors"].items()
     source.close()
+    return path, state
+
+
+def test_a_begun_stripe_whose_file_shrank_is_refused_naming_it(tmp_path):
+    path, state = begun_file(tmp_path)
+    ((split, cursor),) = state["cursors"].items()
     path.write_text(path.read_text()[: cursor // 2])
     again = FileSource({"path": str(tmp_path / "*.txt")}, subtask=0, parallelism=2)
     with pytest.raises(RestoreRefused) as refused:
@@ -212,13 +218,7 @@ def test_a_begun_stripe_whose_file_shrank_is_refused_naming_it(tmp_path):
 
 
 def test_a_file_replaced_between_a_restore_and_its_first_read_fails_the_read(tmp_path):
-    path = tmp_path / "a.txt"
-    path.write_text("".join(f"{i:08d}\n" for i in range(100_000)))
-    source = FileSource({"path": str(tmp_path / "*.txt")}, subtask=0, parallelism=2)
-    for _ in range(3):
-        source.read(1000)
-    state = orjson.loads(orjson.dumps(source.snapshot()))
-    source.close()
+    path, state = begun_file(tmp_path)
     again = FileSource({"path": str(tmp_path / "*.txt")}, subtask=0, parallelism=2)
     again.restore(state)  # the file is still the one begun
     path.write_text("".join(f"{i + 1:08d}\n" for i in range(100_000)))
