@@ -47,7 +47,7 @@ class LocalFiles:
     def open(self, name: str, identity: Any) -> BinaryIO:
         """The file, opened for reading; RuntimeError when its head is not `identity`'s."""
         f = open(name, "rb")  # noqa: SIM115 (handed to the reader, which closes it)
-        if identity is not None and hashlib.sha256(f.read(int(identity[0]))).hexdigest() != identity[1]:
+        if identity is not None and _head_differs(f, identity):
             f.close()
             raise RuntimeError(
                 f"file '{name}' changed under a running job: its first {identity[0]} bytes differ"
@@ -60,8 +60,9 @@ class LocalFiles:
 
     def identity(self, name: str) -> list[Any]:
         """[bytes hashed, sha256 of them] of the file's head."""
-        n = min(os.stat(name).st_size, _HEAD)
-        return [n, _head_hash(name, n)]
+        with open(name, "rb") as f:
+            n = min(os.fstat(f.fileno()).st_size, _HEAD)
+            return [n, _head_hash(f, n)]
 
     def reading_to(self, name: str, end: int) -> None:
         """Nothing: a file is read through the page cache."""
@@ -78,7 +79,9 @@ class LocalFiles:
                 f"split '{split}' changed under its cursor: the file has {size} bytes, the cursor is at"
                 f" byte {cursor}: {rule}"
             )
-        if identity is not None and _head_hash(name, int(identity[0])) != identity[1]:
+        with open(name, "rb") as f:
+            differs = identity is not None and _head_differs(f, identity)
+        if differs:
             raise RestoreRefused(
                 f"split '{split}' changed under its cursor: its file's first {identity[0]} bytes differ:"
                 f" {rule}"
@@ -201,9 +204,15 @@ def committed_records(config: FileSinkConfig | dict[str, Any]) -> list[Any]:
     return [r for p in paths for r in line_format.decode(p.read_bytes().splitlines(), jsonl=jsonl)]
 
 
-def _head_hash(path: str, n: int) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read(n)).hexdigest()
+def _head_hash(f: BinaryIO, n: int) -> str:
+    """The sha256 of an open file's first `n` bytes (it is left positioned after them)."""
+    f.seek(0)
+    return hashlib.sha256(f.read(n)).hexdigest()
+
+
+def _head_differs(f: BinaryIO, identity: Any) -> bool:
+    """Whether an open file's head is not the one `identity` ([bytes hashed, their sha256]) names."""
+    return _head_hash(f, int(identity[0])) != str(identity[1])
 
 
 def _fsync_dir(path: Path) -> None:
