@@ -23,9 +23,14 @@ class Topics:
         self.admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
 
     def create(self, name: str, partitions: int = 1) -> str:
-        """A new topic named after the test; its full name."""
+        """A new topic named after the test, whose records are never deleted for their age; its full name."""
         topic = f"{self.prefix}-{name}-{secrets.token_hex(3)}"
-        for future in self.admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        # Tests stamp records near 1970, far past the default 7 days of retention: the broker
+        # deleted the segments it had rolled at its next retention check (seen: a partition of
+        # 20,000 records beginning at offset 3,109; a window count getting half its input, then
+        # none, in CI dry runs). Records must stay for as long as a test reads them.
+        keep = {"retention.ms": "-1"}
+        for future in self.admin.create_topics([NewTopic(topic, partitions, 1, config=keep)]).values():
             future.result(30)
         return topic
 
@@ -66,8 +71,7 @@ class Topics:
                 except BufferError:  # the local queue is full: let it send
                     producer.poll(0.05)
         # in the log before an abort, so that readers have aborted records to skip; and all of it:
-        # a CI dry run once counted about one partition's records short, and a flush that
-        # timed out would have lost them here without a word
+        # a flush that timed out would lose records here without a word
         left = producer.flush(120)
         if left or failed:
             raise RuntimeError(f"test producer: {left} records not sent, {len(failed)} failed: {failed[:3]}")
