@@ -79,8 +79,10 @@ class LocalFiles:
                 f"split '{split}' changed under its cursor: the file has {size} bytes, the cursor is at"
                 f" byte {cursor}: {rule}"
             )
+        if identity is None:
+            return
         with open(name, "rb") as f:
-            differs = identity is not None and _head_differs(f, identity)
+            differs = _head_differs(f, identity)
         if differs:
             raise RestoreRefused(
                 f"split '{split}' changed under its cursor: its file's first {identity[0]} bytes differ:"

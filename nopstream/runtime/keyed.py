@@ -80,7 +80,7 @@ class ShardCache:
     def __init__(self, shard_count: int) -> None:
         """A cache for `shard_count` shards."""
         self.shard_count = shard_count
-        self.known: dict[Any, int] = {}  # hot loops may read it directly before calling shard()
+        self.known: dict[Any, int] = {}  # key -> shard; `shards` reads it a whole batch at a time
 
     def shard(self, key: Any) -> int:
         """The shard of a key."""

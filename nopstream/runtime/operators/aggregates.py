@@ -152,10 +152,10 @@ class Aggregate(PerKey):
         key_fn, table, shard = self.key_fn, self.table, self.shard
         if self.final and self.count_fast:
             # count each key of the batch once (Counter runs in C), then touch its state once
-            known = self.ctx.shard_cache.known
-            for k, n in Counter(self.keys_of(batch.records)).items():
-                s = known.get(k)
-                d = table[shard(k) if s is None else s]
+            counts = Counter(self.keys_of(batch.records))
+            keys = list(counts)
+            for k, s, n in zip(keys, self.ctx.shard_cache.shards(keys), counts.values(), strict=True):
+                d = table[s]
                 d[k] = d.get(k, 0) + n
             return empty_like(batch)
         agg, out = self.agg, []
