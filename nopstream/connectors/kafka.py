@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -91,12 +92,19 @@ class KafkaSource:
     """Reads the partitions of one source subtask."""
 
     def __init__(
-        self, config: dict[str, Any], *, subtask: int, parallelism: int, idle_timeout_ms: int | None = None
+        self,
+        config: dict[str, Any],
+        *,
+        subtask: int,
+        parallelism: int,
+        idle_timeout_ms: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """Find this subtask's partitions and where a fresh job starts on them; a partition with no
-        record for `idle_timeout_ms` (the watermark's) no longer holds event time back."""
+        record for `idle_timeout_ms` (the watermark's) by `clock` no longer holds event time back."""
         self.config = KafkaSourceConfig.model_validate(config)
         self.idle_timeout_ms = idle_timeout_ms
+        self._clock = clock
         self.subtask = subtask
         self.parallelism = parallelism
         self._pattern = re.compile(self.config.topic_pattern) if self.config.topic_pattern else None
@@ -107,7 +115,7 @@ class KafkaSource:
         self.ends: dict[Split, int] | None = {} if self.config.bounded else None
         self.event_times: dict[Split, int] = {}  # the highest timestamp read per partition
         self._last_read: dict[Split, float] = {}
-        self._discovered_at = self._started = time.monotonic()
+        self._discovered_at = self._started = clock()
         for split in self._splits():
             self.cursors[split] = self._start_offset(split)
             if self.ends is not None:
@@ -162,9 +170,9 @@ class KafkaSource:
         interval = self.config.discovery_interval_ms
         if interval is None or self.ends is not None:
             return
-        if time.monotonic() - self._discovered_at < interval / 1000:
+        if self._clock() - self._discovered_at < interval / 1000:
             return
-        self._discovered_at = time.monotonic()
+        self._discovered_at = self._clock()
         new = [s for s in self._splits() if s not in self.cursors]
         for split in new:
             self.cursors[split] = self._watermarks(split)[0]
@@ -191,7 +199,7 @@ class KafkaSource:
             stamps.append(_timestamp(m))
             self.cursors[split] = offset + 1
             self.event_times[split] = max(self.event_times.get(split, stamps[-1]), stamps[-1])
-            self._last_read[split] = time.monotonic()
+            self._last_read[split] = self._clock()
         if self.ends is not None:
             self._settle_positions()
         return Batch(records, stamps)
@@ -207,7 +215,7 @@ class KafkaSource:
 
     def event_time_floor(self) -> int | None:
         """The lowest highest-timestamp over the partitions still read and not idle (`SplitEventTime`)."""
-        now = time.monotonic()
+        now = self._clock()
         idle = self.idle_timeout_ms
         active = [
             s
