@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import time
 from collections import Counter
 from typing import Any
 
@@ -32,7 +33,24 @@ class Topics:
         keep = {"retention.ms": "-1"}
         for future in self.admin.create_topics([NewTopic(topic, partitions, 1, config=keep)]).values():
             future.result(30)
+        self._wait_until_served(topic, partitions)
         return topic
+
+    def _wait_until_served(self, topic: str, partitions: int) -> None:
+        """Until the broker's metadata shows every partition of `topic` with a leader.
+
+        A created topic is committed by the controller before the broker serves it: a
+        client asking at once was told it does not exist (a CI dry run's sink refused to
+        start so)."""
+        deadline = time.monotonic() + 30
+        while True:
+            found = self.admin.list_topics(topic, timeout=10).topics.get(topic)
+            leaders = [] if found is None or found.error else [p.leader for p in found.partitions.values()]
+            if len(leaders) == partitions and min(leaders) >= 0:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topic {topic} is not served 30 s after it was created")
+            time.sleep(0.05)
 
     def produce(
         self,
