@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
 import signal
@@ -64,12 +65,17 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
     if pid:
         os.close(out)
         return TaskProcess(settings.task_id, pid, log)
+    # Everything inherited is the runner's: the child's collector must never free it. A
+    # client library's object freed here acts on threads that exist only in the runner
+    # (a Kafka consumer so freed segfaults: librdkafka is not fork-safe).
+    gc.freeze()
     code = 1
     try:
         die_with_parent()
         for fd in close_fds:
             os.close(fd)
         os.dup2(out, 2)
+        sys.stderr = sys.__stderr__  # fd 2, even where the runner's caller had replaced sys.stderr
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)

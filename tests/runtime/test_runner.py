@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import json
+import os
 import shutil
 import textwrap
 
@@ -13,7 +15,7 @@ from nopstream.local import runner
 from nopstream.model.load import load_data
 from nopstream.plan import compiler
 from tests.conftest import ROOT, run_nopstream
-from tests.runtime.conftest import run_job
+from tests.runtime.conftest import read_outputs, run_job
 
 
 @pytest.mark.parametrize("mode", ["processes", "in-process"])
@@ -105,3 +107,43 @@ def test_status_lists_durable_epochs_and_the_latest_manifest(tmp_path):
     assert missing.code == 1 and missing.err == (
         "nowhere: no such file or directory (give a job's file or a checkpoint directory)\n"
     )
+
+
+def test_a_task_process_never_frees_what_it_inherited_from_the_runner(tmp_path, monkeypatch):
+    """A forked task may free only what it made itself. A CI run printed a task process's
+    segfault: a task's collector freed a Kafka consumer the runner's process had left as
+    garbage, and librdkafka is not fork-safe (reproduced alone: a forked child collecting such
+    a consumer dies of SIGSEGV). Here the runner's process holds garbage whose finalizer
+    records the process that runs it, and the job's own function runs a full collection."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "collecting.py").write_text(
+        "import gc\n\ndef collect(r):\n    if r == 0:\n        gc.collect()\n    return r\n"
+    )
+    model = {
+        "jobId": "inherited",
+        "model": {
+            "sources": [{"id": "src", "type": "generator", "config": {"count": 300}}],
+            "operators": [{"id": "gc", "type": "map", "inputs": ["src"], "fn": "collecting:collect"}],
+            "sinks": [{"id": "out", "type": "file", "inputs": ["gc"], "config": {"path": "out"}}],
+        },
+    }
+    plans = compiler.compile_model(load_data(model), backend="local")
+    options = runner.RunOptions(quiet=True, python_path=(str(tmp_path),), max_restarts=0)
+    freed_in = tmp_path / "freed-in"
+
+    class Inherited:
+        def __del__(self) -> None:
+            with freed_in.open("a") as f:
+                f.write(f"{os.getpid()}\n")
+
+    gc.disable()  # until the tasks are forked, the garbage below stays in this process
+    try:
+        garbage = Inherited()
+        garbage.itself = garbage  # type: ignore[attr-defined]  # only the cyclic collector frees it
+        del garbage
+        runner.run_job(plans, options)
+    finally:
+        gc.enable()
+        gc.collect()
+    assert sorted(read_outputs(tmp_path / "out")) == list(range(300))
+    assert freed_in.read_text().split() == [str(os.getpid())]  # here, never in a task
