@@ -110,11 +110,11 @@ def test_status_lists_durable_epochs_and_the_latest_manifest(tmp_path):
 
 
 def test_a_task_process_never_frees_what_it_inherited_from_the_runner(tmp_path, monkeypatch):
-    """A forked task may free only what it made itself. A CI run printed a task process's
-    segfault: a task's collector freed a Kafka consumer the runner's process had left as
-    garbage, and librdkafka is not fork-safe (reproduced alone: a forked child collecting such
-    a consumer dies of SIGSEGV). Here the runner's process holds garbage whose finalizer
-    records the process that runs it, and the job's own function runs a full collection."""
+    """A forked task may free only what it made itself. A forked child that collects a Kafka
+    consumer its parent left as garbage dies of SIGSEGV (librdkafka is not fork-safe:
+    reproduced alone), and a CI run printed a fatal-signal dump of that shape from a process
+    forked by a test worker. Here the runner's process holds garbage whose finalizer records
+    the process that runs it, and the job's own function runs a full collection in the task."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "collecting.py").write_text(
         "import gc\n\ndef collect(r):\n    if r == 0:\n        gc.collect()\n    return r\n"
