@@ -11,12 +11,11 @@ import argparse
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from nopstream import stacks
-from nopstream.model.connectors import SINK_TYPES, FileSinkConfig, S3SinkConfig
+from nopstream import safefiles, stacks
 from nopstream.model.errors import ModelError
 from nopstream.model.load import LoadedModel, load_file
 from nopstream.plan import compiler
@@ -39,19 +38,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.add_argument("--in-process", action="store_true", help="all tasks in this process over local queues")
     p.add_argument("--quiet", action="store_true", help="no progress line")
-    p.add_argument("--workdir", default=".nopstream", help="run files and logs (default .nopstream)")
+    p.add_argument(
+        "--workdir", type=_directory, default=".nopstream", help="run files and logs (default .nopstream)"
+    )
     p.add_argument(
         "--restore-from",
-        type=int,
+        type=_at_least(1),
         metavar="EPOCH",
         help="start a new lineage from this durable epoch (default: go on from the latest)",
     )
     p.add_argument("--fresh", action="store_true", help="start over: a new lineage that restores nothing")
     p.add_argument(
-        "--max-restarts", type=int, default=10, help="global recoveries before failing (default 10)"
+        "--max-restarts", type=_at_least(0), default=10, help="global recoveries before failing (default 10)"
     )
     p.add_argument(
         "--etcd",
+        type=_host_port,
         metavar="HOST:PORT",
         help="coordinate through this etcd server: coordinator and task processes as on Kubernetes",
     )
@@ -59,15 +61,22 @@ def _parser() -> argparse.ArgumentParser:
         "chaos", help="run a job clean, then under random SIGKILLs; compare the committed outputs exactly"
     )
     p.add_argument("file")
-    p.add_argument("--kills", type=int, default=10, help="SIGKILLs in the run under faults (default 10)")
+    p.add_argument(
+        "--kills", type=_at_least(1), default=10, help="SIGKILLs in the run under faults (default 10)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the kill moments and victims (default 0)")
-    p.add_argument("--etcd", metavar="HOST:PORT", help="run the job as `nopstream run --etcd` does")
+    p.add_argument(
+        "--etcd", type=_host_port, metavar="HOST:PORT", help="run the job as `nopstream run --etcd` does"
+    )
     p.add_argument(
         "--workdir",
+        type=_directory,
         default=".nopstream/chaos",
         help="checkpoints and outputs of both runs (default .nopstream/chaos)",
     )
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds each run may take (default 600)")
+    p.add_argument(
+        "--timeout", type=_positive_seconds, default=600.0, help="seconds each run may take (default 600)"
+    )
     sub.add_parser(
         "task", help="run one task of a cluster job (identity and plan from NOPSTREAM_* variables)"
     )
@@ -109,12 +118,59 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `low`."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+        if number < low:
+            raise argparse.ArgumentTypeError(f"{number} is below {low}")
+        return number
+
+    return parse
+
+
+def _positive_seconds(value: str) -> float:
+    """An argparse type: a number of seconds above 0."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} is not a number of seconds above 0")
+    return seconds
+
+
+def _host_port(value: str) -> str:
+    """An argparse type: HOST:PORT with a port from 1 to 65535."""
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT (a port from 1 to 65535)")
+    return value
+
+
+def _directory(value: str) -> str:
+    """An argparse type: a directory path, not empty."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty path is not a directory")
+    return value
+
+
 def _coordinator_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--workdir", default=".nopstream", help="run files of `nopstream run` (default .nopstream)"
+        "--workdir",
+        type=_directory,
+        default=".nopstream",
+        help="run files of `nopstream run` (default .nopstream)",
     )
     p.add_argument(
-        "--etcd", metavar="HOST:PORT", help="the job runs with --etcd: ask its leading coordinator"
+        "--etcd",
+        type=_host_port,
+        metavar="HOST:PORT",
+        help="the job runs with --etcd: ask its leading coordinator",
     )
     p.add_argument(
         "--secret-file",
@@ -234,7 +290,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except NamespaceHeld as held:
         print(f"job '{job}' cannot run: {held}", file=sys.stderr)
         return EXIT_INVALID
-    except StorageError as err:
+    except (StorageError, safefiles.UnsafePath) as err:
         print(f"job '{job}' cannot start: {err}", file=sys.stderr)
         return EXIT_JOB_FAILED
     except runner.JobFailed as failure:
@@ -260,13 +316,10 @@ def _sinks(plans: compiler.CompiledPlans) -> list[str]:
 
 def sink_location(plans: compiler.CompiledPlans, sink_id: str) -> str:
     """Where a sink's output goes, in words."""
+    from nopstream.local import ownership
+
     node = plans.partitioned.operators()[sink_id]
-    config = SINK_TYPES[node.type].config.model_validate(node.spec.get("config", {}))
-    if isinstance(config, FileSinkConfig):
-        return str(Path(config.path).resolve())
-    if isinstance(config, S3SinkConfig):
-        return f"s3://{config.bucket}/{config.prefix}"
-    return node.type
+    return ownership.sink_location(node) or node.type
 
 
 def cmd_node(args: argparse.Namespace) -> int:
@@ -468,12 +521,16 @@ def _storage_status(root: Path) -> int:
     """Print each job's durable epochs and its latest manifest; exit 1 when DIR has none or one is refused."""
     from nopstream.checkpoint import catalog, lineage
     from nopstream.checkpoint.storage import LocalStorage
-    from nopstream.errors import RestoreRefused
+    from nopstream.errors import RestoreRefused, StorageError
 
     if not (root / "checkpoint").is_dir():
         print(f"{root}: no checkpoints here (expected {root / 'checkpoint'})", file=sys.stderr)
         return EXIT_INVALID
-    storage = LocalStorage(root)
+    try:
+        storage = LocalStorage(root)
+    except StorageError as err:
+        print(f"{root}: {err}", file=sys.stderr)
+        return EXIT_INVALID
     namespaces = sorted({"/".join(Path(p).parts[1:3]) for p in storage.list("checkpoint/")})
     code = EXIT_OK
     for ns in namespaces:
@@ -554,6 +611,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _COMMANDS[args.command](args)
     except ModelError as err:
         return _fail(err)
+    except safefiles.UnsafePath as err:
+        print(f"nopstream {args.command}: {err}", file=sys.stderr)
+        return EXIT_JOB_FAILED
     except BrokenPipeError:
         return EXIT_OK
     except KeyboardInterrupt:
@@ -568,19 +628,20 @@ _LOGGED_COMMANDS = frozenset({"task", "coordinator", "operator"})
 
 
 def _internal_error(command: str, exc: Exception) -> int:
-    """Say that an unexpected error is ours, and where its traceback is."""
-    import tempfile
+    """Say that an unexpected error is ours, and where its traceback is (a new file of this user's)."""
     import time
     import traceback
 
-    path = (
-        Path(tempfile.gettempdir())
-        / f"nopstream-internal-error-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
-    )
-    path.write_text("".join(traceback.format_exception(exc)))
+    text = "".join(traceback.format_exception(exc))
+    try:
+        path = safefiles.user_dir() / f"internal-error-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
+        safefiles.replace_file(path, text.encode())
+        where = f"the traceback is in {path}"
+    except OSError:  # no private place to keep it: the traceback goes with the message
+        where = f"its traceback:\n{text}"
     print(
-        f"nopstream {command}: internal error: {type(exc).__name__}: {exc} (this is a bug of nopstream;"
-        f" the traceback is in {path})",
+        f"nopstream {command}: internal error: {type(exc).__name__}: {exc}"
+        f" (this is a bug of nopstream; {where})",
         file=sys.stderr,
     )
     return EXIT_INTERNAL

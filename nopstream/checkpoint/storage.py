@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
+from nopstream import safefiles
 from nopstream.errors import StorageError
 
 
@@ -56,12 +57,12 @@ class LocalStorage:
     """A directory on this machine."""
 
     def __init__(self, root: str | Path) -> None:
-        """Store under `root` (created when missing)."""
+        """Store under `root` (created when missing); StorageError when it is not trusted (`safefiles`)."""
         self.root = Path(root)
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StorageError(f"cannot use {self.root} for checkpoints: {exc.strerror or exc}") from None
+            safefiles.trusted_dir(self.root, what="the checkpoint directory")
+        except safefiles.UnsafePath as exc:
+            raise StorageError(str(exc)) from None
 
     def _file(self, path: str) -> Path:
         if path.startswith("/") or ".." in path.split("/"):

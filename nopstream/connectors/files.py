@@ -11,6 +11,8 @@ split (never skipped), and a file that shrinks under a running job fails the run
 
 Sink (STAGED_ATOMIC_COMMIT): per sink subtask, one staged file per epoch, linked
 into place when the epoch is committed, never over another file (see `FileSink`).
+Its directory must be trusted and its staging directory is private
+(`safefiles`): a name another local user planted is never written through.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from nopstream import safefiles
 from nopstream.connectors import lines as line_format
 from nopstream.connectors.staged import ObjectSink, OutputConflict, SinkName
 from nopstream.connectors.striped import StripedSource
-from nopstream.errors import RestoreRefused
+from nopstream.errors import RestoreRefused, StartRefused
 from nopstream.model.connectors import FileSinkConfig, FileSourceConfig
 from nopstream.records import Batch
 
@@ -122,7 +125,11 @@ class FileSink(ObjectSink):
         super().__init__(name)
         self.dir = Path(c.path)
         self.staging = self.dir / ".staging"
-        self.staging.mkdir(parents=True, exist_ok=True)
+        try:
+            safefiles.trusted_dir(self.dir, what="the file sink's directory")
+            safefiles.private_dir(self.staging, what="the file sink's staging directory")
+        except safefiles.UnsafePath as unsafe:
+            raise StartRefused(str(unsafe)) from None
         self.jsonl = self.ext == "jsonl"
         self._file: Any = None
         self._file_epoch = 0  # the epoch the open transaction's staged file is named for
@@ -134,8 +141,13 @@ class FileSink(ObjectSink):
     def write(self, batch: Batch) -> None:
         """Append the batch to the open transaction's staged file (created fresh for a new one)."""
         if self._file is None:
-            fresh = self._created != self.epoch
-            self._file = open(self._staged(self.epoch), "wb" if fresh else "ab")  # noqa: SIM115 (open until pre-commit)
+            staged = self._staged(self.epoch)
+            if self._created != self.epoch:  # a new transaction: a new file, whatever was at its name
+                staged.unlink(missing_ok=True)
+                fd = safefiles.create_new(staged, mode=0o644)
+            else:
+                fd = os.open(staged, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+            self._file = os.fdopen(fd, "wb")
             self._file_epoch = self._created = self.epoch
         self._file.write(line_format.encode(batch.records, jsonl=self.jsonl))
         self.records += len(batch.records)
@@ -165,7 +177,7 @@ class FileSink(ObjectSink):
         except FileExistsError:
             if not staged.exists():
                 return  # published before
-            if not os.path.samefile(staged, final):
+            if not _same_file(staged, final):
                 raise OutputConflict(
                     f"refusing to replace committed output {final}: it is not transaction"
                     f" {self.txn_prefix}:{epoch}"
@@ -215,6 +227,12 @@ def _head_hash(f: BinaryIO, n: int) -> str:
 def _head_differs(f: BinaryIO, identity: Any) -> bool:
     """Whether an open file's head is not the one `identity` ([bytes hashed, their sha256]) names."""
     return _head_hash(f, int(identity[0])) != str(identity[1])
+
+
+def _same_file(staged: Path, final: Path) -> bool:
+    """Whether `final` is the staged file itself, not a link planted at its name."""
+    a, b = os.lstat(staged), os.lstat(final)
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _fsync_dir(path: Path) -> None:

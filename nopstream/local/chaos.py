@@ -32,7 +32,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from nopstream import stacks
+from nopstream import safefiles, stacks
 from nopstream.connectors import files, kafka, postgres
 from nopstream.connectors import s3 as s3_connector
 
@@ -109,7 +109,7 @@ def _run(
     job_file: Path, raw: dict[str, Any], home: Path, tag: str, settings: ChaosSettings, *, kills: int
 ) -> Outcome:
     """One run of the job with its own checkpoints and outputs, started again after each whole-runner kill."""
-    home.mkdir(parents=True, exist_ok=True)
+    safefiles.trusted_dir(home, what="the chaos work directory")
     job = _isolated(raw, home, tag)
     _create_outputs(raw, job)
     path = home / "job.yaml"

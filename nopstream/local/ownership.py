@@ -1,4 +1,4 @@
-"""One running job per checkpoint namespace: the lock `nopstream run` holds while it runs.
+"""One running job per checkpoint namespace and per sink output: the locks `nopstream run` holds.
 
 A lock file per (storage, namespace), held with `flock` for the whole command, so a
 second `nopstream run` of the same namespace is refused at once, naming the holder,
@@ -6,8 +6,17 @@ before it touches anything. The kernel releases the lock when the holder dies, e
 by SIGKILL, so a crashed run never leaves a stale lock behind. For local checkpoint
 storage the lock file lives in the storage directory (`locks/`, beside
 `checkpoint/`), so every run using that directory is excluded, whatever its working
-directory; for S3 storage it lives in this machine's temporary directory, so runs on
-one machine are excluded (with `--etcd` the job's lease excludes the others).
+directory; for S3 storage it lives in this user's private directory
+(`safefiles.user_dir`), so this user's runs on one machine are excluded (with `--etcd`
+the job's lease excludes the others). Lock files are never opened through a link nor
+when another user owns them, so nobody else can hold a job back or have us write
+through their file (`safefiles.open_lock`).
+
+Each sink output (a file sink's resolved directory, an S3 prefix, a Kafka topic, a
+PostgreSQL table, with the job, pipeline and sink id) is locked the same way in this
+user's private directory: the names a sink writes carry the job's identity, not its
+checkpoint storage, so two runs of one job with two storages would write over each
+other's staged and committed output.
 """
 
 from __future__ import annotations
@@ -17,15 +26,18 @@ import datetime
 import fcntl
 import hashlib
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from nopstream import safefiles
 from nopstream.checkpoint.storage import LocalStorage, Storage
+from nopstream.model.connectors import SINK_TYPES, FileSinkConfig
+from nopstream.plan.partitioned import PartitionedPlan
+from nopstream.plan.streamgraph import StreamNode
 
 
 class NamespaceHeld(RuntimeError):
-    """Another run holds the checkpoint namespace; the message names it."""
+    """Another run holds the checkpoint namespace or a sink's output; the message names it and its holder."""
 
 
 def lock_path(storage: Storage, namespace: str) -> Path:
@@ -33,24 +45,67 @@ def lock_path(storage: Storage, namespace: str) -> Path:
     digest = hashlib.sha256(f"{storage.describe()}\0{namespace}".encode()).hexdigest()[:24]
     if isinstance(storage, LocalStorage):
         return storage.root / "locks" / f"{digest}.lock"
-    return Path(tempfile.gettempdir()) / "nopstream-locks" / f"{digest}.lock"
+    return safefiles.user_dir() / "locks" / f"{digest}.lock"
+
+
+def sink_location(node: StreamNode) -> str | None:
+    """Where a sink node writes (a file sink's directory resolved); None when it has no place of its own."""
+    config = SINK_TYPES[node.type].config.model_validate(node.spec.get("config", {}))
+    if isinstance(config, FileSinkConfig):
+        return str(Path(config.path).resolve())
+    return config.location()
+
+
+def _sink_outputs(plan: PartitionedPlan) -> list[tuple[str, Path]]:
+    """(what, lock file) of every sink output of the job: its place and the job's identity in it."""
+    ident = plan.identity
+    outputs = []
+    for node in plan.operators().values():
+        where = sink_location(node) if node.kind == "sink" else None
+        if where is not None:
+            key = f"{where}\0{ident.job_id}\0{ident.pipeline_id}\0{node.node_id}"
+            digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+            outputs.append(
+                (f"sink '{node.node_id}' output {where}", safefiles.user_dir() / "locks" / f"{digest}.lock")
+            )
+    return outputs
 
 
 @contextlib.contextmanager
-def hold(storage: Storage, namespace: str, *, holder: str) -> Iterator[None]:
-    """Hold the namespace while the block runs; NamespaceHeld when another process holds it."""
-    path = lock_path(storage, namespace)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+def hold(storage: Storage, plan: PartitionedPlan, *, holder: str) -> Iterator[None]:
+    """Hold the job's checkpoint namespace and every sink output while the block runs; NamespaceHeld when
+    another process holds one of them.
+
+    Sink outputs are held as well because they are named by the job's identity, not by
+    its checkpoint storage: two runs of one job with two storages (two working
+    directories) would otherwise write the same staged and committed names.
+    """
+    namespace = plan.identity.checkpoint_namespace
+    with contextlib.ExitStack() as held:
+        held.enter_context(
+            _held(
+                lock_path(storage, namespace),
+                f"checkpoint namespace '{namespace}' in {storage.describe()}",
+                "one running job per checkpoint namespace",
+                holder,
+            )
+        )
+        for what, path in _sink_outputs(plan):
+            held.enter_context(_held(path, what, "one running job per sink output", holder))
+        yield
+
+
+@contextlib.contextmanager
+def _held(path: Path, what: str, rule: str, holder: str) -> Iterator[None]:
+    """Hold a lock file while the block runs, `holder` written in it; NamespaceHeld naming another holder."""
+    safefiles.trusted_dir(path.parent, what="the lock directory", mode=0o700)
+    fd = safefiles.open_lock(path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             other = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
-            raise NamespaceHeld(
-                f"checkpoint namespace '{namespace}' in {storage.describe()} is held by {other}"
-                " (one running job per checkpoint namespace)"
-            ) from None
+            raise NamespaceHeld(f"{what} is held by {other} ({rule})") from None
         started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{holder} (pid {os.getpid()}, since {started})\n".encode(), 0)

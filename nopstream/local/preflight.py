@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from nopstream import safefiles
 from nopstream.model.errors import Issue
 from nopstream.model.load import LoadedModel
 from nopstream.model.spec import canonical_model
@@ -93,7 +94,8 @@ def machine_issues(loaded: LoadedModel) -> list[Issue]:
 
 
 def _unwritable(directory: Path) -> str | None:
-    """Why this process cannot create and write files in `directory`, or None."""
+    """Why this process cannot create and write files in `directory`, or may not (another user could
+    redirect them: `safefiles.untrusted`), or None."""
     existing = directory
     while not existing.exists():
         if existing.parent == existing:
@@ -105,6 +107,9 @@ def _unwritable(directory: Path) -> str | None:
         return f"'{directory}' is a file, not a directory"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"'{existing}' is not writable"
+    why = safefiles.untrusted(existing)
+    if why is not None:
+        return f"'{directory}' is not safe to write: {why} (rule: docs/security.md)"
     return None
 
 

@@ -25,7 +25,7 @@ from typing import TextIO
 
 import aiohttp
 
-from nopstream import faults
+from nopstream import faults, safefiles
 from nopstream.checkpoint import restore
 from nopstream.checkpoint.restore import NewLineage, RestorePoint
 from nopstream.checkpoint.storage import Storage
@@ -101,6 +101,13 @@ class RunOptions:
     fresh: bool = False
     max_restarts: int = 10
 
+    def run_files(self, job_id: str) -> Path:
+        """The directory of a job's run files (plans, logs, the secret) inside the private `{workdir}/runs`;
+        UnsafePath when the work directory is another user's or `runs` is not private."""
+        safefiles.trusted_dir(self.workdir, what="the work directory")
+        runs = safefiles.private_dir(self.workdir / "runs", what="the run files directory")
+        return runs / job_id
+
 
 @dataclass(frozen=True)
 class RunResult:
@@ -127,8 +134,9 @@ def run_job(plans: compiler.CompiledPlans, options: RunOptions) -> RunResult:
     for path in options.python_path:
         if path not in sys.path:
             sys.path.insert(0, path)
+    options.run_files(plans.partitioned.identity.job_id)  # refused before anything starts
     storage = checkpointing.open_storage(plans.deployment)
-    with ownership.hold(storage, plans.partitioned.identity.checkpoint_namespace, holder="nopstream run"):
+    with ownership.hold(storage, plans.partitioned, holder="nopstream run"):
         if options.in_process:
             return asyncio.run(_run_in_process(plans, options, storage))
         return _run_processes(plans, options, storage)
@@ -295,7 +303,7 @@ class _Run:
 def _attempt(plans: compiler.CompiledPlans, options: RunOptions, this: _Run) -> ControlServer:
     """One run: fork every task (started from the restore point), coordinate epochs, supervise."""
     plan, run = plans.partitioned, this.run
-    run_dir = options.workdir / "runs" / plan.identity.job_id / f"run-{run}"
+    run_dir = options.run_files(plan.identity.job_id) / f"run-{run}"
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     plan_path = run_dir / "plan.json"
     plan_path.write_text(compiler.dump_document(plan))

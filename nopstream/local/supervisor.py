@@ -67,7 +67,7 @@ class Supervisor:
         self.etcd = etcd
         ident = plans.partitioned.identity
         self.layout = Layout(plans.deployment.namespace, ident.job_id, ident.pipeline_id)
-        self.home = options.workdir / "runs" / ident.job_id / "cluster"
+        self.home = options.run_files(ident.job_id) / "cluster"
         self.plan_dir = self.home / "plans"
         self.secret_file = self.home / "secret"
         self.coordinators: list[Child] = []
@@ -78,8 +78,7 @@ class Supervisor:
     def run(self) -> RunResult:
         """Run the job to its end, holding its checkpoint namespace; JobFailed after too many failures."""
         storage = checkpointing.open_storage(self.plans.deployment)
-        namespace = self.plans.partitioned.identity.checkpoint_namespace
-        with ownership.hold(storage, namespace, holder=f"nopstream run --etcd {self.etcd}"):
+        with ownership.hold(storage, self.plans.partitioned, holder=f"nopstream run --etcd {self.etcd}"):
             return self._run()
 
     def _run(self) -> RunResult:

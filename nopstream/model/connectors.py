@@ -26,6 +26,10 @@ class ConnectorConfig(BaseModel):
         """Whether a row replaces the earlier row of its key (upsert): then their order matters."""
         return False
 
+    def location(self) -> str | None:
+        """Where a sink writes, in words equal for equal places; None for a sink with no place of its own."""
+        return None
+
 
 class FileSourceConfig(ConnectorConfig):
     """Files matching a glob, each spread over the subtasks in stripes, read as text lines or JSON lines."""
@@ -111,12 +115,20 @@ class KafkaSinkConfig(ConnectorConfig):
     topic_field: str | None = None
     transaction_timeout_ms: StrictInt = Field(60_000, ge=1000, le=900_000)
 
+    def location(self) -> str:
+        """The topic on its cluster."""
+        return f"kafka topic '{self.topic}' at {self.bootstrap_servers}"
+
 
 class FileSinkConfig(ConnectorConfig):
     """A directory that receives one committed file per sink subtask and epoch."""
 
     path: str
     format: Literal["jsonl", "text"] = "jsonl"
+
+    def location(self) -> str:
+        """The directory as given (a relative one is resolved by whoever knows the working directory)."""
+        return self.path
 
 
 class S3SinkConfig(ConnectorConfig):
@@ -127,6 +139,10 @@ class S3SinkConfig(ConnectorConfig):
     endpoint: str | None = None
     secret_ref: str | None = None
     format: Literal["jsonl", "text"] = "jsonl"
+
+    def location(self) -> str:
+        """The bucket prefix on its endpoint."""
+        return f"s3://{self.bucket}/{self.prefix}" + (f" at {self.endpoint}" if self.endpoint else "")
 
 
 SQL_NAME = r"^[a-z_][a-z0-9_]{0,62}$"
@@ -155,6 +171,10 @@ class PostgresSinkConfig(ConnectorConfig):
     def rows_replace_by_key(self) -> bool:
         """Upsert replaces a key's row."""
         return self.mode == "upsert"
+
+    def location(self) -> str:
+        """The table in its database."""
+        return f"postgresql table {self.table} in {self.database} at {self.host}:{self.port}"
 
     @model_validator(mode="after")
     def _keys_name_columns(self) -> PostgresSinkConfig:

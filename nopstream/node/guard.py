@@ -24,6 +24,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from nopstream import safefiles
+
 OPEN_PATHS = frozenset({"/healthz", "/metrics", "/dashboard"})
 OPEN_PREFIX = "/dashboard/"  # the dashboard's page and scripts: no job data (its script asks with the secret)
 SECRET_BYTES = 32
@@ -50,10 +52,9 @@ def read_secret(path: Path) -> str:
 
 
 def write_secret(path: Path, secret: str) -> None:
-    """Write a job secret readable by its owner only."""
-    path.touch(mode=0o600, exist_ok=True)
-    path.chmod(0o600)
-    path.write_text(secret)
+    """Write a job secret as a new file readable by its owner only (a name already there is removed, never
+    written through); the caller's directory is private (`safefiles.private_dir`)."""
+    safefiles.replace_file(path, secret.encode())
 
 
 def headers(secret: str) -> dict[str, str]:
