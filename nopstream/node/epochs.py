@@ -8,7 +8,8 @@ first, the manifest key last: the commit point), records DURABLE (moving
 latest-durable in the same fenced write), notifies the tasks to commit, records
 COMMITTED, and applies retention. An epoch not complete within the timeout is
 ABORTED; its pending sink transactions stay pending until a later durable epoch
-subsumes them. When every source has read all its input, the next epoch is the
+subsumes them. The final epoch is never aborted (its sources have ended and cannot
+take another barrier): it waits for its late ACKs, saying so at every timeout. When every source has read all its input, the next epoch is the
 final one; the run is over when it is committed.
 WARNING: nothing is committed before its manifest is durable; keep that order.
 """
@@ -244,22 +245,7 @@ class EpochCoordinator:
         await self.trigger(epoch, kind)
         if set(current.acks) >= set(self.plan.ack_set):
             current.complete.set()
-        try:
-            async with asyncio.timeout(self.settings.timeout_ms / 1000):
-                await current.complete.wait()
-        except TimeoutError:
-            missing = sorted(set(self.plan.ack_set) - set(current.acks))
-            log.warning(
-                "epoch %d timed out waiting for %d ACKs (%s)", epoch, len(missing), ", ".join(missing[:3])
-            )
-            await self.log.record(
-                self.leadership, epoch, EpochState.ABORTED, reason="timeout", missing=missing
-            )
-            self._ended(epoch, state="aborted", reason=f"timeout: no ACK of {', '.join(missing[:3])}")
-            self.in_flight = None
-            self.aborted_count += 1
-            if final:
-                self.next_epoch = epoch  # the final epoch must still happen
+        if not await self._acked(current):
             return
         await self._make_durable(current)
         if kind.is_savepoint:
@@ -270,6 +256,43 @@ class EpochCoordinator:
             self.stopped = True
         if final or self.stopped:
             self.done.set()
+
+    async def _acked(self, current: _Epoch) -> bool:
+        """Wait for every ACK of `current`; False when it timed out and was aborted.
+
+        A final epoch is never aborted: its sources have ended their input and cannot
+        take another barrier, so its late ACKs are the only ones it can get. It waits
+        on, saying so at each timeout; a task that died ends the run instead.
+        """
+        limit = self.settings.timeout_ms / 1000
+        waited = 0.0
+        while True:
+            try:
+                async with asyncio.timeout(limit):
+                    await current.complete.wait()
+                return True
+            except TimeoutError:
+                waited += limit
+                missing = sorted(set(self.plan.ack_set) - set(current.acks))
+                shown = ", ".join(missing[:3])
+                if current.kind == EpochKind.FINAL:
+                    log.warning(
+                        "final epoch %d still waits for %d ACKs (%s) after %g s: a final epoch is never"
+                        " aborted (its sources have ended)",
+                        current.epoch,
+                        len(missing),
+                        shown,
+                        waited,
+                    )
+                    continue
+                log.warning("epoch %d timed out waiting for %d ACKs (%s)", current.epoch, len(missing), shown)
+                await self.log.record(
+                    self.leadership, current.epoch, EpochState.ABORTED, reason="timeout", missing=missing
+                )
+                self._ended(current.epoch, state="aborted", reason=f"timeout: no ACK of {shown}")
+                self.in_flight = None
+                self.aborted_count += 1
+                return False
 
     def _ended(self, epoch: int, **changes: Any) -> None:
         if self.history is not None:
