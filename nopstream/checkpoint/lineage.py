@@ -76,21 +76,25 @@ def current(storage: Storage, namespace: str) -> Lineage:
         return Lineage()
 
 
-def start_over(storage: Storage, namespace: str, *, nonce: str, base: int | None = None) -> Lineage:
-    """Start lineage N+1 past every epoch in storage, from epoch `base` (None: from nothing).
+def start_over(storage: Storage, namespace: str, *, nonce: str, base: int | None = None) -> Lineage | None:
+    """Lineage N+1 past every epoch in storage, from epoch `base` (None: from nothing), not yet
+    recorded; None when `nonce` started the current lineage already (a recovery of its run).
 
-    The same nonce twice starts it once (a recovery of the run that started it).
+    The caller verifies what the lineage would restore, then `record`s it: a refused
+    start leaves the namespace's lineage as it was.
     """
     now = current(storage, namespace)
     if now.nonce == nonce:
-        return now
+        return None
     if base is not None:
         catalog.read_manifest(storage, namespace, base)  # RestoreRefused when it is not durable
     highest = catalog.highest_epoch(storage, namespace)
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
     if highest is None and now == Lineage():  # nothing to start over from: the first lineage, with the nonce
-        fresh = Lineage(1, 1, None, nonce, started)
-    else:
-        fresh = Lineage(now.number + 1, max(highest or 0, now.first_epoch - 1) + 1, base, nonce, started)
-    storage.put(lineage_path(namespace), fresh.to_json())
-    return fresh
+        return Lineage(1, 1, None, nonce, started)
+    return Lineage(now.number + 1, max(highest or 0, now.first_epoch - 1) + 1, base, nonce, started)
+
+
+def record(storage: Storage, namespace: str, line: Lineage) -> None:
+    """Make `line` the namespace's lineage (after what it restores was verified)."""
+    storage.put(lineage_path(namespace), line.to_json())

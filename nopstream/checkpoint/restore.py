@@ -129,19 +129,20 @@ def choose(
     """The verified restore point of a run of `plan`; RestoreRefused when it cannot be restored.
 
     The latest durable epoch of the namespace's lineage, or the lineage's base while
-    it has none. `new_lineage`: start over first (`--fresh`, `--restore-from`, a
-    restart nonce). `from_plan`: the plan the epoch was taken with (an upgrade the
-    operator accepted); without it, a latest epoch taken with another plan is restored
-    only when it is a stop savepoint. `log_latest`/`log_highest`: the latest durable
+    it has none. `new_lineage`: start over (`--fresh`, `--restore-from`, a
+    restart nonce), recorded only once its base epoch is verified whole (every segment
+    read): a refused start leaves the lineage as it was. `from_plan`: the plan the
+    epoch was taken with (an upgrade the operator accepted); without it, a latest epoch
+    taken with another plan is restored only when it is a stop savepoint. `log_latest`/`log_highest`: the latest durable
     and the highest epoch an epoch log records (etcd); a durable epoch there whose
     manifest storage lacks refuses the restore. `stored`: the namespace's listing when the
     caller has just read it (one listing, not two).
     """
     namespace = plan.identity.checkpoint_namespace
+    starting = None
     if new_lineage is not None:
-        line = lineage.start_over(storage, namespace, nonce=new_lineage.nonce, base=new_lineage.base)
-    else:
-        line = lineage.current(storage, namespace)
+        starting = lineage.start_over(storage, namespace, nonce=new_lineage.nonce, base=new_lineage.base)
+    line = starting or lineage.current(storage, namespace)
     if stored is None:
         stored = catalog.Stored.read(storage, namespace)
     chosen = stored.latest_durable(since=line.first_epoch)
@@ -162,6 +163,12 @@ def choose(
             from_plan = str(taken_with)
         check_plan(manifest, fingerprint=from_plan or fingerprint(plan), epoch=chosen)
         stored.check_complete(manifest)
+        if starting is not None:  # a new lineage is recorded only over an epoch whose every segment is sound
+            catalog.load_checkpoint(
+                storage, namespace, chosen, plan_fingerprint=from_plan or fingerprint(plan)
+            )
+    if starting is not None:
+        lineage.record(storage, namespace, starting)
     highest = max(stored.highest() or 0, log_highest, chosen or 0, line.first_epoch - 1)
     return RestorePoint(chosen, kind, line.number, highest + 1, from_plan=from_plan)
 

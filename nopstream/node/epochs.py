@@ -9,8 +9,9 @@ latest-durable in the same fenced write), notifies the tasks to commit, records
 COMMITTED, and applies retention. An epoch not complete within the timeout is
 ABORTED; its pending sink transactions stay pending until a later durable epoch
 subsumes them. The final epoch is never aborted (its sources have ended and cannot
-take another barrier): it waits for its late ACKs, saying so at every timeout. When every source has read all its input, the next epoch is the
-final one; the run is over when it is committed.
+take another barrier): it waits for its late ACKs, saying so at every timeout. When
+every source has read all its input, the next epoch is the final one; the run is over
+when it is committed.
 WARNING: nothing is committed before its manifest is durable; keep that order.
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nopstream.checkpoint import lineage, restore
-from nopstream.checkpoint.formats import Manifest, encode_manifest, manifest_path
+from nopstream.checkpoint.formats import Manifest, encode_manifest, encode_segment, manifest_path, segment_ref
 from nopstream.checkpoint.restore import NewLineage, RestorePoint, RestoreRequest
 from nopstream.errors import RestoreRefused
 from nopstream.model.load import load_data
@@ -107,3 +107,23 @@ def test_a_restore_point_a_refusal_and_a_request_round_trip_through_their_codecs
         RestoreRequest(from_plan="sha256:cd"),
     ):
         assert RestoreRequest.from_json(request.to_json()) == request
+
+
+def test_a_refused_restore_from_starts_no_lineage(storage, plan):
+    """`--restore-from 13`, 13 damaged, was refused but recorded its lineage: every later run was refused."""
+    task = plan.task_ids()[0]
+    for epoch in (1, 2):
+        path = f"checkpoint/{NS}/{epoch}/{task}/operator/state"
+        data = encode_segment({"n": epoch}, state_name="state", schema_version=1)
+        storage.put(path, data)
+        ref = segment_ref(path, data)
+        body = Manifest(epoch, EpochKind.CHECKPOINT, fingerprint(plan), tasks={task: (ref,)})
+        storage.put(manifest_path(NS, epoch), encode_manifest(body))
+    storage.put(f"checkpoint/{NS}/1/{task}/operator/state", b"altered after it was durable")
+    with pytest.raises(RestoreRefused, match=f"checkpoint/{NS}/1/{task}/operator/state"):
+        restore.choose(storage, plan, new_lineage=NewLineage("n1", base=1))
+    assert lineage.current(storage, NS) == lineage.Lineage()  # nothing was started
+    assert restore.choose(storage, plan).epoch == 2  # a plain run goes on from the latest
+    point = restore.choose(storage, plan, new_lineage=NewLineage("n2", base=2))
+    assert point == RestorePoint(2, "checkpoint", lineage=2, next_epoch=3)
+    assert lineage.current(storage, NS).nonce == "n2"
