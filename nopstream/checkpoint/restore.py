@@ -129,14 +129,15 @@ def choose(
     """The verified restore point of a run of `plan`; RestoreRefused when it cannot be restored.
 
     The latest durable epoch of the namespace's lineage, or the lineage's base while
-    it has none. `new_lineage`: start over (`--fresh`, `--restore-from`, a
-    restart nonce), recorded only once its base epoch is verified whole (every segment
-    read): a refused start leaves the lineage as it was. `from_plan`: the plan the
-    epoch was taken with (an upgrade the operator accepted); without it, a latest epoch
-    taken with another plan is restored only when it is a stop savepoint. `log_latest`/`log_highest`: the latest durable
-    and the highest epoch an epoch log records (etcd); a durable epoch there whose
-    manifest storage lacks refuses the restore. `stored`: the namespace's listing when the
-    caller has just read it (one listing, not two).
+    it has none. `new_lineage`: start over (`--fresh`, `--restore-from`, a restart
+    nonce), recorded only once its base epoch is verified whole (every segment read):
+    a refused start leaves the lineage as it was. `from_plan`: the plan the epoch was
+    taken with (an upgrade the operator accepted); without it, a latest epoch taken
+    with another plan is restored only when it is a stop savepoint.
+    `log_latest`/`log_highest`: the latest durable and the highest epoch an epoch log
+    records (etcd); a durable epoch there whose manifest storage lacks refuses the
+    restore. `stored`: the namespace's listing when the caller has just read it (one
+    listing, not two).
     """
     namespace = plan.identity.checkpoint_namespace
     starting = None
