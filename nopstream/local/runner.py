@@ -84,8 +84,9 @@ class _ProcessSteps:
     def stop(self, run: int) -> None:
         """Nothing left: `_attempt` stopped the run's processes as it ended."""
 
-    def start(self, run: int) -> None:
-        """Nothing yet: the next attempt starts the run's processes."""
+    def start(self, run: int, *, delay_s: float) -> None:
+        """Wait out the backoff; the next attempt starts the run's processes."""
+        time.sleep(delay_s)
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,11 @@ class RunOptions:
     restore_from: int | None = None
     fresh: bool = False
     max_restarts: int = 10
+
+    @property
+    def restart_policy(self) -> recovery.RestartPolicy:
+        """The failure rate the job survives (`--max-restarts` within the policy's window) and its backoff."""
+        return recovery.RestartPolicy(max_failures=self.max_restarts)
 
     def run_files(self, job_id: str) -> Path:
         """The directory of a job's run files (plans, logs, the secret) inside the private `{workdir}/runs`;
@@ -257,6 +263,7 @@ def _run_processes(plans: compiler.CompiledPlans, options: RunOptions, storage: 
     secret = guard.new_secret()  # one per command: every run of it is fenced by its number
     history = JobHistory(plan)
     run, recoveries, cause = 1, 0, "start"
+    failures: tuple[float, ...] = ()
     first: RestorePoint | None = None
     with socket.create_server(("127.0.0.1", 0)) as sock:
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -274,12 +281,15 @@ def _run_processes(plans: compiler.CompiledPlans, options: RunOptions, storage: 
                         _ProcessSteps(options),
                         run=run,
                         recoveries=recoveries,
-                        limit=options.max_restarts,
+                        failures=failures,
+                        now=time.monotonic(),
+                        policy=options.restart_policy,
                         cause=death.short,
                     )
                 except recovery.TooManyRecoveries as failed:
                     raise JobFailed(f"{failed}:\n{death.detail}") from death
                 run, recoveries, cause = recovered.run, recovered.recoveries, death.short
+                failures = recovered.failures
                 continue
             stats = {t: history.tasks[t].stats for t in control.tasks if t in history.tasks}
             counts = {t: (s.records_in, s.records_out) for t, s in stats.items()}

@@ -90,7 +90,7 @@ class Supervisor:
         run = _advance_run(self.etcd, self.layout, None)
         self.lineage = new_lineage(self.options)
         self._request(run, self.lineage)
-        recoveries = 0
+        recoveries, failures = 0, tuple[float, ...]()
         try:
             self.coordinators = [self._candidate() for _ in range(CANDIDATES)]
             self.tasks = self._start_tasks(run)
@@ -111,11 +111,17 @@ class Supervisor:
                 cause = f"task {child.name} exited with {code}"
                 try:
                     recovered = recovery.recover(
-                        self, run=run, recoveries=recoveries, limit=self.options.max_restarts, cause=cause
+                        self,
+                        run=run,
+                        recoveries=recoveries,
+                        failures=failures,
+                        now=time.monotonic(),
+                        policy=self.options.restart_policy,
+                        cause=cause,
                     )
                 except recovery.TooManyRecoveries as failed:
                     raise JobFailed(f"{failed}:\n{child.tail()}") from None
-                run, recoveries = recovered.run, recovered.recoveries
+                run, recoveries, failures = recovered.run, recovered.recoveries, recovered.failures
             _wait(self.coordinators, 15)
             entry = _etcd(self.etcd, lambda b: b.get(self.layout.restore(run)))
         finally:
@@ -141,7 +147,8 @@ class Supervisor:
     def stop(self, run: int) -> None:
         _stop(self.tasks)
 
-    def start(self, run: int) -> None:
+    def start(self, run: int, *, delay_s: float) -> None:
+        time.sleep(delay_s)
         # A coordinator that saw the final epoch committed has exited 0; a task lost after
         # that still needs the new run led (its restore point says finished, its tasks
         # publish what they hold and exit), so a candidate takes each finished one's place.

@@ -66,6 +66,8 @@ class StreamJobStatus(Spec):
     phase: Phase | None = None
     run: int | None = None
     recoveries: int | None = None
+    failed_at: list[int] = Field(default_factory=list)
+    """When the failures within the restart policy's window happened (ms since the epoch), the last last."""
     plan_fingerprint: str | None = None
     semantic_mode: str | None = None
     latest_durable_epoch: int | None = None

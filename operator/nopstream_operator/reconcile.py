@@ -16,6 +16,7 @@ standby leads meanwhile.
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -276,6 +277,7 @@ def _first_deploy(ctx: Context, seen: Observed, desired: compiler.CompiledPlans)
         phase="Pending",
         run=run,
         recoveries=0,
+        failed_at=[],
         plan_fingerprint=deployment.partitioned_fingerprint,
         semantic_mode=desired.partitioned.identity.semantic_mode.value,
         restart_nonce=nonce,
@@ -505,6 +507,7 @@ def _restart_nonce(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> 
         run=new_run,
         restart_nonce=nonce,
         recoveries=0,
+        failed_at=[],
         tasks_ready=0,
         stopping=None,
         conditions=conditions,
@@ -655,6 +658,7 @@ class _PodSteps:
             run=recovered.run,
             phase="Recovering",
             recoveries=recovered.recoveries,
+            failed_at=[int(t * 1000) for t in recovered.failures],
             tasks_ready=0,
             conditions=conditions,
         )
@@ -672,8 +676,9 @@ class _PodSteps:
             if coordinator is not None and coordinator.phase == "Succeeded" and not coordinator.deleting:
                 self.ctx.kube.delete_pod(self.deployment.namespace, name, grace=0)
 
-    def start(self, run: int) -> None:
-        """Create the run's task pods now: waiting a pass would add its period to every recovery.
+    def start(self, run: int, *, delay_s: float) -> None:
+        """Create the run's task pods now (the backoff is not kept here: see `_recover`): waiting a
+        pass would add its period to every recovery.
 
         A standby holding a pod's name is adopted as it is, unless it failed (then it is
         replaced).
@@ -694,13 +699,21 @@ def _recover(
     lost: list[str],
     current: dict[str | None, PodView],
 ) -> None:
-    """A global recovery (`node.recovery`); past spec.maxRecoveries the job is Failed instead."""
+    """A global recovery (`node.recovery`); past spec.maxRecoveries failures within the restart
+    policy's window the job is Failed instead.
+
+    The operator keeps the window (`status.failedAt`) but not the backoff: a new run's
+    pods are created at once, and their scheduling and start already space recoveries.
+    """
+    limit = int((seen.job.get("spec") or {}).get("maxRecoveries", 10))
     try:
         recovery.recover(
             _PodSteps(ctx, seen, deployment, current),
             run=run,
             recoveries=seen.status.recoveries or 0,
-            limit=int((seen.job.get("spec") or {}).get("maxRecoveries", 10)),
+            failures=[t / 1000 for t in seen.status.failed_at],
+            now=time.time(),
+            policy=recovery.RestartPolicy(max_failures=limit),
             cause=f"{', '.join(sorted(lost))} failed",
         )
     except recovery.TooManyRecoveries as failed:

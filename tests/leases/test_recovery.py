@@ -1,4 +1,4 @@
-"""The one recovery policy (`node.recovery`): its order, its count and its limit.
+"""The one recovery policy (`node.recovery`): its order, its failure rate and its backoff.
 
 Its steps are recorded by a fake here: the runner, the supervisor and the operator
 carry them out for real in the fault, etcd and e2e suites.
@@ -29,23 +29,57 @@ class Recorded:
     def stop(self, run: int) -> None:
         self.calls.append(f"stop {run}")
 
-    def start(self, run: int) -> None:
-        self.calls.append(f"start {run}")
+    def start(self, run: int, *, delay_s: float) -> None:
+        self.calls.append(f"start {run} after {delay_s:g} s")
+
+
+POLICY = recovery.RestartPolicy(max_failures=2, window_s=60)
 
 
 def test_the_next_run_is_recorded_before_the_old_stops_and_the_new_starts():
     steps = Recorded(store_run=3)
-    recovered = recovery.recover(steps, run=3, recoveries=1, limit=2, cause="task t exited with 1")
-    assert recovered == recovery.Recovery(3, 4, 2, "task t exited with 1")
-    assert steps.calls == ["advance 3", "record task t exited with 1 (run 3 -> 4) #2", "stop 3", "start 4"]
+    recovered = recovery.recover(
+        steps, run=3, recoveries=1, failures=[100.0], now=101.0, policy=POLICY, cause="task t exited with 1"
+    )
+    assert recovered == recovery.Recovery(3, 4, 2, "task t exited with 1", (100.0, 101.0), 0.25)
+    assert steps.calls == [
+        "advance 3",
+        "record task t exited with 1 (run 3 -> 4, after 0.25 s) #2",
+        "stop 3",
+        "start 4 after 0.25 s",
+    ]
     # the store's run moved past ours meanwhile (a second supervisor): the new run is the store's
     steps = Recorded(store_run=9)
-    assert recovery.recover(steps, run=3, recoveries=0, limit=2, cause="c").run == 10
+    assert (
+        recovery.recover(steps, run=3, recoveries=0, failures=[], now=0, policy=POLICY, cause="c").run == 10
+    )
 
 
-def test_past_the_limit_nothing_is_advanced_or_stopped():
+def test_past_the_failure_rate_nothing_is_advanced_or_stopped():
     steps = Recorded(store_run=3)
     with pytest.raises(recovery.TooManyRecoveries) as failed:
-        recovery.recover(steps, run=3, recoveries=2, limit=2, cause="task t exited with 1")
-    assert str(failed.value) == "task t exited with 1 (after 2 recoveries)"
+        recovery.recover(
+            steps,
+            run=3,
+            recoveries=7,
+            failures=[50.0, 100.0],
+            now=109.0,
+            policy=POLICY,
+            cause="task t exited with 1",
+        )
+    assert str(failed.value) == (
+        "task t exited with 1 (3 failures within 60 s; the limit is 2, after 7 recoveries)"
+    )
     assert steps.calls == []
+
+
+def test_failures_older_than_the_window_do_not_count_and_the_backoff_doubles_up_to_its_bound():
+    """A 6 s outage used all 10 recoveries in about 6 s, and an unbounded job died at its 11th failure."""
+    steps = Recorded(store_run=1)
+    failures: tuple[float, ...] = (0.0, 1.0)  # long before: outside the window
+    recovered = recovery.recover(
+        steps, run=1, recoveries=40, failures=failures, now=1000.0, policy=POLICY, cause="c"
+    )
+    assert (recovered.failures, recovered.delay_s, recovered.recoveries) == ((1000.0,), 0.0, 41)
+    policy = recovery.RestartPolicy()
+    assert [policy.delay(n) for n in range(1, 10)] == [0, 0.25, 0.5, 1, 2, 4, 8, 10, 10]

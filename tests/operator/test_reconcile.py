@@ -288,7 +288,9 @@ def test_past_its_recoveries_the_job_fails_and_its_pods_go(world):
     got = status(kube)
     ready = next(c for c in got["conditions"] if c["type"] == "Ready")
     assert (got["phase"], got["recoveries"], ready["reason"]) == ("Failed", 1, "TooManyRecoveries")
-    assert ready["message"].endswith("failed (after 1 recoveries): the job has failed")
+    rate = "2 failures within 600 s; the limit is 1, after 1 recoveries"
+    assert ready["message"].endswith(f"failed ({rate}): the job has failed")
+    assert len(got["failedAt"]) == 1  # the failure it recovered from, in the window
     assert not [k for k in kinds(kube) if k.startswith("Pod")]
 
 

@@ -38,7 +38,8 @@ def test_a_failing_task_fails_the_run_with_its_error(tmp_path, mode):
     assert result.code == 3
     failed = next(line for line in result.err.splitlines() if line.startswith("job 'test' failed: "))
     # with task processes the count of recoveries comes with the cause, the error below it
-    ending = " failed (after 2 recoveries):" if mode == "processes" else " failed:"
+    rate = "3 failures within 600 s; the limit is 2, after 2 recoveries"
+    ending = f" failed ({rate}):" if mode == "processes" else " failed:"
     assert failed.startswith("job 'test' failed: task test/main/src/") and failed.endswith(ending), failed
     assert "ValueError: record 1234 is cursed" in result.err
     # with task processes, each failure is a global recovery until the restarts run out
@@ -147,3 +148,39 @@ def test_a_task_process_never_frees_what_it_inherited_from_the_runner(tmp_path, 
         gc.collect()
     assert sorted(read_outputs(tmp_path / "out")) == list(range(300))
     assert freed_in.read_text().split() == [str(os.getpid())]  # here, never in a task
+
+
+def test_an_outage_of_a_few_seconds_is_outlived_by_backing_off(tmp_path):
+    """A 6 s PostgreSQL restart used all 10 recoveries in about 6 s and failed the job.
+
+    Here every record fails for the first 4 s after the first run began (a dependency
+    that is down), with `--max-restarts 5`: without backing off, five recoveries took
+    about 3 s here and the job failed; backing off (0, 0.25, 0.5, 1, 2 s) outlives it.
+    """
+    fns = """
+        import os, time
+        def down_for_a_while(r):
+            began = float(os.environ["OUTAGE_BEGAN"])
+            if time.time() < began + 4:
+                raise ConnectionError("the dependency is down")
+            return r
+    """
+    model = {
+        "jobId": "outage",
+        "model": {
+            "sources": [{"id": "src", "type": "generator", "config": {"count": 200}}],
+            "operators": [{"id": "call", "type": "map", "inputs": ["src"], "fn": "jobfns:down_for_a_while"}],
+            "sinks": [{"id": "out", "type": "file", "inputs": ["call"], "config": {"path": "out"}}],
+        },
+    }
+    (tmp_path / "jobfns.py").write_text(textwrap.dedent(fns))
+    (tmp_path / "job.yaml").write_text(json.dumps(model))
+    env = {"OUTAGE_BEGAN": repr(__import__("time").time())}
+    result = run_nopstream("run", "job.yaml", "--max-restarts", "5", cwd=tmp_path, env=env)
+    assert result.code == 0, result.err
+    assert sorted(read_outputs(tmp_path / "out")) == list(range(200))
+    waits = [
+        line.rpartition("after ")[2] for line in result.err.splitlines() if line.startswith("recovering:")
+    ]
+    assert 1 <= len(waits) <= 5, result.err
+    assert waits[1:] == ["0.25 s)", "0.5 s)", "1 s)", "2 s)"][: len(waits) - 1], result.err
