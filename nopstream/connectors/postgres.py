@@ -3,7 +3,8 @@
 Transaction N holds the rows between barriers N-1 and N. At barrier N they are
 written (insert: into the table; upsert: into the staging table, see below) together
 with a marker row in `nopstream_commits`, and the transaction is prepared as
-`PREPARE TRANSACTION '{jobId}:{pipelineId}:{operatorId}:{subtask}:{table}:l{lineage}:{N}'`:
+`PREPARE TRANSACTION '{jobId}:{pipelineId}:{operatorId}:{subtask}:{table}:l{lineage}:{N}'`
+(its head and a hash when the names make it too long for the server, `gid_prefix`):
 durable in the server, invisible to readers. Once epoch N is durable, `COMMIT
 PREPARED` makes it visible. A gid that is no longer prepared is committed when its
 marker row is visible and lost otherwise, which is refused: the marker tells a
@@ -26,6 +27,7 @@ table and its columns exist and that the server allows prepared transactions
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -52,6 +54,24 @@ CREATE TABLE IF NOT EXISTS nopstream_staged_rows (
 _SCHEMA_LOCK = 0x6E6F7073747265  # the advisory lock under which sink subtasks create the tables above
 
 
+GID_PREFIX_BYTES = 150
+"""The longest sink id a gid carries whole: PostgreSQL's gids are shorter than 200 bytes, and the
+lineage and epoch numbers take the rest (`:l{lineage}:{epoch}`, at most 44 bytes)."""
+
+
+def gid_prefix(sink_id: str) -> str:
+    """The start of a sink's gids: its id, or (when that is too long) its head and a hash of all of it.
+
+    Long job, pipeline, sink and table names made gids over PostgreSQL's 200 bytes and
+    every barrier failed. A hashed prefix still names one sink (the marker rows carry
+    its whole id) and is the same in every process.
+    """
+    if len(sink_id.encode()) <= GID_PREFIX_BYTES:
+        return sink_id
+    digest = hashlib.sha256(sink_id.encode()).hexdigest()[:32]
+    return f"{sink_id.encode()[:100].decode(errors='ignore')}~{digest}"
+
+
 class PostgresSink(StagedSink):
     """Writes a sink subtask's rows in prepared transactions, committed when their epoch is durable."""
 
@@ -64,7 +84,8 @@ class PostgresSink(StagedSink):
         self._writer: psycopg.Connection[Any] | None = None
         self._control: psycopg.Connection[Any] | None = None
         self.sink_id = f"{self.txn_prefix}:{self.config.table}"
-        self._gid = re.compile(rf"^{re.escape(self.sink_id)}:l(\d+):(\d+)$")
+        self._gid_prefix = gid_prefix(self.sink_id)
+        self._gid = re.compile(rf"^{re.escape(self._gid_prefix)}:l(\d+):(\d+)$")
 
     # connections
 
@@ -108,7 +129,7 @@ class PostgresSink(StagedSink):
                 f"postgres sink '{self.name.operator_id}': {err.diag.message_primary} in"
                 f" {self._where_server()} (create the table first)"
             ) from None
-        probe = f"{self.sink_id}:probe"
+        probe = f"{self._gid_prefix}:probe"
         if self.control.execute("SELECT 1 FROM pg_prepared_xacts WHERE gid = %s", (probe,)).fetchone():
             self.control.execute(
                 sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(probe))
@@ -169,7 +190,7 @@ class PostgresSink(StagedSink):
         self._rows = []
 
     def _gid_of(self, lineage: int, epoch: int) -> str:
-        return f"{self.sink_id}:l{lineage}:{epoch}"
+        return f"{self._gid_prefix}:l{lineage}:{epoch}"
 
     # committing
 

@@ -262,3 +262,28 @@ def test_sink_subtasks_starting_together_on_a_fresh_database_all_start(postgres_
     assert failures == [None] * len(sinks)
     for sink in sinks:
         dead(sink)
+
+
+def test_long_names_make_gids_that_fit_and_still_commit(postgres_server, database, db):
+    """A 40-character job, pipeline and sink id with a long table name made a gid over 200 bytes:
+    every barrier failed, and the job after ten recoveries."""
+    long_table = f"{'s' * 63}.{'t' * 63}"
+    db.execute(f"CREATE SCHEMA {'s' * 63}")
+    db.execute(f"CREATE TABLE {long_table} (word text, n bigint)")
+    name = SinkName("j" * 40, "p" * 40, "s" * 40, 0)
+    sink = PostgresSink(config(postgres_server, database, table=long_table), name=name)
+    sink.recover(SinkStart(None))
+    sink.write(records(("a", 1)))
+    sink.prepare(1)
+    (gid,) = [g for (g,) in db.execute("SELECT gid FROM pg_prepared_xacts")]
+    assert len(gid.encode()) < 200 and gid.endswith(":l1:1") and gid.startswith("j" * 40)
+    other = PostgresSink(
+        config(postgres_server, database, table=long_table), name=SinkName("j" * 40, "p" * 40, "s" * 40, 1)
+    )
+    assert other._gid_of(1, 1) != gid  # another subtask: another gid
+    sink.commit(1)
+    assert rows(db, long_table) == Counter({("a", 1): 1})
+    dead(sink)
+    again = PostgresSink(config(postgres_server, database, table=long_table), name=name)
+    again.recover(SinkStart(1))  # a restart finds its own transactions by the same gids
+    assert rows(db, long_table) == Counter({("a", 1): 1})
