@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import faulthandler
+import logging
 import threading
 import time
 from collections import deque
@@ -53,6 +54,7 @@ from nopstream.runtime.transport import OutputChannel
 from nopstream.runtime.watermarks import InputWatermarks, WatermarkGenerator, timestamp_function
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def wall_clock_ms() -> int:
@@ -171,6 +173,7 @@ class Task:
         self.gate = InputGate()
         self._pending_barriers: deque[Barrier] = deque()
         self._last_triggered = 0
+        self._deferred_final: Barrier | None = None  # a final barrier asked for before the end of input
         self._stopped = False
         self._barrier_arrived = asyncio.Event()
         self.final_epoch: int | None = None
@@ -343,6 +346,15 @@ class Task:
         if epoch <= self._last_triggered:
             return False
         self._last_triggered = epoch
+        if kind == EpochKind.FINAL and not self._data_ended:
+            # A final barrier before this source has read all its input (a forged or mistaken
+            # source-finished): injected at the end of its input, so that every record it
+            # reads meanwhile is in the final epoch instead of after it, lost.
+            log.warning(
+                "task %s: final barrier %d before the end of its input: deferred", self.task_id, epoch
+            )
+            self._deferred_final = Barrier(epoch, kind)
+            return True
         self._pending_barriers.append(Barrier(epoch, kind))
         self._barrier_arrived.set()
         return True
@@ -475,6 +487,9 @@ class Task:
             await self._tick()
             await asyncio.sleep(0)
         await self._end_of_data(event_time=gen is not None)
+        if self._deferred_final is not None:
+            self._pending_barriers.append(self._deferred_final)
+            self._deferred_final = None
         if self.listener is not None:
             await self.listener.on_source_finished(self)
         while self._pending_barriers or (self.listener is not None and self.final_epoch is None):
