@@ -36,20 +36,20 @@ class FileSourceConfig(ConnectorConfig):
 
     path: str
     format: Literal["text", "jsonl"] = "text"
-    discovery_interval_ms: StrictInt | None = None
+    discovery_interval_ms: StrictInt | None = Field(None, ge=1, le=86_400_000)
 
 
 class GeneratorSourceConfig(ConnectorConfig):
     """A deterministic generator: the same config always yields the same records."""
 
     kind: Literal["sequence", "words", "events"] = "sequence"
-    count: StrictInt | None = None
-    splits: StrictInt | None = None
-    seed: StrictInt = 0
-    rate_per_second: StrictFloat | None = None
-    vocabulary: StrictInt = 10_000
-    words_per_line: StrictInt = 10
-    keys: StrictInt = 100
+    count: StrictInt | None = Field(None, ge=0, le=10**12)
+    splits: StrictInt | None = Field(None, ge=1, le=1024)
+    seed: StrictInt = Field(0, ge=-(2**63), le=2**63 - 1)
+    rate_per_second: StrictFloat | None = Field(None, gt=0, le=1e9)
+    vocabulary: StrictInt = Field(10_000, ge=1, le=10**7)
+    words_per_line: StrictInt = Field(10, ge=1, le=1000)
+    keys: StrictInt = Field(100, ge=1, le=10**9)
 
 
 class S3SourceConfig(ConnectorConfig):

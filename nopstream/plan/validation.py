@@ -48,6 +48,12 @@ MAX_TASKS = 4096
 MAX_CHANNELS = 100_000
 MAX_RETAIN = 1000
 MAX_NAMESPACE = 200
+MAX_DURATION_MS = 10 * 365 * 86_400_000
+"""Ten years: every duration of a model (window sizes, gaps, lateness, out-of-orderness, ...)."""
+MAX_CHECKPOINT_MS = 86_400_000
+"""A day: checkpoint.intervalMs and timeoutMs."""
+MAX_WINDOWS_PER_RECORD = 1000
+"""sizeMs / slideMs of a sliding window: each record is in that many windows."""
 
 _FIELDS_BY_TYPE: dict[str, frozenset[str]] = {
     "map": frozenset({"fn"}),
@@ -140,6 +146,8 @@ def _check_job(ctx: _Context) -> Iterator[Issue]:
     ):
         if value < 1:
             yield Issue(ctx.path(None, "checkpoint", field), f"must be at least 1, got {value}", "positive")
+        elif field != "retainLatest":
+            yield from _at_most(ctx.path(None, "checkpoint", field), value, MAX_CHECKPOINT_MS)
     if cp.retain_latest > MAX_RETAIN:
         yield Issue(
             ctx.path(None, "checkpoint", "retainLatest"),
@@ -437,8 +445,23 @@ def _check_window(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterator[
             )
         elif field not in needed and value is not None:
             yield Issue(ctx.path(n, "window", field), f"not used by a {w.kind} window", "field-applies")
+        elif value is not None:
+            yield from _at_most(ctx.path(n, "window", field), value, MAX_DURATION_MS)
+    if w.kind == "sliding" and w.size_ms and w.slide_ms and 0 < w.slide_ms < w.size_ms <= MAX_DURATION_MS:
+        per_record = -(-w.size_ms // w.slide_ms)
+        if per_record > MAX_WINDOWS_PER_RECORD:
+            yield Issue(
+                ctx.path(n, "window", "slideMs"),
+                f"puts each record in {per_record} windows (sizeMs / slideMs), at most"
+                f" {MAX_WINDOWS_PER_RECORD}",
+                "bounds",
+            )
     if w.allowed_lateness_ms < 0:
         yield Issue(ctx.path(n, "window", "allowedLatenessMs"), "must not be negative", "non-negative")
+    else:
+        yield from _at_most(
+            ctx.path(n, "window", "allowedLatenessMs"), w.allowed_lateness_ms, MAX_DURATION_MS
+        )
     if w.late_output is not None and not ID_PATTERN.match(w.late_output):
         yield Issue(ctx.path(n, "window", "lateOutput"), _id_rule_text(w.late_output), "id-format")
     if (op.aggregate is None) == (op.fn is None):
@@ -471,6 +494,8 @@ def _check_pattern(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterator
             yield Issue(ctx.path(n, "pattern", "steps", i, "where"), _fn_rule_text(step.where), "fn-format")
     if p.within_ms is None or p.within_ms < 1:
         yield Issue(ctx.path(n, "pattern", "withinMs"), "a pattern needs withinMs of at least 1", "within")
+    else:
+        yield from _at_most(ctx.path(n, "pattern", "withinMs"), p.within_ms, MAX_DURATION_MS)
     if p.time is None:
         yield Issue(
             ctx.path(n, "pattern", "time"),
@@ -479,6 +504,12 @@ def _check_pattern(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterator
         )
     elif p.time == "event":
         yield from _check_event_time(ctx, n, ("pattern", "time"))
+
+
+def _at_most(path: str, value: int, bound: int) -> Iterator[Issue]:
+    """A `bounds` issue at `path` when `value` is above `bound`."""
+    if value > bound:
+        yield Issue(path, f"must be at most {bound:,}, got {value:,}", "bounds")
 
 
 def _check_event_time(ctx: _Context, n: ResolvedNode, at: tuple[str, ...]) -> Iterator[Issue]:
@@ -526,6 +557,19 @@ def _check_sources(ctx: _Context) -> Iterator[Issue]:
                     ctx.path(n, "watermark", "maxOutOfOrdernessMs"),
                     "must not be negative",
                     "non-negative",
+                )
+            else:
+                path = ctx.path(n, "watermark", "maxOutOfOrdernessMs")
+                yield from _at_most(path, wm.max_out_of_orderness_ms, MAX_DURATION_MS)
+            if wm.idle_timeout_ms is not None and wm.idle_timeout_ms < 1:
+                yield Issue(
+                    ctx.path(n, "watermark", "idleTimeoutMs"),
+                    f"must be at least 1, got {wm.idle_timeout_ms}",
+                    "positive",
+                )
+            elif wm.idle_timeout_ms is not None:
+                yield from _at_most(
+                    ctx.path(n, "watermark", "idleTimeoutMs"), wm.idle_timeout_ms, MAX_DURATION_MS
                 )
 
 
