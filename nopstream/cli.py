@@ -245,7 +245,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a job to completion on this machine; exit 3 with the task's error when it fails."""
-    from nopstream.errors import RestoreRefused, StartRefused, StorageError
+    from nopstream.errors import BadInput, RestoreRefused, StartRefused, StorageError
     from nopstream.local import preflight, runner
     from nopstream.local.ownership import NamespaceHeld
 
@@ -281,6 +281,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             result = Supervisor(plans, options, args.etcd).run()
         else:
             result = runner.run_job(plans, options)
+    except BadInput as bad:  # a record no run can take: not retried
+        print(f"job '{job}' failed: {bad}", file=sys.stderr)
+        return EXIT_JOB_FAILED
     except StartRefused as refused:
         print(f"job '{job}' cannot start: {refused}", file=sys.stderr)
         return EXIT_JOB_FAILED

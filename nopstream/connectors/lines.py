@@ -18,8 +18,31 @@ def encode(records: list[Any], *, jsonl: bool) -> bytes:
     return "".join(f"{r}\n" for r in records).encode("utf-8")
 
 
+class BadLine(ValueError):
+    """Line `index` of the lines given is not a record of the format; `reason` says why."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        """Line `index` (0-based) is bad for `reason`."""
+        super().__init__(f"line {index}: {reason}")
+        self.index = index
+        self.reason = reason
+
+
 def decode(lines: list[bytes], *, jsonl: bool) -> list[Any]:
-    """The records of whole lines (each with or without its line ending)."""
-    if jsonl:
-        return [orjson.loads(line) for line in lines if line.strip()]
-    return [line.decode("utf-8").rstrip("\r\n") for line in lines]
+    """The records of whole lines (each with or without its line ending); BadLine naming the first bad one."""
+    try:
+        if jsonl:
+            return [orjson.loads(line) for line in lines if line.strip()]
+        return [line.decode("utf-8").rstrip("\r\n") for line in lines]
+    except ValueError:  # found again line by line, off the fast path
+        for i, line in enumerate(lines):
+            try:
+                if not jsonl:
+                    line.decode("utf-8")
+                elif line.strip():
+                    orjson.loads(line)
+            except UnicodeDecodeError as err:
+                raise BadLine(i, f"is not UTF-8 ({err.reason} at byte {err.start} of the line)") from None
+            except orjson.JSONDecodeError as err:
+                raise BadLine(i, f"is not JSON ({err})") from None
+        raise

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, Protocol
 
 from nopstream.connectors import lines as line_format
 from nopstream.connectors import stripes
-from nopstream.errors import RestoreRefused
+from nopstream.errors import BadInput, RestoreRefused
 from nopstream.plan.keys import stable_hash
 from nopstream.records import Batch
 
@@ -138,8 +138,21 @@ class StripedSource:
                 self._end_stretch()
                 continue
             lines, self._ahead = self._ahead[:max_records], self._ahead[max_records:]
+            start = self._pos
             self._advance(sum(map(len, lines)))
-            return Batch(line_format.decode(lines, jsonl=self.jsonl))
+            try:
+                return Batch(line_format.decode(lines, jsonl=self.jsonl))
+            except line_format.BadLine as bad:
+                raise self._bad_line(start + sum(map(len, lines[: bad.index])), bad.reason) from None
+
+    def _bad_line(self, offset: int, reason: str) -> BadInput:
+        """The refusal of the line at byte `offset` of the object being read."""
+        split = stripes.split_id(self._current_name, offset // stripes.STRIPE_BYTES)
+        form = "JSON lines" if self.jsonl else "UTF-8 text lines"
+        return BadInput(
+            f"split '{split}' of '{self._current_name}': the line at byte {offset} {reason}"
+            f" (rule: a source of format {'jsonl' if self.jsonl else 'text'} reads {form})"
+        )
 
     def _open(self, name: str) -> None:
         """Open an object and plan the stretches of this subtask's unread stripes in it."""

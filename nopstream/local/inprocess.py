@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nopstream.connectors.registry import Connectors
+from nopstream.errors import RestoreRefused
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.records import ConnectorFactory
 from nopstream.runtime.gate import InputChannel, InputGate
@@ -75,17 +76,20 @@ class TaskFailed(Exception):
 async def _run_one(task: Task) -> None:
     try:
         await task.run()
+    except RestoreRefused as refused:  # a bad record: its own line, as from a task process
+        raise type(refused)(f"task {task.task_id}: {refused}") from None
     except Exception as error:
         raise TaskFailed(task.task_id, error) from error
 
 
 async def run_tasks(tasks: list[Task]) -> None:
-    """Connect and run every task; the first failure cancels the others and is raised as TaskFailed."""
+    """Connect and run every task; the first failure cancels the others and is raised as TaskFailed
+    (a refusal, a bad record, as itself)."""
     for task in tasks:
         await task.connect()
     try:
         async with asyncio.TaskGroup() as group:
             for task in tasks:
                 group.create_task(_run_one(task), name=task.task_id)
-    except* TaskFailed as failures:
+    except* (TaskFailed, RestoreRefused) as failures:
         raise failures.exceptions[0] from None

@@ -25,7 +25,7 @@ from typing import TextIO
 
 import aiohttp
 
-from nopstream import faults, safefiles
+from nopstream import errors, faults, safefiles
 from nopstream.checkpoint import restore
 from nopstream.checkpoint.restore import NewLineage, RestorePoint
 from nopstream.checkpoint.storage import Storage
@@ -35,7 +35,7 @@ from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.local import LocalBackend
 from nopstream.connectors import registry
-from nopstream.errors import RestoreRefused, StartRefused, StorageError
+from nopstream.errors import RestoreRefused, StorageError
 from nopstream.local import inprocess, ownership, processes, worker
 from nopstream.local.control import ControlServer
 from nopstream.node import checkpointing, guard, recovery
@@ -210,6 +210,8 @@ async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions, st
                     group.create_task(coordinator.run(), name="coordinator")
             except* inprocess.TaskFailed as failures:
                 raise JobFailed(str(failures.exceptions[0])) from failures.exceptions[0]
+            except* RestoreRefused as refused:  # a bad record: not retried, its own line
+                raise refused.exceptions[0] from None
             finally:
                 ticker.cancel()
                 await asyncio.gather(ticker, return_exceptions=True)
@@ -459,7 +461,7 @@ async def _until_finished(procs: list[processes.TaskProcess], control: ControlSe
     while True:
         for task_id, report in control.tasks.items():
             if report.error is not None and report.refused:  # the same on every attempt: not recovered
-                refused = StartRefused if report.refused == "start" else RestoreRefused
+                refused = errors.REFUSALS.get(report.refused, RestoreRefused)
                 raise refused(f"task {task_id}: {report.error}")
         codes = [(proc, proc.poll()) for proc in procs]
         for proc, code in codes:

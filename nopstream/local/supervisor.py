@@ -28,12 +28,11 @@ from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
-from nopstream.errors import RestoreRefused, StartRefused
 from nopstream.local import ownership
 from nopstream.local.processes import die_with_parent
 from nopstream.local.runner import JobFailed, RunOptions, RunResult, new_lineage
 from nopstream.node import checkpointing, guard, recovery
-from nopstream.node.recovery import EXIT_START_REFUSED, REFUSALS
+from nopstream.node.recovery import REFUSALS
 from nopstream.node.settings import DEPLOYMENT_FILE, PARTITIONED_FILE
 from nopstream.plan import compiler
 from nopstream.plan.deployment import resource_name
@@ -105,8 +104,8 @@ class Supervisor:
                     time.sleep(_SETTLE)
                     dead = self._dead_tasks()
                 child, code = next(((t, c) for t, c in dead if c in REFUSALS), dead[0])
-                if code in REFUSALS:  # it cannot start at all: the same in every run
-                    refused = StartRefused if code == EXIT_START_REFUSED else RestoreRefused
+                if code in REFUSALS:  # it cannot start at all, or met a bad record: the same in every run
+                    refused = recovery.refusal_of_exit(code)
                     raise refused(f"task {child.name}: " + child.tail(1).removeprefix(recovery.REFUSAL))
                 cause = f"task {child.name} exited with {code}"
                 try:

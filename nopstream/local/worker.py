@@ -18,8 +18,9 @@ from typing import Any
 
 import aiohttp
 
+from nopstream import errors
 from nopstream.checkpoint.restore import RestorePoint
-from nopstream.errors import RestoreRefused, StartRefused
+from nopstream.errors import RestoreRefused
 from nopstream.node import checkpointing, guard
 from nopstream.node.coordinator_api import CoordinatorLink, push_stats
 from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task, load_deployment, load_plan
@@ -73,8 +74,7 @@ async def serve(settings: WorkerSettings) -> None:
             if listener is not None and settings.restore is not None:
                 await checkpointing.start_task(task, listener.storage, settings.restore)
         except RestoreRefused as refused:
-            kind = "start" if isinstance(refused, StartRefused) else "restore"
-            await post("/failed", {"error": str(refused), "refused": kind})
+            await post("/failed", {"error": str(refused), "refused": errors.refusal_kind(refused)})
             raise
         except Exception:
             await post("/failed", {"error": traceback.format_exc(limit=5)})
@@ -103,6 +103,10 @@ async def serve(settings: WorkerSettings) -> None:
             await post("/stats", task.stats().to_json())
             await post("/done", {})
             log.info(task.summary())
+        except RestoreRefused as refused:  # a bad record: the same on every run, not recovered
+            with contextlib.suppress(aiohttp.ClientError):
+                await post("/failed", {"error": str(refused), "refused": errors.refusal_kind(refused)})
+            raise
         except Exception:
             with contextlib.suppress(aiohttp.ClientError):
                 await post("/failed", {"error": traceback.format_exc(limit=8)})

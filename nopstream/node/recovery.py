@@ -1,17 +1,18 @@
 """The one recovery policy: what a failed task does to its job, wherever the job runs.
 
 A task that fails or dies ends its run. A refused start (`EXIT_REFUSED`,
-`EXIT_START_REFUSED`: its restore point or a connector refused) is the same in every
-run and is not recovered. Any other failure is a global recovery: the next run is
-recorded first (`advance`, so a crash half-way leaves the new run to be finished, never
-the old one to be resumed), then it is told (`record`), then the old run's task
-processes are stopped and the new run's started, each restoring the run's restore
-point. The limit is a failure rate, as Flink's `failure-rate` restart strategy: more
-than `RestartPolicy.max_failures` failures within its window fail the job instead
-(`TooManyRecoveries`), so an unbounded job survives any number of transient failures
-spread over its life. Failures in quick succession wait before the new run starts, each
-twice as long as the one before (the first not at all), so a dependency that restarts
-for a few seconds does not use up the limit.
+`EXIT_START_REFUSED`: its restore point or a connector refused) and a bad record
+(`EXIT_BAD_INPUT`) are the same in every run and are not recovered. Any other failure
+is a global recovery: the next run is recorded first (`advance`, so a crash half-way
+leaves the new run to be finished, never the old one to be resumed), then it is told
+(`record`), then the old run's task processes are stopped and the new run's started,
+each restoring the run's restore point. The limit is a failure rate, as Flink's
+`failure-rate` restart strategy: more than `RestartPolicy.max_failures` failures
+within its window fail the job instead (`TooManyRecoveries`), so an unbounded job
+survives any number of transient failures spread over its life. Failures in quick
+succession wait before the new run starts, each twice as long as the one before (the
+first not at all), so a dependency that restarts for a few seconds does not use up the
+limit.
 
 `nopstream run` (its task processes), the supervisor of `nopstream run --etcd` and the
 operator (pods) each give the steps (`Steps`); the order, the count and the limit
@@ -26,13 +27,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn, Protocol
 
-from nopstream.errors import RestoreRefused, StartRefused
+from nopstream import errors
+from nopstream.errors import RestoreRefused
 
 EXIT_REFUSED = 4
 """The exit code of a task whose run cannot start (its restore was refused): not recovered."""
 EXIT_START_REFUSED = 5
 """The exit code of a task whose connector cannot start as configured: not recovered."""
-REFUSALS = (EXIT_REFUSED, EXIT_START_REFUSED)
+EXIT_BAD_INPUT = 6
+"""The exit code of a task that met a record it cannot take (`BadInput`): not recovered."""
+REFUSALS = (EXIT_REFUSED, EXIT_START_REFUSED, EXIT_BAD_INPUT)
+_EXIT_CODES = {"restore": EXIT_REFUSED, "start": EXIT_START_REFUSED, "input": EXIT_BAD_INPUT}
+
+
+def refusal_of_exit(code: int) -> type[RestoreRefused]:
+    """The kind of refusal a task's exit code (one of REFUSALS) reports."""
+    kind = next(k for k, c in _EXIT_CODES.items() if c == code)
+    return errors.REFUSALS[kind]
 
 
 REFUSAL = "nopstream task: cannot start: "
@@ -47,7 +58,7 @@ def exit_refused(refused: RestoreRefused) -> NoReturn:
     otherwise die of it first, and its plain failure would be taken for the cause.
     """
     print(f"{REFUSAL}{refused}", file=sys.stderr, flush=True)
-    os._exit(EXIT_START_REFUSED if isinstance(refused, StartRefused) else EXIT_REFUSED)
+    os._exit(_EXIT_CODES[errors.refusal_kind(refused)])
 
 
 class TooManyRecoveries(RuntimeError):

@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from nopstream import stacks
+from nopstream import errors, stacks
 from nopstream.checkpoint.restore import RestorePoint
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.backend import Backend, StoreUnavailable, wait_reachable
@@ -149,8 +149,10 @@ async def _work(
     stats = asyncio.create_task(push_stats(task, link.post_now), name="stats")
     try:
         await task.run()
-    except Exception:  # shown on the dashboard; the pod's failure is what recovers the job
+    except Exception as exc:  # shown on the dashboard; the pod's failure is what recovers the job
         failure = {"error": traceback.format_exc(limit=8)}
+        if isinstance(exc, RestoreRefused):  # a bad record: the pod exits with its refusal's code
+            failure = {"error": str(exc), "refused": errors.refusal_kind(exc)}
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(REPORT_SECONDS):
                 await link.post_now("/failed", failure)

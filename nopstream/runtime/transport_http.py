@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
+from nopstream.errors import BadInput
+from nopstream.records import Batch
 from nopstream.runtime.codec import DEFAULT_CODEC, Codec
 from nopstream.runtime.credit import CreditLedger, CreditWindow
 from nopstream.runtime.frames import (
@@ -220,8 +222,20 @@ class HttpOutput:
             self.window.fail(ChannelBroken(f"channel {self.channel_id} closed by the receiver"))
 
     async def send(self, frame: Frame) -> None:
-        """Send a frame once credit allows."""
+        """Send a frame once credit allows; a batch over the channel's message limit goes in halves.
+
+        BadInput when one record alone is over the limit: it cannot cross a channel.
+        """
         data = encode(frame, self._codec)
+        if len(data) > MAX_MESSAGE:
+            if not isinstance(frame, Batch) or len(frame.records) < 2:
+                raise BadInput(
+                    f"channel {self.channel_id}: a record encodes to {len(data):,} bytes, over the"
+                    f" {MAX_MESSAGE:,} bytes a record may take on a channel (docs/validation.md)"
+                )
+            for half in _halves(frame):
+                await self.send(half)
+            return
         await self.window.acquire(len(data))
         await self._ws.send_bytes(data)
 
@@ -234,6 +248,16 @@ class HttpOutput:
         """
         await self._reader
         await self._ws.close()
+
+
+def _halves(batch: Batch) -> tuple[Batch, Batch]:
+    """A batch of two records or more cut in two, in order."""
+    middle = len(batch.records) // 2
+    stamps = batch.timestamps
+    return (
+        Batch(batch.records[:middle], None if stamps is None else stamps[:middle]),
+        Batch(batch.records[middle:], None if stamps is None else stamps[middle:]),
+    )
 
 
 Resolver = Callable[[str], Awaitable[str]]

@@ -579,9 +579,8 @@ def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) ->
     refused = next((p for p in current.values() if p.exit_code in recovery.REFUSALS), None)
     if refused is not None:  # the same in every run: not recovered
         last = (refused.message.strip().splitlines() or [f"exit code {refused.exit_code}"])[-1]
-        _fail(
-            ctx, seen, deployment, "CannotStart", f"{refused.name}: {last.removeprefix('nopstream task: ')}"
-        )
+        reason = "BadInput" if refused.exit_code == recovery.EXIT_BAD_INPUT else "CannotStart"
+        _fail(ctx, seen, deployment, reason, f"{refused.name}: {last.removeprefix('nopstream task: ')}")
         return
     if lost:
         _recover(ctx, seen, deployment, run, lost, current)
