@@ -106,7 +106,8 @@ class Supervisor:
                 child, code = next(((t, c) for t, c in dead if c in REFUSALS), dead[0])
                 if code in REFUSALS:  # it cannot start at all, or met a bad record: the same in every run
                     refused = recovery.refusal_of_exit(code)
-                    raise refused(f"task {child.name}: " + child.tail(1).removeprefix(recovery.REFUSAL))
+                    said = child.tail(1).removeprefix(recovery.REFUSAL)
+                    raise refused(f"task {child.name}: " + said.partition(": ")[2])
                 cause = f"task {child.name} exited with {code}"
                 try:
                     recovered = recovery.recover(

@@ -46,8 +46,8 @@ def refusal_of_exit(code: int) -> type[RestoreRefused]:
     return errors.REFUSALS[kind]
 
 
-REFUSAL = "nopstream task: cannot start: "
-"""How the last line of a refused task process's stderr begins."""
+REFUSAL = "nopstream task: "
+"""How the last line of a refused task process's stderr begins (then `cannot start: ` or `bad input: `)."""
 
 
 def exit_refused(refused: RestoreRefused) -> NoReturn:
@@ -57,7 +57,8 @@ def exit_refused(refused: RestoreRefused) -> NoReturn:
     and going at once matters: a peer that sees this task's channels close would
     otherwise die of it first, and its plain failure would be taken for the cause.
     """
-    print(f"{REFUSAL}{refused}", file=sys.stderr, flush=True)
+    what = "bad input" if isinstance(refused, errors.BadInput) else "cannot start"
+    print(f"{REFUSAL}{what}: {refused}", file=sys.stderr, flush=True)
     os._exit(_EXIT_CODES[errors.refusal_kind(refused)])
 
 

@@ -315,6 +315,25 @@ def test_a_refused_start_fails_the_job_at_once_with_the_reason(world):
     assert not [k for k in kinds(kube) if k.startswith("Pod")]
 
 
+def test_a_task_that_met_a_bad_record_fails_the_job_at_once_naming_it(world):
+    ctx, kube, etcd, _events = world
+    passes(ctx, 2)
+    said = "nopstream task: bad input: split 'in/a.txt#0' of 'in/a.txt': the line at byte 9 is not JSON"
+    kube.set_pods("task", "Failed", ready=False, exit_code=6, log=f"2026 INFO serves\n{said}\n")
+    passes(ctx)
+    got = status(kube)
+    ready = next(c for c in got["conditions"] if c["type"] == "Ready")
+    assert (got["phase"], got.get("recoveries"), etcd.current_run, ready["reason"]) == (
+        "Failed",
+        0,
+        1,
+        "BadInput",
+    )
+    assert ready["message"].endswith(
+        ": bad input: split 'in/a.txt#0' of 'in/a.txt': the line at byte 9 is not JSON"
+    )
+
+
 def test_an_invalid_spec_is_invalid_and_creates_nothing(world):
     ctx, kube, _etcd, _events = world
     kube.streamjob["spec"]["parallelism"] = 0
