@@ -29,6 +29,11 @@ EXIT_USAGE = 2
 EXIT_JOB_FAILED = 3
 EXIT_INTERNAL = 70  # EX_SOFTWARE
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as the default action gives
+
+
+class Terminated(BaseException):
+    """`nopstream run` got SIGTERM: it unwinds as from Ctrl-C, stopping its task processes."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -251,6 +256,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     loaded = load_file(args.file)
     plans = compiler.compile_model(loaded)
+    _unwind_on_sigterm()
     job_dir = str(Path(args.file).resolve().parent)
     options = runner.RunOptions(
         in_process=args.in_process,
@@ -370,6 +376,18 @@ def _leave(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _unwind_on_sigterm() -> None:
+    """SIGTERM raises Terminated: the command stops its task processes and removes its run files
+    (`control-url`, `secret`) as on Ctrl-C, instead of dying with them left behind."""
+    import signal
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise Terminated
+
+    if threading.current_thread() is threading.main_thread():  # signals go to the main thread only
+        signal.signal(signal.SIGTERM, stop)
 
 
 def _exit_on_sigterm(command: str) -> None:
@@ -621,6 +639,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except Terminated:
+        print(
+            f"nopstream {args.command}: stopped by SIGTERM (running the job again resumes from its"
+            " latest durable epoch)",
+            file=sys.stderr,
+        )
+        return EXIT_TERMINATED
     except Exception as exc:
         if args.command in _LOGGED_COMMANDS:
             raise

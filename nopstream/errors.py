@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import traceback
+from typing import Any
+
 
 class StorageError(OSError):
     """Checkpoint storage could not be read or written."""
@@ -31,3 +34,17 @@ REFUSALS: dict[str, type[RestoreRefused]] = {
 def refusal_kind(refused: RestoreRefused) -> str:
     """The name of the most specific kind `refused` is."""
     return next(kind for kind, cls in reversed(REFUSALS.items()) if isinstance(refused, cls))
+
+
+def failure_report(exc: BaseException) -> dict[str, Any]:
+    """How a task tells its failure (the body of `POST /failed`, the dashboard's last failures).
+
+    A refusal in its own words, with its kind; an error of the machine (an OSError: a full
+    disk, no permission) in one line naming its file; anything else with the innermost
+    frames of its traceback, where the user's own code raised.
+    """
+    if isinstance(exc, RestoreRefused):
+        return {"error": str(exc), "refused": refusal_kind(exc)}
+    if isinstance(exc, OSError):
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"error": "".join(traceback.format_exception(exc, limit=-8))}

@@ -17,9 +17,11 @@ Its directory must be trusted and its staging directory is private
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -149,15 +151,25 @@ class FileSink(ObjectSink):
                 fd = os.open(staged, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
             self._file = os.fdopen(fd, "wb")
             self._file_epoch = self._created = self.epoch
-        self._file.write(line_format.encode(batch.records, jsonl=self.jsonl))
+        with self._naming_the_file():
+            self._file.write(line_format.encode(batch.records, jsonl=self.jsonl))
         self.records += len(batch.records)
 
     def _release(self) -> None:
         if self._file is not None:
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            with self._naming_the_file():
+                self._file.flush()
+                os.fsync(self._file.fileno())
             self._file.close()
             self._file = None
+
+    @contextlib.contextmanager
+    def _naming_the_file(self) -> Iterator[None]:
+        """An OSError of the open staged file (a full disk) names the file."""
+        try:
+            yield
+        except OSError as err:
+            raise OSError(err.errno, err.strerror, str(self._staged(self._file_epoch))) from None
 
     def _stage(self, epoch: int) -> None:
         """The staged file was fsynced by `_release`; name it for `epoch` if it was opened for another.

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import traceback
 from collections.abc import Callable
 from typing import Any
 
+from nopstream import errors
 from nopstream.connectors.registry import Connectors
 from nopstream.errors import RestoreRefused
 from nopstream.plan.partitioned import PartitionedPlan
@@ -69,7 +69,7 @@ class TaskFailed(Exception):
     def __init__(self, task_id: str, error: BaseException) -> None:
         """Wrap `error`, raised by task `task_id`."""
         self.task_id = task_id
-        self.trace = "".join(traceback.format_exception(error, limit=8))
+        self.trace = str(errors.failure_report(error)["error"])
         super().__init__(f"task {task_id} failed:\n{self.trace.rstrip()}")
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ import aiohttp
 
 from nopstream import errors
 from nopstream.checkpoint.restore import RestorePoint
-from nopstream.errors import RestoreRefused
 from nopstream.node import checkpointing, guard
 from nopstream.node.coordinator_api import CoordinatorLink, push_stats
 from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task, load_deployment, load_plan
@@ -73,11 +71,8 @@ async def serve(settings: WorkerSettings) -> None:
             )
             if listener is not None and settings.restore is not None:
                 await checkpointing.start_task(task, listener.storage, settings.restore)
-        except RestoreRefused as refused:
-            await post("/failed", {"error": str(refused), "refused": errors.refusal_kind(refused)})
-            raise
-        except Exception:
-            await post("/failed", {"error": traceback.format_exc(limit=5)})
+        except Exception as exc:
+            await post("/failed", errors.failure_report(exc))
             raise
         server = TaskServer(task, receiver, listener, run=settings.run, guard=guard.Guard(settings.secret))
         endpoint = await server.start(settings.host, 0)
@@ -103,13 +98,9 @@ async def serve(settings: WorkerSettings) -> None:
             await post("/stats", task.stats().to_json())
             await post("/done", {})
             log.info(task.summary())
-        except RestoreRefused as refused:  # a bad record: the same on every run, not recovered
+        except Exception as exc:  # a bad record is a refusal: the same on every run, not recovered
             with contextlib.suppress(aiohttp.ClientError):
-                await post("/failed", {"error": str(refused), "refused": errors.refusal_kind(refused)})
-            raise
-        except Exception:
-            with contextlib.suppress(aiohttp.ClientError):
-                await post("/failed", {"error": traceback.format_exc(limit=8)})
+                await post("/failed", errors.failure_report(exc))
             raise
         finally:
             await link.close()

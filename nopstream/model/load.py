@@ -6,6 +6,7 @@ uses (`spec.model.operators[2].type`), so a user sees one style of message.
 
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,14 +40,28 @@ class LoadedModel:
         return format_path((*self.prefix, *parts))
 
 
+MAX_FILE_BYTES = 1 << 20
+"""The largest job file read (a Kubernetes object is at most 1.5 MiB; a real job is a few KiB)."""
+
+
 def load_file(path: str | Path) -> LoadedModel:
-    """Read and parse a model file; raise `ModelError` naming the file or field on bad input."""
+    """Read and parse a model file; raise `ModelError` naming the file or field on bad input.
+
+    Only a regular file of at most MAX_FILE_BYTES is read: `/dev/zero` was read until
+    memory ran out, and a FIFO hung.
+    """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        if not stat.S_ISREG(p.stat().st_mode):
+            raise ModelError([Issue(str(p), "is not a regular file", "file-readable")])
+        with p.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise ModelError([Issue(str(p), f"is larger than {MAX_FILE_BYTES:,} bytes", "file-readable")])
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise ModelError([Issue(str(p), "no such file", "file-exists")]) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ModelError([Issue(str(p), f"cannot read: {exc}", "file-readable")]) from None
     return load_text(text, origin=str(p))
 

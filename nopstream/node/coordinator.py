@@ -72,7 +72,6 @@ class CoordinatorProcess:
         self.routes = CoordinatorRoutes(plan.task_ids(), self.guard, self.history)
         self.app = self.guard.application()
         self.routes.add_to(self.app)
-        self.app.router.add_get("/healthz", self._healthz)
 
     async def serve(self) -> int:
         """Serve, campaign, lead until the job is over (0) or the lease is lost (1)."""
@@ -291,9 +290,6 @@ class CoordinatorProcess:
             await self.epoch_log.record(
                 coordinator.leadership, last.epoch, EpochState.ABORTED, reason=f"run changed to {run}"
             )
-
-    async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"ok": True})
 
 
 def _stopped_at(last: EpochEntry | None, run: int) -> bool:

@@ -35,7 +35,7 @@ from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.errors import Fenced
 from nopstream.node.epoch_metrics import CoordinatorCollector
 from nopstream.node.epochs import Ack, EpochCoordinator
-from nopstream.node.guard import Guard, GuardCollector, int_field, json_body
+from nopstream.node.guard import Guard, GuardCollector, healthz, int_field, json_body
 from nopstream.node.jobview import JobHistory, job_view
 from nopstream.node.taskserver import TaskIdentity, TaskStatus
 from nopstream.plan.epochs import EpochKind
@@ -93,6 +93,7 @@ class CoordinatorRoutes:
         app.router.add_get(DASHBOARD_PATH, self._dashboard)  # before the files: it matches first
         app.router.add_static(DASHBOARD_PATH, DASHBOARD_FILES, append_version=False)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", healthz)
 
     async def message(
         self, request: web.Request, *required: str, leading: bool = False

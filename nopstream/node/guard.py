@@ -48,6 +48,8 @@ def read_secret(path: Path) -> str:
         raise SecretError(f"{path}: cannot read the job secret ({err.strerror or err})") from None
     if len(value) < SECRET_BYTES:
         raise SecretError(f"{path}: the job secret must have at least {SECRET_BYTES} characters")
+    if not all("!" <= c <= "~" for c in value):  # it goes into a header; an error would show it
+        raise SecretError(f"{path}: the job secret must be printable ASCII without spaces")
     return value
 
 
@@ -55,6 +57,11 @@ def write_secret(path: Path, secret: str) -> None:
     """Write a job secret as a new file readable by its owner only (a name already there is removed, never
     written through); the caller's directory is private (`safefiles.private_dir`)."""
     safefiles.replace_file(path, secret.encode())
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """`GET /healthz` of every server of a job: 200 while the process serves; it tells nothing of the job."""
+    return web.json_response({"ok": True})
 
 
 def headers(secret: str) -> dict[str, str]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nopstream.node.guard import SecretError, read_secret
+from nopstream.node.taskserver import load_plan
 
 PARTITIONED_FILE = "partitioned.json"
 DEPLOYMENT_FILE = "deployment.json"
@@ -129,9 +130,17 @@ def from_env(role: str, env: Mapping[str, str] = os.environ) -> NodeSettings:
         health_port=_int(env, HEALTH, minimum=1) if env.get(HEALTH, "").strip() else None,
     )
     if role == "task":
+        task_id = _required(env, "NOPSTREAM_TASK_ID")
+        try:
+            known = load_plan(settings.partitioned_path).task_ids()
+        except (OSError, ValueError) as err:
+            raise SettingsError(f"NOPSTREAM_PLAN_DIR={plan_dir}: {err}") from None
+        if task_id not in known:
+            shown = ", ".join(known[:3]) + (", ..." if len(known) > 3 else "")
+            raise SettingsError(f"NOPSTREAM_TASK_ID={task_id!r} is not a task of the plan ({shown})")
         return dataclasses.replace(
             settings,
-            task_id=_required(env, "NOPSTREAM_TASK_ID"),
+            task_id=task_id,
             run=_int(env, "NOPSTREAM_RUN", minimum=1),
             standby=_bool(env, "NOPSTREAM_STANDBY"),
         )

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import threading
-import traceback
 from collections.abc import Coroutine
 from typing import Any
 
@@ -150,9 +149,7 @@ async def _work(
     try:
         await task.run()
     except Exception as exc:  # shown on the dashboard; the pod's failure is what recovers the job
-        failure = {"error": traceback.format_exc(limit=8)}
-        if isinstance(exc, RestoreRefused):  # a bad record: the pod exits with its refusal's code
-            failure = {"error": str(exc), "refused": errors.refusal_kind(exc)}
+        failure = errors.failure_report(exc)  # a bad record: the pod exits with its refusal's code
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(REPORT_SECONDS):
                 await link.post_now("/failed", failure)

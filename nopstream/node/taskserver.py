@@ -30,7 +30,7 @@ from nopstream.cluster.fencing import TokenGate
 from nopstream.connectors.registry import Connectors
 from nopstream.node import checkpointing
 from nopstream.node.epochs import Ack
-from nopstream.node.guard import Guard, GuardCollector, int_field, json_body
+from nopstream.node.guard import Guard, GuardCollector, healthz, int_field, json_body
 from nopstream.plan import compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.epochs import EpochKind
@@ -171,7 +171,7 @@ class TaskServer:
         self.app.router.add_post("/control/commit", self._commit)
         self.app.router.add_get("/control/status", self._status)
         self.app.router.add_get("/metrics", self._metrics)
-        self.app.router.add_get("/healthz", self._healthz)
+        self.app.router.add_get("/healthz", healthz)
         self.registry = CollectorRegistry()
         self.registry.register(
             TaskCollector(lambda: [task], semantic_mode=task.plan.identity.semantic_mode.value)
@@ -238,6 +238,3 @@ class TaskServer:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=exposition(self.registry), content_type="text/plain")
-
-    async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"ok": True})

@@ -347,6 +347,12 @@ def _check_cycles(ctx: _Context) -> Iterator[Issue]:
 
 
 def _check_consumed(ctx: _Context) -> Iterator[Issue]:
+    graph = ctx.loaded.model.graph
+    for section, nodes in (("sources", graph.sources), ("sinks", graph.sinks)):
+        if not nodes:
+            yield Issue(
+                ctx.path(None, "model", section), f"a job needs at least one {section[:-1]}", "connected"
+            )
     for n in ctx.nodes:
         if n.kind != "sink" and n.node_id not in ctx.consumers and ctx.by_id.get(n.node_id) is n:
             yield Issue(
@@ -619,6 +625,8 @@ def write_path_problem(path: str) -> str | None:
     """Why a job may not write under `path` (a file sink, local checkpoints), or None."""
     if not path.strip():
         return "must not be empty (it would be the working directory)"
+    if path.startswith("~"):
+        return f"'{path}' starts with '~', which is not expanded: write the directory out"
     parts = path.replace("\\", "/").split("/")
     if ".." in parts:
         return f"'{path}' must not go up with '..'"
