@@ -42,7 +42,9 @@ def pod_settings(env: dict[str, str] | None = None) -> PodSettings:
     NOPSTREAM_ETCD (host:port, required), NOPSTREAM_POD_COMMAND (JSON list, default
     ["nopstream"]), NOPSTREAM_POD_ENV (JSON object), NOPSTREAM_POD_LEASE_TTL (seconds),
     NOPSTREAM_NETWORK_POLICY ("false": no NetworkPolicy per job), NOPSTREAM_NETWORK_POLICY_FROM
-    (a JSON list of more NetworkPolicy peers), POD_NAMESPACE (the operator's own, admitted).
+    (a JSON list of more NetworkPolicy peers), NOPSTREAM_ALLOWED_SECRETS (a JSON list of the
+    Secrets a StreamJob's secretRef may name; unset: any), POD_NAMESPACE (the operator's own,
+    admitted).
     """
     env = dict(os.environ) if env is None else env
     etcd = env.get("NOPSTREAM_ETCD", "").strip()
@@ -56,6 +58,9 @@ def pod_settings(env: dict[str, str] | None = None) -> PodSettings:
         network_policy=env.get("NOPSTREAM_NETWORK_POLICY", "true").strip().lower() != "false",
         operator_namespace=env.get("POD_NAMESPACE") or None,
         ingress_from=tuple(json.loads(env.get("NOPSTREAM_NETWORK_POLICY_FROM") or "[]")),
+        allowed_secrets=(
+            frozenset(json.loads(allowed)) if (allowed := env.get("NOPSTREAM_ALLOWED_SECRETS")) else None
+        ),
     )
 
 

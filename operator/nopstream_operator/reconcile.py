@@ -25,8 +25,8 @@ from typing import Any
 
 from nopstream.checkpoint.restore import NewLineage, RestoreRequest
 from nopstream.cluster.layout import Layout
-from nopstream.model.errors import ModelError
-from nopstream.model.load import load_data
+from nopstream.model.errors import Issue, ModelError
+from nopstream.model.load import LoadedModel, load_data
 from nopstream.model.status import (
     Condition,
     ConditionStatus,
@@ -157,11 +157,42 @@ def observe(ctx: Context, namespace: str, name: str) -> Observed | None:
     return Observed(job, pods)
 
 
-def validate(job: dict[str, Any]) -> compiler.CompiledPlans:
-    """Compile the StreamJob for Kubernetes; ModelError lists every issue (as `nopstream validate`)."""
+def validate(job: dict[str, Any], *, allowed_secrets: frozenset[str] | None = None) -> compiler.CompiledPlans:
+    """Compile the StreamJob for Kubernetes; ModelError lists every issue (as `nopstream validate`).
+
+    With `allowed_secrets` (the chart's `jobs.allowedSecrets`), a `secretRef` to any other
+    Secret is an issue: the operator would mount it into pods that run the job's image.
+    """
     namespace = job["metadata"]["namespace"]
     loaded = load_data(job, origin=f"streamjob/{job['metadata']['name']}")
-    return compiler.compile_model(loaded, backend="kubernetes", namespace=namespace)
+    plans = compiler.compile_model(loaded, backend="kubernetes", namespace=namespace)
+    if allowed_secrets is not None:
+        issues = _secret_issues(loaded, allowed_secrets)
+        if issues:
+            raise ModelError(issues)
+    return plans
+
+
+def _secret_issues(loaded: LoadedModel, allowed: frozenset[str]) -> list[Issue]:
+    """An issue for every `secretRef` of the job that names a Secret not in `allowed`."""
+    model = loaded.model
+    refs: list[tuple[tuple[str | int, ...], str | None]] = []
+    if model.checkpoint.storage.s3 is not None:
+        refs.append((("checkpoint", "storage", "s3", "secretRef"), model.checkpoint.storage.s3.secret_ref))
+    for section, nodes in (("sources", model.graph.sources), ("sinks", model.graph.sinks)):
+        for i, node in enumerate(nodes):
+            refs.append((("model", section, i, "config", "secretRef"), node.config.get("secretRef")))
+    shown = ", ".join(sorted(allowed)) or "none"
+    return [
+        Issue(
+            loaded.path(*at),
+            f"Secret '{name}' is not one a StreamJob may mount (allowed: {shown}; the chart's"
+            " jobs.allowedSecrets)",
+            "secret-allowed",
+        )
+        for at, name in refs
+        if isinstance(name, str) and name not in allowed
+    ]
 
 
 def reconcile_once(ctx: Context, namespace: str, name: str) -> None:
@@ -170,7 +201,7 @@ def reconcile_once(ctx: Context, namespace: str, name: str) -> None:
     if seen is None:
         return
     try:
-        desired = validate(seen.job)
+        desired = validate(seen.job, allowed_secrets=ctx.pods.allowed_secrets)
     except ModelError as err:
         _invalid(ctx, seen, [str(i) for i in err.issues])
         return

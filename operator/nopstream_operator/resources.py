@@ -53,6 +53,7 @@ class PodSettings:
     network_policy: bool = True
     operator_namespace: str | None = None
     ingress_from: tuple[dict[str, Any], ...] = ()  # more NetworkPolicy peers (a Prometheus, say)
+    allowed_secrets: frozenset[str] | None = None  # the Secrets a secretRef may name (None: any)
 
 
 def plan_configmap_name(job_id: str, fingerprint: str) -> str:

@@ -112,6 +112,7 @@ def test_helm_lint_and_template(tmp_path):
     assert env["NOPSTREAM_ETCD"] == "rel-etcd.ns1.svc:2379"
     assert env["NOPSTREAM_OPERATOR_PEERING"] == "rel"
     assert (env["NOPSTREAM_NETWORK_POLICY"], env["NOPSTREAM_NETWORK_POLICY_FROM"]) == ("true", "[]")
+    assert env["NOPSTREAM_ALLOWED_SECRETS"] == '["nopstream-storage"]'  # a job mounts the storage's only
     pod = operator["spec"]["template"]["spec"]
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["containers"][0]["securityContext"] == {
@@ -131,6 +132,17 @@ def test_helm_lint_and_template(tmp_path):
             "verbs": ["get", "create", "delete"],
         },
     ]
+    for allowed, expected in (("{kafka-auth}", '["kafka-auth","nopstream-storage"]'), ("{*}", None)):
+        more = template(tmp_path, "-n", "ns1", *QUICK_START, "--set", f"jobs.allowedSecrets={allowed}")
+        deployment = next(
+            d
+            for d in yaml.safe_load_all(more.stdout)
+            if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "rel-operator"
+        )
+        given = {
+            e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        assert given.get("NOPSTREAM_ALLOWED_SECRETS") == expected
     bad = template(tmp_path, "--set", "etcd.endpoint=nohost")
     assert bad.returncode == 1
     assert "at '/etcd/endpoint': 'nohost' does not match pattern" in bad.stderr

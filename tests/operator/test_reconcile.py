@@ -9,6 +9,7 @@ and the same passes run against a real API server, etcd and pods in `test_e2e.py
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -332,6 +333,26 @@ def test_a_task_that_met_a_bad_record_fails_the_job_at_once_naming_it(world):
     assert ready["message"].endswith(
         ": bad input: split 'in/a.txt#0' of 'in/a.txt': the line at byte 9 is not JSON"
     )
+
+
+def test_a_secret_ref_outside_the_allowed_secrets_is_invalid_and_mounts_nothing(world):
+    """A StreamJob may name any Secret of its namespace; the operator would mount it into pods
+    running the job's image. With the chart's jobs.allowedSecrets, only those."""
+    ctx, kube, _etcd, _events = world
+    ctx.pods = dataclasses.replace(ctx.pods, allowed_secrets=frozenset({"nopstream-storage"}))
+    kube.streamjob["spec"]["checkpoint"]["storage"]["s3"]["secretRef"] = "db-admin"
+    passes(ctx, 2)
+    got = status(kube)
+    valid = next(c for c in got["conditions"] if c["type"] == "Valid")
+    refusal = (
+        "spec.checkpoint.storage.s3.secretRef: Secret 'db-admin' is not one a StreamJob may mount"
+        " (allowed: nopstream-storage; the chart's jobs.allowedSecrets) (rule: secret-allowed)"
+    )
+    assert (got["phase"], valid["message"]) == ("Invalid", refusal)
+    assert not [k for k in kinds(kube) if k.startswith("Pod")]
+    kube.streamjob["spec"]["checkpoint"]["storage"]["s3"]["secretRef"] = "nopstream-storage"
+    passes(ctx, 2)
+    assert status(kube)["phase"] != "Invalid"
 
 
 def test_an_invalid_spec_is_invalid_and_creates_nothing(world):
