@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from nopstream.checkpoint.restore import NewLineage, RestoreRequest
 from nopstream.cluster.layout import Layout
 from nopstream.model.errors import Issue, ModelError
 from nopstream.model.load import LoadedModel, load_data
+from nopstream.model.spec import SinkSpec, SourceSpec
 from nopstream.model.status import (
     Condition,
     ConditionStatus,
@@ -179,7 +180,11 @@ def _secret_issues(loaded: LoadedModel, allowed: frozenset[str]) -> list[Issue]:
     refs: list[tuple[tuple[str | int, ...], str | None]] = []
     if model.checkpoint.storage.s3 is not None:
         refs.append((("checkpoint", "storage", "s3", "secretRef"), model.checkpoint.storage.s3.secret_ref))
-    for section, nodes in (("sources", model.graph.sources), ("sinks", model.graph.sinks)):
+    connectors: list[tuple[str, Sequence[SourceSpec | SinkSpec]]] = [
+        ("sources", model.graph.sources),
+        ("sinks", model.graph.sinks),
+    ]
+    for section, nodes in connectors:
         for i, node in enumerate(nodes):
             refs.append((("model", section, i, "config", "secretRef"), node.config.get("secretRef")))
     shown = ", ".join(sorted(allowed)) or "none"
