@@ -21,7 +21,10 @@ from nopstream import errors
 from nopstream.checkpoint.restore import RestorePoint
 from nopstream.node import checkpointing, guard
 from nopstream.node.coordinator_api import CoordinatorLink, push_stats
-from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task, load_deployment, load_plan
+from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task
+from nopstream.plan import compiler
+from nopstream.plan.deployment import DeploymentPlan
+from nopstream.plan.partitioned import PartitionedPlan
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +46,7 @@ class WorkerSettings:
 
 async def serve(settings: WorkerSettings) -> None:
     """Run one task to completion; report to the control server."""
-    plan = load_plan(settings.plan_path)
+    plan = compiler.read_document(settings.plan_path, PartitionedPlan)
     who = TaskIdentity(settings.task_id, settings.run, settings.attempt)
     async with aiohttp.ClientSession(headers=guard.headers(settings.secret)) as session:
         control = settings.control_url
@@ -65,7 +68,11 @@ async def serve(settings: WorkerSettings) -> None:
                 return endpoint
 
         try:
-            deployment = load_deployment(settings.deployment_path) if settings.deployment_path else None
+            deployment = (
+                compiler.read_document(settings.deployment_path, DeploymentPlan)
+                if settings.deployment_path
+                else None
+            )
             task, receiver, listener = build_task(
                 plan, deployment, who, session=session, resolve=resolve, send=link.send
             )

@@ -45,7 +45,8 @@ from nopstream.node.coordinator_api import CoordinatorRoutes, TaskCommands
 from nopstream.node.epochs import Ack, EpochCoordinator
 from nopstream.node.jobview import JobHistory
 from nopstream.node.settings import NodeSettings
-from nopstream.node.taskserver import TaskStatus, load_deployment, load_plan
+from nopstream.node.taskserver import TaskStatus
+from nopstream.plan import compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
@@ -304,6 +305,6 @@ def _stopped_at(last: EpochEntry | None, run: int) -> bool:
 
 async def serve(settings: NodeSettings) -> int:
     """Run one coordinator candidate; its exit code."""
-    plan = load_plan(settings.partitioned_path)
-    deployment = load_deployment(settings.deployment_path)
+    plan = compiler.read_document(settings.partitioned_path, PartitionedPlan)
+    deployment = compiler.read_document(settings.deployment_path, DeploymentPlan)
     return await CoordinatorProcess(settings, plan, deployment).serve()

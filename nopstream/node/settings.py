@@ -24,8 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nopstream.model.errors import ModelError
 from nopstream.node.guard import SecretError, read_secret
-from nopstream.node.taskserver import load_plan
+from nopstream.plan import compiler
+from nopstream.plan.partitioned import PartitionedPlan
 
 PARTITIONED_FILE = "partitioned.json"
 DEPLOYMENT_FILE = "deployment.json"
@@ -132,8 +134,8 @@ def from_env(role: str, env: Mapping[str, str] = os.environ) -> NodeSettings:
     if role == "task":
         task_id = _required(env, "NOPSTREAM_TASK_ID")
         try:
-            known = load_plan(settings.partitioned_path).task_ids()
-        except (OSError, ValueError) as err:
+            known = compiler.read_document(settings.partitioned_path, PartitionedPlan).task_ids()
+        except (OSError, ValueError, ModelError) as err:
             raise SettingsError(f"NOPSTREAM_PLAN_DIR={plan_dir}: {err}") from None
         if task_id not in known:
             shown = ", ".join(known[:3]) + (", ..." if len(known) > 3 else "")

@@ -40,8 +40,10 @@ from nopstream.errors import RestoreRefused
 from nopstream.node import checkpointing, guard, recovery
 from nopstream.node.coordinator_api import CoordinatorLink, push_stats
 from nopstream.node.settings import NodeSettings
-from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task, load_deployment, load_plan
+from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task
+from nopstream.plan import compiler
 from nopstream.plan.deployment import DeploymentPlan
+from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.runtime.task import Task, run_until
 
 log = logging.getLogger(__name__)
@@ -67,8 +69,8 @@ async def poll_key(backend: Backend, key: str) -> bytes:
 async def serve(settings: NodeSettings) -> None:
     """Run one task of one run to completion; LeaseLost when its lease goes."""
     assert settings.task_id is not None and settings.run is not None
-    plan = load_plan(settings.partitioned_path)
-    deployment = load_deployment(settings.deployment_path)
+    plan = compiler.read_document(settings.partitioned_path, PartitionedPlan)
+    deployment = compiler.read_document(settings.deployment_path, DeploymentPlan)
     who = TaskIdentity(settings.task_id, settings.run, settings.attempt)
     backend = EtcdBackend(settings.etcd_host, settings.etcd_port)
     layout = Layout(deployment.namespace, plan.identity.job_id, plan.identity.pipeline_id)

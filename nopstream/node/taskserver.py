@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -31,7 +30,6 @@ from nopstream.connectors.registry import Connectors
 from nopstream.node import checkpointing
 from nopstream.node.epochs import Ack
 from nopstream.node.guard import Guard, GuardCollector, healthz, int_field, json_body
-from nopstream.plan import compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
@@ -46,22 +44,6 @@ Send = Callable[[str, dict[str, Any]], Awaitable[None]]
 """Send a message (path, JSON body) to the coordinator."""
 Resolve = Callable[[str], Awaitable[str]]
 """The endpoint of a task of the same run."""
-
-
-def load_plan(path: Path) -> PartitionedPlan:
-    """The PartitionedPlan of a plan document file."""
-    plan = compiler.load_document(path.read_text(), origin=str(path))
-    if not isinstance(plan, PartitionedPlan):
-        raise ValueError(f"{path} holds a {compiler.layer_name(plan)} plan, not a partitioned plan")
-    return plan
-
-
-def load_deployment(path: Path) -> DeploymentPlan:
-    """The DeploymentPlan of a plan document file."""
-    plan = compiler.load_document(path.read_text(), origin=str(path))
-    if not isinstance(plan, DeploymentPlan):
-        raise ValueError(f"{path} holds a {compiler.layer_name(plan)} plan, not a deployment plan")
-    return plan
 
 
 def locate(plan: PartitionedPlan, task_id: str) -> tuple[str, int]:

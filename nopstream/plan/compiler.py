@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from nopstream.model.errors import Issue, ModelError
 from nopstream.model.load import LoadedModel
@@ -21,6 +22,7 @@ from nopstream.plan.streamgraph import EdgePolicy, StreamGraph, build_stream_gra
 from nopstream.plan.validation import backend_issues, plan_size_issues, validate
 
 Plan = StreamGraph | JobGraph | PartitionedPlan | DeploymentPlan
+L = TypeVar("L", StreamGraph, JobGraph, PartitionedPlan, DeploymentPlan)
 LAYERS: dict[str, type[Any]] = {
     "stream": StreamGraph,
     "job": JobGraph,
@@ -74,6 +76,20 @@ def dump_document(plan: Plan) -> str:
     plain = to_plain(plan)
     doc = {"layer": layer_name(plan), "fingerprint": fingerprint(plan), "plan": plain}
     return plain_json(doc).decode("utf-8")
+
+
+def read_document(path: Path, layer: type[L]) -> L:
+    """The plan of `layer` in the plan document file `path`; ValueError naming the file when it holds
+    another layer (ModelError when it is no plan document, OSError when it cannot be read)."""
+    plan = load_document(path.read_text(), origin=str(path))
+    if not isinstance(plan, layer):
+        raise ValueError(f"{path} holds a {layer_name(plan)} plan, not a {layer_name_of(layer)} plan")
+    return plan
+
+
+def layer_name_of(layer: type[Plan]) -> str:
+    """The layer name of a plan class."""
+    return next(name for name, cls in LAYERS.items() if cls is layer)
 
 
 def load_document(text: str, *, origin: str = "<plan>") -> Plan:
