@@ -449,7 +449,13 @@ def _ask_coordinator(
     if url and not args.secret_file:
         print(f"nopstream {args.command}: --url needs --secret-file (the job's secret)", file=sys.stderr)
         return None
-    found = (url.rstrip("/"), Path(args.secret_file or "")) if url else _coordinator(plans, args)
+    from nopstream.cluster.backend import StoreUnavailable
+
+    try:
+        found = (url.rstrip("/"), Path(args.secret_file or "")) if url else _coordinator(plans, args)
+    except StoreUnavailable as err:
+        print(f"job '{job}': etcd at {args.etcd} did not answer: {err}", file=sys.stderr)
+        return None
     if found is None:
         print(f"job '{job}' is not running (no coordinator found)", file=sys.stderr)
         return None

@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from nopstream.cluster.backend import Backend, StoreUnavailable
 from nopstream.cluster.layout import Layout
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -66,10 +69,22 @@ class Registry:
         """Advance the run from `expected`; the run now current either way.
 
         When another watcher of the same failure advanced it first, its run is ours too.
+        A run key that is missing or behind `expected` is lost coordination state (etcd
+        lost its data): the run is written past `expected`, never reused, since
+        fencing by run number must still refuse a zombie of the runs before.
         """
-        if await self.advance_run(expected, takeover=takeover):
-            return expected + 1
-        return await self.current_run()
+        while True:
+            if await self.advance_run(expected, takeover=takeover):
+                return expected + 1
+            current = await self.current_run()
+            if current >= expected:
+                return current
+            log.warning("the run key reads %d, behind run %d: etcd lost it", current, expected)
+            old = None if current == 0 else str(current).encode()
+            new = str(expected + 1).encode()
+            also = {self.layout.takeover(expected + 1): takeover.encode()} if takeover else {}
+            if await self.backend.compare_and_swap(self.layout.run, old, new, also=also):
+                return expected + 1
 
     async def standby(self, run: int, plan: str, *, poll: float = 0.1) -> bool:
         """Wait, as a standby task of `plan` made for `run`, until that run or a later one is current.

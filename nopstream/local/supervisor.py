@@ -28,6 +28,7 @@ from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
+from nopstream.errors import StartRefused
 from nopstream.local import ownership
 from nopstream.local.processes import die_with_parent
 from nopstream.local.runner import JobFailed, RunOptions, RunResult, new_lineage
@@ -40,6 +41,10 @@ from nopstream.plan.deployment import resource_name
 LEASE_TTL = 4
 CANDIDATES = 2
 _SETTLE = 0.5  # seconds a task death waits for a refusal of another task to show
+ETCD_WAIT_S = 30.0
+"""How long `nopstream run --etcd` waits for etcd to answer at its start before it gives up (exit 3)."""
+RUN_CHECK_S = 1.0
+"""How often the supervisor checks that etcd still holds the run (etcd may lose its data)."""
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 
 
@@ -86,6 +91,7 @@ class Supervisor:
         (self.plan_dir / PARTITIONED_FILE).write_text(compiler.dump_document(self.plans.partitioned))
         (self.plan_dir / DEPLOYMENT_FILE).write_text(compiler.dump_document(self.plans.deployment))
         guard.write_secret(self.secret_file, guard.new_secret())  # one per command, as with `run`
+        _reach(self.etcd, quiet=self.options.quiet)
         run = _advance_run(self.etcd, self.layout, None)
         self.lineage = new_lineage(self.options)
         self._request(run, self.lineage)
@@ -93,16 +99,35 @@ class Supervisor:
         try:
             self.coordinators = [self._candidate() for _ in range(CANDIDATES)]
             self.tasks = self._start_tasks(run)
+            checked = time.monotonic()
             while not self._finished():
                 time.sleep(0.1)
                 self._replace_dead_coordinators()
                 dead = self._dead_tasks()
-                if not dead:
+                lost = None
+                if not dead and time.monotonic() - checked >= RUN_CHECK_S:
+                    checked, lost = time.monotonic(), _lost_run(self.etcd, self.layout, run)
+                if not dead and lost is None:
                     continue
                 if not any(code in REFUSALS for _, code in dead):
                     # a task whose peer refused to start may die of it first: let the refusal show
                     time.sleep(_SETTLE)
                     dead = self._dead_tasks()
+                if lost is not None:  # lost coordination state: a new run, past every run before
+                    try:
+                        recovered = recovery.recover(
+                            self,
+                            run=run,
+                            recoveries=recoveries,
+                            failures=failures,
+                            now=time.monotonic(),
+                            policy=self.options.restart_policy,
+                            cause=lost,
+                        )
+                    except recovery.TooManyRecoveries as failed:
+                        raise JobFailed(str(failed)) from None
+                    run, recoveries, failures = recovered.run, recovered.recoveries, recovered.failures
+                    continue
                 child, code = next(((t, c) for t, c in dead if c in REFUSALS), dead[0])
                 if code in REFUSALS:  # it cannot start at all, or met a bad record: the same in every run
                     refused = recovery.refusal_of_exit(code)
@@ -235,6 +260,37 @@ def _etcd(etcd: str, call: Callable[[EtcdBackend], Awaitable[T]]) -> T:
             await backend.close()
 
     return asyncio.run(once())
+
+
+def _reach(etcd: str, *, quiet: bool) -> None:
+    """Return once etcd answers; say once that it waits; StartRefused after ETCD_WAIT_S."""
+    deadline = time.monotonic() + ETCD_WAIT_S
+    said = False
+    while True:
+        try:
+            _etcd(etcd, lambda backend: backend.revision())
+            return
+        except StoreUnavailable:
+            if time.monotonic() >= deadline:
+                raise StartRefused(
+                    f"etcd at {etcd} did not answer within {ETCD_WAIT_S:g} s (is it running there?)"
+                ) from None
+            if not said and not quiet:
+                print(f"waiting for etcd at {etcd} (at most {ETCD_WAIT_S:g} s)", file=sys.stderr)
+                said = True
+            time.sleep(0.5)
+
+
+def _lost_run(etcd: str, layout: Layout, run: int) -> str | None:
+    """Why etcd no longer holds run `run` (its run key missing or behind it), or None (also while
+    etcd cannot be reached: an outage is waited out, as the processes do)."""
+    try:
+        current = _etcd(etcd, lambda backend: Registry(backend, layout).current_run())
+    except StoreUnavailable:
+        return None
+    if current >= run:
+        return None
+    return f"etcd lost the job's coordination state (its run reads {current}, the run is {run})"
 
 
 def _advance_run(etcd: str, layout: Layout, expected: int | None) -> int:

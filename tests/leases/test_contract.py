@@ -128,6 +128,24 @@ def test_election_tokens_and_fenced_epoch_log(backend_factory, layout, run_async
     run_async(backend_factory, scenario)
 
 
+def test_a_lost_run_key_is_never_reused(backend_factory, layout, run_async):
+    """etcd that lost its data: the run went back to 0 and run 1 was reused, so fencing by run
+    number no longer refused a zombie of the old run 1. A run behind the caller's is written past it."""
+
+    async def scenario(b):
+        reg = Registry(b, layout)
+        assert await reg.next_run(0) == 1 and await reg.next_run(1) == 2 and await reg.next_run(2) == 3
+        await b.delete(layout.run)  # wiped
+        assert await reg.current_run() == 0
+        assert await reg.next_run(3) == 4  # not 1
+        await b.put(layout.run, b"1")  # gone back
+        assert await reg.next_run(4) == 5
+        assert await reg.current_run() == 5
+        assert await reg.next_run(4) == 5  # another watcher of the same failure: the same run
+
+    run_async(backend_factory, scenario)
+
+
 def test_run_cas_and_task_registry(backend_factory, layout, run_async):
     async def scenario(b):
         reg = Registry(b, layout)

@@ -232,3 +232,64 @@ def test_a_task_lost_after_the_final_epoch_is_committed_still_gets_its_recovery_
     assert run_now == 2 and done.stderr.count("recovering: ") == 1, done.stderr
     got = committed(tmp_path / "etcd", "out")
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
+
+
+def test_etcd_that_loses_the_jobs_keys_mid_run_gets_a_new_run_and_the_output_stays_exact(
+    tmp_path, etcd_server
+):
+    """etcd lost its data (the chart's bundled etcd keeps it in an emptyDir): the run went back to
+    0, run 1 was reused, and a job whose keys were lost at its start hung for ever in silence.
+    Every key of the job is deleted under a running job: the supervisor sees its run gone,
+    records a new run past it, and the job ends exact (checkpoint storage is the truth)."""
+    job = "etcd-wiped"
+    expected, proc = expected_then_start(tmp_path, job, "{}:{}".format(*etcd_server.endpoint))
+
+    async def wipe() -> int:
+        backend = EtcdBackend(*etcd_server.endpoint)
+        try:
+            keys = await backend.get_prefix(Layout("local", job, "main").prefix)
+            for key in keys:
+                await backend.delete(key)
+            return len(keys)
+        finally:
+            await backend.close()
+
+    try:
+        wait_for_commits(etcd_server.endpoint, job, 1, proc)
+        assert asyncio.run(wipe()) > 0
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert (
+        "recovering: etcd lost the job's coordination state (its run reads 0, the run is 1) (run 1 -> 2"
+        in err
+    )
+    _, run_now, _ = coordination(etcd_server.endpoint, job)
+    assert run_now >= 2  # never run 1 again
+    got = committed(tmp_path / "etcd", "out")
+    assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
+
+
+def test_etcd_with_nothing_listening_is_waited_for_then_refused_in_one_line(tmp_path):
+    port = servers.free_port()
+    home = tmp_path / "job"
+    prepare(home, paced_wordcount("no-etcd"), {})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(home)])}
+    began = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "nopstream", "run", "job.yaml", "--etcd", f"127.0.0.1:{port}"],
+        cwd=home,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    waited = time.monotonic() - began
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.startswith(f"waiting for etcd at 127.0.0.1:{port} (at most 30 s)\n"), proc.stderr
+    refused = f"etcd at 127.0.0.1:{port} did not answer within 30 s (is it running there?)"
+    assert proc.stderr.endswith(f"job 'no-etcd' cannot start: {refused}\n"), proc.stderr
+    assert 30 <= waited < 60
