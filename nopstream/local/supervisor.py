@@ -103,37 +103,13 @@ class Supervisor:
             while not self._finished():
                 time.sleep(0.1)
                 self._replace_dead_coordinators()
-                dead = self._dead_tasks()
-                lost = None
-                if not dead and time.monotonic() - checked >= RUN_CHECK_S:
+                failure = self._task_failure()
+                if failure is None and time.monotonic() - checked >= RUN_CHECK_S:
                     checked, lost = time.monotonic(), _lost_run(self.etcd, self.layout, run)
-                if not dead and lost is None:
+                    failure = None if lost is None else (lost, "")
+                if failure is None:
                     continue
-                if not any(code in REFUSALS for _, code in dead):
-                    # a task whose peer refused to start may die of it first: let the refusal show
-                    time.sleep(_SETTLE)
-                    dead = self._dead_tasks()
-                if lost is not None:  # lost coordination state: a new run, past every run before
-                    try:
-                        recovered = recovery.recover(
-                            self,
-                            run=run,
-                            recoveries=recoveries,
-                            failures=failures,
-                            now=time.monotonic(),
-                            policy=self.options.restart_policy,
-                            cause=lost,
-                        )
-                    except recovery.TooManyRecoveries as failed:
-                        raise JobFailed(str(failed)) from None
-                    run, recoveries, failures = recovered.run, recovered.recoveries, recovered.failures
-                    continue
-                child, code = next(((t, c) for t, c in dead if c in REFUSALS), dead[0])
-                if code in REFUSALS:  # it cannot start at all, or met a bad record: the same in every run
-                    refused = recovery.refusal_of_exit(code)
-                    said = child.tail(1).removeprefix(recovery.REFUSAL)
-                    raise refused(f"task {child.name}: " + said.partition(": ")[2])
-                cause = f"task {child.name} exited with {code}"
+                cause, detail = failure
                 try:
                     recovered = recovery.recover(
                         self,
@@ -145,7 +121,7 @@ class Supervisor:
                         cause=cause,
                     )
                 except recovery.TooManyRecoveries as failed:
-                    raise JobFailed(f"{failed}:\n{child.tail()}") from None
+                    raise JobFailed(f"{failed}:\n{detail}" if detail else str(failed)) from None
                 run, recoveries, failures = recovered.run, recovered.recoveries, recovered.failures
             _wait(self.coordinators, 15)
             entry = _etcd(self.etcd, lambda b: b.get(self.layout.restore(run)))
@@ -156,6 +132,24 @@ class Supervisor:
         point = RestorePoint.from_json(entry.value) if entry is not None else None
         finished = point.epoch if point is not None and point.finished else None
         return RunResult(seconds, seconds, {}, {}, {}, runs=recoveries + 1, finished_before=finished)
+
+    def _task_failure(self) -> tuple[str, str] | None:
+        """(cause, the end of its log) of a task process that died, or None; a refusal raised as itself.
+
+        A task that cannot start at all, or met a bad record, is the same in every run.
+        """
+        dead = self._dead_tasks()
+        if not dead:
+            return None
+        if not any(code in REFUSALS for _, code in dead):
+            # a task whose peer refused to start may die of it first: let the refusal show
+            time.sleep(_SETTLE)
+            dead = self._dead_tasks()
+        child, code = next(((t, c) for t, c in dead if c in REFUSALS), dead[0])
+        if code in REFUSALS:
+            said = child.tail(1).removeprefix(recovery.REFUSAL)
+            raise recovery.refusal_of_exit(code)(f"task {child.name}: " + said.partition(": ")[2])
+        return f"task {child.name} exited with {code}", child.tail()
 
     # the steps of a recovery (`node.recovery`)
 
