@@ -145,14 +145,18 @@ def test_a_finished_job_run_again_on_etcd_says_so_and_storage_wins(tmp_path, etc
     assert records(home / "out") == expected
 
 
-def test_two_runs_of_one_job_at_once_the_second_is_refused(tmp_path):
-    expected = clean_records(tmp_path)
-    home = tmp_path / "job"
-    word_count(home)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(home)])}
+def second_while_first_runs(first_home: Path, second_home: Path):
+    """Start the job in `first_home`; once it has a durable epoch, run the job in `second_home`
+    while the first is stopped (SIGSTOP), then let the first end: (first's pid, its exit code,
+    its stderr, the second's result).
+
+    The first stands still while the second starts: on a busy machine the second's start
+    took longer than the rest of the first run, which then had finished.
+    """
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(first_home)])}
     first = subprocess.Popen(
         [sys.executable, "-m", "nopstream", "run", "job.yaml"],
-        cwd=home,
+        cwd=first_home,
         env=env,
         stderr=subprocess.PIPE,
         text=True,
@@ -160,24 +164,30 @@ def test_two_runs_of_one_job_at_once_the_second_is_refused(tmp_path):
     )
     try:
         deadline = time.monotonic() + 30
-        while not manifests(home) and time.monotonic() < deadline:
+        while not manifests(first_home) and time.monotonic() < deadline:
             time.sleep(0.05)
-        # the first run stopped while the second starts: on a busy machine the second's
-        # start took longer than the rest of the first run, which then had finished
         os.killpg(first.pid, signal.SIGSTOP)
         try:
-            second = run(home)
+            second = run(second_home)
         finally:
             os.killpg(first.pid, signal.SIGCONT)
-        assert second.code == 1, second.err
-        assert (
-            f"job 'wc' cannot run: checkpoint namespace 'wc/main' in {home / 'cp'} is held by"
-            f" nopstream run (pid {first.pid}, since "
-        ) in second.err
         _, err = first.communicate(timeout=180)
     finally:
         first.kill()
-    assert first.returncode == 0, err
+    return first.pid, first.returncode, err, second
+
+
+def test_two_runs_of_one_job_at_once_the_second_is_refused(tmp_path):
+    expected = clean_records(tmp_path)
+    home = tmp_path / "job"
+    word_count(home)
+    pid, code, err, second = second_while_first_runs(home, home)
+    assert second.code == 1, second.err
+    assert (
+        f"job 'wc' cannot run: checkpoint namespace 'wc/main' in {home / 'cp'} is held by"
+        f" nopstream run (pid {pid}, since "
+    ) in second.err
+    assert code == 0, err
     assert records(home / "out") == expected
 
 

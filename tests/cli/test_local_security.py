@@ -10,11 +10,7 @@ hand a directory to another user.
 from __future__ import annotations
 
 import os
-import signal
 import stat
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,8 +25,14 @@ from nopstream.model.load import load_data
 from nopstream.node import guard
 from nopstream.plan import compiler
 from nopstream.records import Batch
-from tests.checkpointing.test_every_start import clean_records, manifests, records, run, word_count
-from tests.conftest import ROOT
+from tests.checkpointing.test_every_start import (
+    clean_records,
+    manifests,
+    records,
+    run,
+    second_while_first_runs,
+    word_count,
+)
 
 OTHER = 65534
 
@@ -50,33 +52,13 @@ def test_one_job_run_from_two_working_directories_into_one_output_the_second_is_
     first_home, second_home = tmp_path / "one", tmp_path / "two"
     for home in (first_home, second_home):
         word_count(home, sink=str(shared))  # each its own checkpoints (cp/ in its directory)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(first_home)])}
-    first = subprocess.Popen(
-        [sys.executable, "-m", "nopstream", "run", "job.yaml"],
-        cwd=first_home,
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not manifests(first_home) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.killpg(first.pid, signal.SIGSTOP)
-        try:
-            second = run(second_home)
-        finally:
-            os.killpg(first.pid, signal.SIGCONT)
-        assert second.code == 1, second.err
-        held = f"job 'wc' cannot run: sink 'out' output {shared} is held by nopstream run"
-        assert f"{held} (pid {first.pid}, since " in second.err
-        assert "(one running job per sink output)" in second.err
-        assert not manifests(second_home)
-        _, err = first.communicate(timeout=180)
-    finally:
-        first.kill()
-    assert first.returncode == 0, err
+    pid, code, err, second = second_while_first_runs(first_home, second_home)
+    assert second.code == 1, second.err
+    held = f"job 'wc' cannot run: sink 'out' output {shared} is held by nopstream run"
+    assert f"{held} (pid {pid}, since " in second.err
+    assert "(one running job per sink output)" in second.err
+    assert not manifests(second_home)
+    assert code == 0, err
     assert records(shared) == expected
 
 
