@@ -19,6 +19,7 @@ from collections import Counter
 import pytest
 
 from tests.chaos.jobs import fill_kafka, rolling_word_count
+from tests.checkpointing.test_every_start import second_while_first_runs
 from tests.checkpointing.test_faults import prepare, run_job, run_with_fault
 from tests.conftest import after_dashboard_line
 from tests.kafka_util import Topics
@@ -200,3 +201,20 @@ def test_an_epoch_of_megabytes_reaches_kafka_through_the_snapshot(tmp_path, kafk
     assert kafka.committed(out) == Counter(json.dumps(line) for line in lines)
     manifest = max((tmp_path / "big" / "cp").rglob("_manifest.json"), key=lambda p: int(p.parent.name))
     assert manifest.stat().st_size < 100_000
+
+
+def test_one_job_run_from_two_directories_into_one_topic_the_second_is_refused(tmp_path, kafka, source):
+    """Kafka -> Kafka run twice at once from two working directories: one exited 0, and the topic
+    held 5,542 duplicated and 484 missing records of 100,000. The sink output (the topic, on its
+    cluster, for this job and sink) is held by the first run; the second is refused naming it."""
+    expected = rolling_counts(kafka, source)
+    out = kafka.create("twice", partitions=2)
+    first, second = tmp_path / "one", tmp_path / "two"
+    for home in (first, second):
+        prepare(home, model(kafka, source, out), {})  # checkpoints of its own (cp/ in each)
+    pid, code, err, refused = second_while_first_runs(first, second)
+    assert refused.code == 1, refused.err
+    held = f"sink 'out' output kafka topic '{out}' at {kafka.bootstrap} is held by nopstream run (pid {pid}, "
+    assert held in refused.err
+    assert code == 0, err
+    assert kafka.committed(out) == expected
