@@ -619,7 +619,12 @@ def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) ->
         _fail(ctx, seen, deployment, reason, f"{refused.name}: {last.removeprefix('nopstream task: ')}")
         return
     if lost:
-        _recover(ctx, seen, deployment, run, lost, current)
+        _recover(ctx, seen, deployment, run, f"{', '.join(sorted(lost))} failed", current)
+        return
+    stored = ctx.etcd.run(_layout(deployment))
+    if stored < run:  # lost coordination state: a new run past it, never a run reused
+        lost_state = f"etcd lost the job's coordination state (its run reads {stored}, the run is {run})"
+        _recover(ctx, seen, deployment, run, lost_state, current)
         return
     for t in deployment.tasks:
         if t.name not in current:
@@ -731,11 +736,11 @@ def _recover(
     seen: Observed,
     deployment: DeploymentPlan,
     run: int,
-    lost: list[str],
+    cause: str,
     current: dict[str | None, PodView],
 ) -> None:
-    """A global recovery (`node.recovery`); past spec.maxRecoveries failures within the restart
-    policy's window the job is Failed instead.
+    """A global recovery from `cause` (`node.recovery`); past spec.maxRecoveries failures within
+    the restart policy's window the job is Failed instead.
 
     The operator keeps the window (`status.failedAt`) but not the backoff: a new run's
     pods are created at once, and their scheduling and start already space recoveries.
@@ -749,7 +754,7 @@ def _recover(
             failures=[t / 1000 for t in seen.status.failed_at],
             now=time.time(),
             policy=recovery.RestartPolicy(max_failures=limit),
-            cause=f"{', '.join(sorted(lost))} failed",
+            cause=cause,
         )
     except recovery.TooManyRecoveries as failed:
         _fail(ctx, seen, deployment, "TooManyRecoveries", f"{failed}: the job has failed")

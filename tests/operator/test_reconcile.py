@@ -125,8 +125,8 @@ class FakeEtcd:
         return self.current_run
 
     def advance_run(self, layout: Any, expected: int, *, takeover: str | None = None) -> int:
-        if self.current_run == expected:
-            self.current_run += 1
+        if self.current_run <= expected:  # a run behind `expected` is lost state: written past it
+            self.current_run = expected + 1
             self.takeovers[self.current_run] = takeover
         return self.current_run
 
@@ -353,6 +353,20 @@ def test_a_secret_ref_outside_the_allowed_secrets_is_invalid_and_mounts_nothing(
     kube.streamjob["spec"]["checkpoint"]["storage"]["s3"]["secretRef"] = "nopstream-storage"
     passes(ctx, 2)
     assert status(kube)["phase"] != "Invalid"
+
+
+def test_etcd_that_lost_the_run_gets_a_new_run_past_it_never_a_run_reused(world):
+    ctx, kube, etcd, events = world
+    passes(ctx, 2)
+    kube.set_pods("task", "Running", ready=True)
+    passes(ctx)
+    assert (status(kube)["run"], etcd.current_run) == (1, 1)
+    etcd.current_run = 0  # etcd lost its data (an emptyDir)
+    passes(ctx)
+    got = status(kube)
+    assert (got["phase"], got["run"], etcd.current_run) == ("Recovering", 2, 2)
+    cause = "etcd lost the job's coordination state (its run reads 0, the run is 1) (run 1 -> 2)"
+    assert ("Recovery", f"{cause}: restoring the latest durable epoch") in events
 
 
 def test_an_invalid_spec_is_invalid_and_creates_nothing(world):
