@@ -83,6 +83,15 @@ class RestartPolicy:
             return 0.0
         return float(min(self.max_backoff_s, self.backoff_s * 2 ** (failures - 2)))
 
+    def wait(self, failures: Sequence[float], now: float) -> float:
+        """Seconds before a recovery from a failure seen at `now` may begin, for a runner that cannot
+        wait in place (the operator's passes): its delay counted from the failure before it; none
+        for a failure past the limit (the job fails at once)."""
+        recent = [t for t in failures if now - t < self.window_s]
+        if not recent or len(recent) + 1 > self.max_failures:
+            return 0.0
+        return max(0.0, recent[-1] + self.delay(len(recent) + 1) - now)
+
 
 @dataclass(frozen=True)
 class Recovery:

@@ -146,6 +146,7 @@ class Context:
     pods: PodSettings
     emit: Emit
     plans: dict[str, tuple[PartitionedPlan, DeploymentPlan]] = field(default_factory=dict)
+    clock: Callable[[], float] = time.time  # wall seconds: the restart policy's window and backoff
 
 
 def observe(ctx: Context, namespace: str, name: str) -> Observed | None:
@@ -717,8 +718,8 @@ class _PodSteps:
                 self.ctx.kube.delete_pod(self.deployment.namespace, name, grace=0)
 
     def start(self, run: int, *, delay_s: float) -> None:
-        """Create the run's task pods now (the backoff is not kept here: see `_recover`): waiting a
-        pass would add its period to every recovery.
+        """Create the run's task pods now (the backoff was waited before the recovery began, see
+        `_recover`): waiting a pass would add its period to every recovery.
 
         A standby holding a pod's name is adopted as it is, unless it failed (then it is
         replaced).
@@ -742,18 +743,22 @@ def _recover(
     """A global recovery from `cause` (`node.recovery`); past spec.maxRecoveries failures within
     the restart policy's window the job is Failed instead.
 
-    The operator keeps the window (`status.failedAt`) but not the backoff: a new run's
-    pods are created at once, and their scheduling and start already space recoveries.
+    The window is `status.failedAt`. A pass cannot wait in place, so the backoff is
+    waited before the recovery begins: a failure that comes quicker than its delay after
+    the one before is recovered from by the first pass past it (passes come every second).
     """
-    limit = int((seen.job.get("spec") or {}).get("maxRecoveries", 10))
+    policy = recovery.RestartPolicy(max_failures=int((seen.job.get("spec") or {}).get("maxRecoveries", 10)))
+    failures, now = [t / 1000 for t in seen.status.failed_at], ctx.clock()
+    if policy.wait(failures, now) > 0:
+        return
     try:
         recovery.recover(
             _PodSteps(ctx, seen, deployment, current),
             run=run,
             recoveries=seen.status.recoveries or 0,
-            failures=[t / 1000 for t in seen.status.failed_at],
-            now=time.time(),
-            policy=recovery.RestartPolicy(max_failures=limit),
+            failures=failures,
+            now=now,
+            policy=policy,
             cause=cause,
         )
     except recovery.TooManyRecoveries as failed:

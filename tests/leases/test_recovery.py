@@ -83,3 +83,12 @@ def test_failures_older_than_the_window_do_not_count_and_the_backoff_doubles_up_
     assert (recovered.failures, recovered.delay_s, recovered.recoveries) == ((1000.0,), 0.0, 41)
     policy = recovery.RestartPolicy()
     assert [policy.delay(n) for n in range(1, 10)] == [0, 0.25, 0.5, 1, 2, 4, 8, 10, 10]
+
+
+def test_a_runner_that_cannot_wait_in_place_waits_from_the_failure_before():
+    policy = recovery.RestartPolicy(max_failures=3, window_s=60)
+    assert policy.wait([], now=100.0) == 0  # the first failure within the window: at once
+    assert policy.wait([100.0], now=100.1) == pytest.approx(0.15)  # the second's 0.25 s from the first
+    assert policy.wait([100.0, 100.25], now=100.3) == pytest.approx(0.45)  # the third's 0.5 s
+    assert policy.wait([100.0, 100.25, 100.75], now=100.8) == 0  # past the limit: it fails at once
+    assert policy.wait([10.0], now=100.0) == 0  # out of the window

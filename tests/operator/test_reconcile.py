@@ -369,6 +369,25 @@ def test_etcd_that_lost_the_run_gets_a_new_run_past_it_never_a_run_reused(world)
     assert ("Recovery", f"{cause}: restoring the latest durable epoch") in events
 
 
+def test_failures_in_quick_succession_are_recovered_from_after_their_backoff(world):
+    """A 6 s restart of a dependency used all recoveries in about 6 s: a pass cannot wait in place,
+    so a failure quicker than its delay after the one before waits for a later pass."""
+    ctx, kube, etcd, _events = world
+    now = [1000.0]
+    ctx.clock = lambda: now[0]
+    passes(ctx, 2)
+    kube.set_pods("task", "Failed", ready=False, exit_code=1)
+    passes(ctx)
+    assert (status(kube)["run"], status(kube)["failedAt"]) == (2, [1_000_000])  # the first at once
+    now[0] += 0.1
+    kube.set_pods("task", "Failed", ready=False, exit_code=1)
+    passes(ctx)
+    assert (status(kube)["run"], etcd.current_run) == (2, 2)  # 0.1 s after: its 0.25 s not yet out
+    now[0] += 0.15
+    passes(ctx)
+    assert (status(kube)["run"], status(kube)["failedAt"]) == (3, [1_000_000, 1_000_250])
+
+
 def test_an_invalid_spec_is_invalid_and_creates_nothing(world):
     ctx, kube, _etcd, _events = world
     kube.streamjob["spec"]["parallelism"] = 0
