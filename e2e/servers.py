@@ -296,9 +296,10 @@ class Postgres:
             self.process.popen.wait(grace)
         self.process.stop(grace)
 
-    def restart(self) -> None:
-        """Stop the server and start it again on the same port and data."""
+    def restart(self, *, down: float = 0.0) -> None:
+        """Stop the server and, `down` seconds later, start it again on the same port and data."""
         self.stop()
+        time.sleep(down)
         self.process = _postgres_process(self.workdir, self.data_dir, self.port)
         _wait_postgres(self)
 
