@@ -203,3 +203,14 @@ def test_a_full_disk_fails_the_run_in_a_line_naming_the_file_without_a_traceback
         f"OSError: [Errno 28] No space left on device: '{small / 'out' / '.staging'}/bad.main.l1.out.0."
         in result.err
     )
+
+
+def test_status_with_etcd_down_says_so_in_one_line(tmp_path):
+    from e2e import servers
+
+    write(tmp_path, job())
+    port = servers.free_port()
+    result = run_nopstream("status", "job.yaml", "--etcd", f"127.0.0.1:{port}", cwd=tmp_path, timeout=60)
+    assert result.code == 1, result.err
+    assert result.err.startswith(f"job 'bad': etcd at 127.0.0.1:{port} did not answer: ")
+    assert result.err.count("\n") == 1 and "Traceback" not in result.err

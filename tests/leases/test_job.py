@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from e2e import servers
 from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.epochlog import EpochLog, EpochState
@@ -234,14 +236,14 @@ def test_a_task_lost_after_the_final_epoch_is_committed_still_gets_its_recovery_
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
 
 
-def test_etcd_that_loses_the_jobs_keys_mid_run_gets_a_new_run_and_the_output_stays_exact(
-    tmp_path, etcd_server
-):
+@pytest.mark.parametrize("when", ["at-start", "mid-run"])
+def test_etcd_that_loses_the_jobs_keys_gets_a_new_run_and_the_output_stays_exact(tmp_path, etcd_server, when):
     """etcd lost its data (the chart's bundled etcd keeps it in an emptyDir): the run went back to
     0, run 1 was reused, and a job whose keys were lost at its start hung for ever in silence.
-    Every key of the job is deleted under a running job: the supervisor sees its run gone,
-    records a new run past it, and the job ends exact (checkpoint storage is the truth)."""
-    job = "etcd-wiped"
+    Every key of the job is deleted as soon as its run is written, or after its first commit:
+    the supervisor sees its run gone, records a new run past it, and the job ends exact
+    (checkpoint storage is the truth)."""
+    job = f"etcd-wiped-{when}"
     expected, proc = expected_then_start(tmp_path, job, "{}:{}".format(*etcd_server.endpoint))
 
     async def wipe() -> int:
@@ -255,7 +257,13 @@ def test_etcd_that_loses_the_jobs_keys_mid_run_gets_a_new_run_and_the_output_sta
             await backend.close()
 
     try:
-        wait_for_commits(etcd_server.endpoint, job, 1, proc)
+        if when == "mid-run":
+            wait_for_commits(etcd_server.endpoint, job, 1, proc)
+        else:
+            deadline = time.monotonic() + 60
+            while coordination(etcd_server.endpoint, job)[1] < 1:
+                assert time.monotonic() < deadline and proc.poll() is None, "the run was never written"
+                time.sleep(0.02)
         assert asyncio.run(wipe()) > 0
         _, err = proc.communicate(timeout=240)
     finally:
