@@ -220,3 +220,24 @@ def test_the_file_sink_never_writes_or_publishes_through_a_planted_link(tmp_path
     with pytest.raises(OutputConflict, match=f"refusing to replace committed output {final}"):
         sink.commit(1)
     assert os.path.islink(final) and staged.exists()
+
+
+def test_an_internal_error_report_is_a_new_file_in_the_private_directory(tmp_path, monkeypatch, capsys):
+    """Reports had predictable names in the shared temporary directory and were written through links."""
+    import tempfile
+
+    from nopstream import cli
+
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    try:
+        raise RuntimeError("a bug of ours")
+    except RuntimeError as exc:
+        assert cli._internal_error("run", exc) == cli.EXIT_INTERNAL
+    said = capsys.readouterr().err
+    private = tmp_path / f"nopstream-{os.geteuid()}"
+    (report,) = private.glob("internal-error-*.log")
+    assert f"the traceback is in {report})" in said
+    assert "RuntimeError: a bug of ours" in report.read_text()
+    assert stat.S_IMODE(os.stat(report).st_mode) == 0o600 and stat.S_IMODE(os.stat(private).st_mode) == 0o700
