@@ -7,7 +7,9 @@ failure-free, then again while killing its processes with SIGKILL at seeded rand
 moments from the first second on: a task process, a coordinator candidate (with
 `--etcd`), or the whole runner with every process it started (then started again,
 as a user would). The committed output of both runs is compared as exact multisets:
-anything missing or doubled is printed with examples, and the verdict is exit 1.
+anything missing or doubled is printed with examples, and the verdict is exit 1. What
+the recoveries restored is printed from the tasks' restore reports (a kill before
+anything is durable restores nothing, and proves nothing about the restore path).
 A user function that is not deterministic shows up here too.
 WARNING: the job's sources are read by both runs and must not change meanwhile.
 """
@@ -35,6 +37,7 @@ import yaml
 from nopstream import safefiles, stacks
 from nopstream.connectors import files, kafka, postgres
 from nopstream.connectors import s3 as s3_connector
+from nopstream.node.checkpointing import RestoreReport
 
 EXAMPLES = 5  # records shown of each kind of difference
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
@@ -64,6 +67,22 @@ class Outcome:
     errors: str = ""
     records: Counter[str] = field(default_factory=Counter)
     job: dict[str, Any] = field(default_factory=dict)
+    restores: dict[tuple[str, int, str], RestoreReport] = field(default_factory=dict)
+    """Every task start's restore report, by (log, line number, line): read after each runner ends."""
+
+    def coverage(self) -> str:
+        """What the task starts restored, in one line."""
+        reports = list(self.restores.values())
+        stateful = [r for r in reports if r.epoch is not None]
+        epochs = sorted({r.epoch for r in stateful if r.epoch is not None})
+        shown = ", ".join(map(str, epochs[:12])) + (", ..." if len(epochs) > 12 else "")
+        return (
+            f"{len(reports)} task starts, {len(stateful)} from a durable epoch"
+            + (f" (epochs {shown})" if epochs else "")
+            + f"; restored {sum(r.keyed_entries for r in stateful):,} keyed entries,"
+            f" {sum(r.timers for r in stateful):,} timers, {sum(r.cursors for r in stateful):,} source"
+            f" cursors, {sum(r.pending_transactions for r in stateful):,} pending sink transactions"
+        )
 
 
 class ChaosFailed(RuntimeError):
@@ -91,6 +110,7 @@ def run_chaos(job_file: Path, settings: ChaosSettings, *, out: TextIO = sys.stdo
     ended = f"; the job ended after {done} of {settings.kills}" if done < settings.kills else ""
     print(f"  SIGKILLs: {done} ({kills}){ended}", file=out)
     print(f"  global recoveries: {faulty.recoveries}; runner starts: {faulty.starts}", file=out)
+    print(f"  restores: {faulty.coverage()}", file=out)
     total, got = sum(clean.records.values()), sum(faulty.records.values())
     print(f"  committed records: {total} failure-free, {got} under kills", file=out)
     for name, diff in (("missing", missing), ("duplicated", doubled)):
@@ -131,6 +151,7 @@ def _run(
             if proc.poll() is None:  # timed out, or chaos itself was interrupted: leave nothing behind
                 _kill_group(proc)
                 _wait_group_gone(proc)
+            _read_restores(home, outcome)  # before a new runner writes its run-1 logs again
         if code == -signal.SIGKILL:  # the whole runner was killed: start it again, as a user would
             _wait_group_gone(proc)
             outcome.starts += 1
@@ -142,6 +163,15 @@ def _run(
     outcome.records = committed(job)
     outcome.job = job
     return outcome
+
+
+def _read_restores(home: Path, outcome: Outcome) -> None:
+    """Add the restore reports in the run's task logs (`node.checkpointing.RestoreReport`)."""
+    for log in sorted((home / "work" / "runs").glob("*/*/logs/*.log")):
+        for i, line in enumerate(log.read_text(errors="replace").splitlines()):
+            report = RestoreReport.from_line(line)
+            if report is not None:
+                outcome.restores[(str(log), i, line)] = report
 
 
 def _start(job_file: Path, path: Path, home: Path, settings: ChaosSettings) -> subprocess.Popen[bytes]:

@@ -8,6 +8,9 @@ point (`checkpoint.restore`) and recovers its sinks, whatever started the run.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from nopstream.checkpoint import restore, snapshots
@@ -18,6 +21,60 @@ from nopstream.node.epochs import Ack
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.records import SinkStart, TaskSnapshot
 from nopstream.runtime.task import Task
+
+log = logging.getLogger(__name__)
+
+RESTORED = "nopstream restored "
+"""How the log line of a task's restore begins (`RestoreReport`)."""
+
+
+@dataclass(frozen=True)
+class RestoreReport:
+    """What a task's start restored: the epoch and how much state of each kind.
+
+    One line of the task's log (`RESTORED` and JSON), which `nopstream chaos` reads to
+    tell what its kills reached: a recovery that restored nothing proves nothing about
+    the restore path.
+    """
+
+    task_id: str
+    epoch: int | None
+    keyed_entries: int = 0
+    timers: int = 0
+    cursors: int = 0
+    pending_transactions: int = 0
+
+    def to_line(self) -> str:
+        """The log line."""
+        return RESTORED + json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_line(cls, line: str) -> RestoreReport | None:
+        """The report a log line holds, or None for any other line."""
+        _, mark, body = line.partition(RESTORED)
+        if not mark:
+            return None
+        try:
+            return cls(**json.loads(body))
+        except (ValueError, TypeError):
+            return None
+
+    @classmethod
+    def of(cls, task_id: str, epoch: int | None, state: TaskSnapshot | None) -> RestoreReport:
+        """The report of a task restored from `epoch` into `state` (None: nothing restored)."""
+        if state is None:
+            return cls(task_id, epoch)
+        entries = timers = 0
+        for op in state.operators.values():
+            for names in (op.get("keyed") or {}).values():
+                for name, pairs in names.items():
+                    if name == "timers":
+                        timers += sum(len(v) if isinstance(v, list) else 1 for _, v in pairs)
+                    else:
+                        entries += len(pairs)
+        source = state.source or {}
+        cursors = len(source.get("cursors") or source.get("offsets") or {})
+        return cls(task_id, epoch, entries, timers, cursors, len(state.pending_transactions()))
 
 
 def open_storage(deployment: DeploymentPlan) -> Storage:
@@ -48,18 +105,19 @@ async def start_task(task: Task, storage: Storage, point: RestorePoint) -> None:
     rescale or upgrade) is redistributed by shard and split ownership (`snapshots.join`).
     Storage and sink I/O run in worker threads.
     """
-    await asyncio.to_thread(_restore, task, storage, point)
+    state = await asyncio.to_thread(_restore, task, storage, point)
     await task.recover(SinkStart(point.epoch, point.lineage), final=point.finished)
+    log.info("%s", RestoreReport.of(task.task_id, point.epoch, state).to_line())
 
 
-def _restore(task: Task, storage: Storage, point: RestorePoint) -> None:
-    """Load the task's state from the restore point's checkpoint, when there is one.
+def _restore(task: Task, storage: Storage, point: RestorePoint) -> TaskSnapshot | None:
+    """Load the task's state from the restore point's checkpoint, when there is one; that state.
 
     Only the task's own part is read (`snapshots.needed`) and verified: the coordinator
     checked the manifest and that every segment is there when it chose the point.
     """
     if point.epoch is None:
-        return
+        return None
     part = {
         **task_parts(task),
         "epoch": point.epoch,
@@ -69,7 +127,9 @@ def _restore(task: Task, storage: Storage, point: RestorePoint) -> None:
     }
     checkpoint = restore.load(storage, task.plan, point, select=snapshots.needed(task.plan, **part))
     assert checkpoint is not None
-    task.restore(snapshots.join(task.plan, segments=checkpoint.segments, **part))
+    state = snapshots.join(task.plan, segments=checkpoint.segments, **part)
+    task.restore(state)
+    return state
 
 
 _TXN_SUMMARY = ("id", "epoch", "records", "lineage")

@@ -49,6 +49,7 @@ def check(result, capsys, cell: str) -> None:
     assert result.code == 0, result.out + result.err
     kills = int(re.search(r"SIGKILLs: (\d+)", result.out).group(1))
     assert kills >= KILLS - 1, f"only {kills} SIGKILLs landed"
+    assert re.search(r"restores: \d+ task starts, \d+ from a durable epoch", result.out), result.out
     assert "missing: 0\n" in result.out and "duplicated: 0\n" in result.out
     assert "verdict: exactly once" in result.out
 

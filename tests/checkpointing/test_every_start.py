@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from nopstream.node.checkpointing import RestoreReport
 from tests.chaos import jobs
 from tests.conftest import ROOT, run_nopstream
 
@@ -354,3 +355,35 @@ def test_a_damaged_segment_of_the_restore_point_is_refused_naming_it(tmp_path, d
     assert f"segment {path} of epoch {epoch} {reason}" in refused.err
     assert "Traceback" not in refused.err, refused.err
     assert outputs(home / "out") == before
+
+
+def restore_reports(logs: Path) -> list[RestoreReport]:
+    """The restore reports in a run's task logs."""
+    lines = [line for f in sorted(logs.glob("*.log")) for line in f.read_text().splitlines()]
+    return [r for r in map(RestoreReport.from_line, lines) if r is not None]
+
+
+def test_every_task_start_reports_what_it_restored(tmp_path):
+    """The restore reports `nopstream chaos` counts: a start from a durable epoch taken mid-file
+    reports that epoch, its cursors and keyed entries; a start from nothing reports nothing."""
+    home = tmp_path / "job"
+    word_count(home, emit="rolling")
+    path = str(home / "in" / "part-0.txt")
+    Path(path).write_text(Path(path).read_text() * 10)
+    begun = kill_after_a_cursor(home, path)
+    logs = home / ".nopstream" / "runs" / "wc" / "run-1" / "logs"
+    assert {r.epoch for r in restore_reports(logs)} == {None}  # the killed run started from nothing
+    restored = int(manifests(home)[-1].parent.name)
+    result = run(home)
+    assert result.code == 0, result.err
+    reports = [
+        r
+        for f in logs.glob("*.log")
+        for line in f.read_text().splitlines()
+        if (r := RestoreReport.from_line(line))
+    ]
+    assert len(reports) == 3 + 3 + 2 and {r.epoch for r in reports} == {restored}, reports
+    sources = [r for r in reports if "/lines/" in r.task_id]
+    counts = [r for r in reports if "/count/" in r.task_id]
+    assert sum(r.cursors for r in sources) >= len(begun) >= 1
+    assert sum(r.keyed_entries for r in counts) > 0 and sum(r.timers for r in reports) == 0
