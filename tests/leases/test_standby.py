@@ -132,7 +132,9 @@ def test_a_standby_serves_its_run_when_a_recovery_hands_it_over(standby):
     assert not standby.registered()  # never under a run that is not current
     assert standby.registry(lambda r: r.advance_run(1, takeover=standby.plan))
     standby.until("its registration in run 2", standby.registered, timeout=10)
-    assert f"task {standby.task_id} serves http://127.0.0.1:{standby.port} (run 2" in standby.text()
+    serves = f"task {standby.task_id} serves http://127.0.0.1:{standby.port} (run 2"
+    # it registers, then logs: a CI run read the log between the two
+    standby.until("its line in the log", lambda: serves in standby.text(), timeout=10)
 
 
 @pytest.mark.parametrize(
