@@ -295,44 +295,35 @@ def test_past_its_recoveries_the_job_fails_and_its_pods_go(world):
     assert not [k for k in kinds(kube) if k.startswith("Pod")]
 
 
-def test_a_refused_start_fails_the_job_at_once_with_the_reason(world):
+@pytest.mark.parametrize(
+    ("code", "said", "reason"),
+    [
+        (
+            5,
+            "nopstream task: cannot start: kafka sink 'out': topic 'x' does not exist on k:9092"
+            " (create it first)",
+            "CannotStart",
+        ),
+        (
+            6,  # a bad record: the same in every run
+            "nopstream task: bad input: split 'in/a.txt#0' of 'in/a.txt': the line at byte 9 is not JSON",
+            "BadInput",
+        ),
+    ],
+    ids=["refused-start", "bad-record"],
+)
+def test_a_refusal_fails_the_job_at_once_with_the_reason(world, code, said, reason):
     ctx, kube, etcd, _events = world
     passes(ctx, 2)
-    reason = (
-        "nopstream task: cannot start: kafka sink 'out': topic 'x' does not exist on k:9092 (create it first)"
-    )
-    kube.set_pods("task", "Failed", ready=False, exit_code=5, log=f"2026 INFO serves\n{reason}\n")
+    kube.set_pods("task", "Failed", ready=False, exit_code=code, log=f"2026 INFO serves\n{said}\n")
     passes(ctx)
     got = status(kube)
     ready = next(c for c in got["conditions"] if c["type"] == "Ready")
-    assert (got["phase"], got.get("recoveries"), etcd.current_run, ready["reason"]) == (
-        "Failed",
-        0,
-        1,
-        "CannotStart",
-    )
+    seen = (got["phase"], got.get("recoveries"), etcd.current_run, ready["reason"])
+    assert seen == ("Failed", 0, 1, reason)
     pod, _, why = ready["message"].partition(": ")
-    assert pod.endswith("-r1") and why == reason.removeprefix("nopstream task: ")
+    assert pod.endswith("-r1") and why == said.removeprefix("nopstream task: ")
     assert not [k for k in kinds(kube) if k.startswith("Pod")]
-
-
-def test_a_task_that_met_a_bad_record_fails_the_job_at_once_naming_it(world):
-    ctx, kube, etcd, _events = world
-    passes(ctx, 2)
-    said = "nopstream task: bad input: split 'in/a.txt#0' of 'in/a.txt': the line at byte 9 is not JSON"
-    kube.set_pods("task", "Failed", ready=False, exit_code=6, log=f"2026 INFO serves\n{said}\n")
-    passes(ctx)
-    got = status(kube)
-    ready = next(c for c in got["conditions"] if c["type"] == "Ready")
-    assert (got["phase"], got.get("recoveries"), etcd.current_run, ready["reason"]) == (
-        "Failed",
-        0,
-        1,
-        "BadInput",
-    )
-    assert ready["message"].endswith(
-        ": bad input: split 'in/a.txt#0' of 'in/a.txt': the line at byte 9 is not JSON"
-    )
 
 
 def test_a_secret_ref_outside_the_allowed_secrets_is_invalid_and_mounts_nothing(world):
