@@ -271,7 +271,20 @@ def test_pods_reach_a_service_by_name_and_so_does_this_machine_through_a_forward
             == "True"
         ),
     )
-    fetch = f"import urllib.request; print(urllib.request.urlopen('http://web.{NS}.svc.cluster.local/').read().decode().strip())"
+    # kube-proxy programs a new Service's rules a moment after its pod is Ready: a CI dry run's
+    # client was refused in that moment, so the client asks again for up to 20 s
+    fetch = (
+        "import time, urllib.request\n"
+        f"url = 'http://web.{NS}.svc.cluster.local/'\n"
+        "for _ in range(40):\n"
+        "    try:\n"
+        "        print(urllib.request.urlopen(url, timeout=5).read().decode().strip())\n"
+        "        break\n"
+        "    except OSError:\n"
+        "        time.sleep(0.5)\n"
+        "else:\n"
+        "    raise SystemExit('the Service never answered')\n"
+    )
     client = {
         "apiVersion": "v1",
         "kind": "Pod",
