@@ -32,8 +32,9 @@ EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as the default action gives
 
 
-class Terminated(BaseException):
-    """`nopstream run` got SIGTERM: it unwinds as from Ctrl-C, stopping its task processes."""
+class Terminated(KeyboardInterrupt):
+    """`nopstream run` got SIGTERM: it unwinds as from Ctrl-C, stopping its task processes (a
+    KeyboardInterrupt, so that asyncio passes it through its task groups as it is)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -643,8 +644,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_JOB_FAILED
     except BrokenPipeError:
         return EXIT_OK
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
     except Terminated:
         print(
             f"nopstream {args.command}: stopped by SIGTERM (running the job again resumes from its"
@@ -652,6 +651,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_TERMINATED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
     except Exception as exc:
         if args.command in _LOGGED_COMMANDS:
             raise

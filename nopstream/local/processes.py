@@ -57,14 +57,24 @@ class TaskProcess:
         return self.returncode
 
 
+_STOPS = {signal.SIGTERM, signal.SIGINT}
+
+
 def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[int, ...] = ()) -> TaskProcess:
     """Fork a process that runs one task; its stderr goes to `log` (created before the fork)."""
     # the parent creates the log: a child killed before its first instruction still has one
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    # SIGTERM and SIGINT wait while the child takes back their default actions: the
+    # runner's own handlers (`nopstream run` unwinds on SIGTERM) must never run in a task
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
     pid = os.fork()
     if pid:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
         os.close(out)
         return TaskProcess(settings.task_id, pid, log)
+    for stop in _STOPS:
+        signal.signal(stop, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
     # Everything inherited is the runner's: the child's collector must never free it. A
     # client library's object freed here acts on threads that exist only in the runner
     # (a Kafka consumer so freed segfaults: librdkafka is not fork-safe).
@@ -77,8 +87,6 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
         os.dup2(out, 2)
         sys.stderr = sys.__stderr__  # fd 2, even where the runner's caller had replaced sys.stderr
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True
         )
