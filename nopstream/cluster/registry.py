@@ -59,11 +59,13 @@ class Registry:
         the new run serve it (`standby`); the key is written in the run's transaction, so
         no run is ever entered with another run's takeover.
         """
-        old = None if expected == 0 else str(expected).encode()
-        also = {self.layout.takeover(expected + 1): takeover.encode()} if takeover else {}
-        return await self.backend.compare_and_swap(
-            self.layout.run, old, str(expected + 1).encode(), also=also
-        )
+        return await self._swap_run(expected, expected + 1, takeover=takeover)
+
+    async def _swap_run(self, old: int, new: int, *, takeover: str | None) -> bool:
+        """Move the run key from `old` (0: absent) to `new`, with `takeover` for `new`; whether it moved."""
+        was = None if old == 0 else str(old).encode()
+        also = {self.layout.takeover(new): takeover.encode()} if takeover else {}
+        return await self.backend.compare_and_swap(self.layout.run, was, str(new).encode(), also=also)
 
     async def next_run(self, expected: int, *, takeover: str | None = None) -> int:
         """Advance the run from `expected`; the run now current either way.
@@ -80,10 +82,7 @@ class Registry:
             if current >= expected:
                 return current
             log.warning("the run key reads %d, behind run %d: etcd lost it", current, expected)
-            old = None if current == 0 else str(current).encode()
-            new = str(expected + 1).encode()
-            also = {self.layout.takeover(expected + 1): takeover.encode()} if takeover else {}
-            if await self.backend.compare_and_swap(self.layout.run, old, new, also=also):
+            if await self._swap_run(current, expected + 1, takeover=takeover):
                 return expected + 1
 
     async def standby(self, run: int, plan: str, *, poll: float = 0.1) -> bool:
