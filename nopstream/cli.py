@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from nopstream import safefiles, stacks
 from nopstream.model.errors import ModelError
 from nopstream.model.load import LoadedModel, load_file
+from nopstream.node import recovery
 from nopstream.plan import compiler
 
 # Commands import what only they use, so that a task process (`nopstream task`,
@@ -58,6 +59,13 @@ def _parser() -> argparse.ArgumentParser:
         "--max-restarts", type=_at_least(0), default=10, help="global recoveries before failing (default 10)"
     )
     p.add_argument(
+        "--restart-backoff",
+        type=_seconds,
+        default=recovery.RestartPolicy.backoff_s,
+        metavar="SECONDS",
+        help="the wait before a second recovery in quick succession, doubling after (default 0.25; 0: none)",
+    )
+    p.add_argument(
         "--etcd",
         type=_host_port,
         metavar="HOST:PORT",
@@ -82,6 +90,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--timeout", type=_positive_seconds, default=600.0, help="seconds each run may take (default 600)"
+    )
+    p.add_argument(
+        "--allow-shallow",
+        action="store_true",
+        help="exit 0 on equal outputs even when no kill restored state or a fault point was not reached",
     )
     sub.add_parser(
         "task", help="run one task of a cluster job (identity and plan from NOPSTREAM_* variables)"
@@ -139,13 +152,21 @@ def _at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
-def _positive_seconds(value: str) -> float:
-    """An argparse type: a number of seconds above 0."""
+def _seconds(value: str) -> float:
+    """An argparse type: a finite number of seconds, 0 or more."""
     try:
         seconds = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not seconds > 0 or seconds == float("inf"):
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} is not a number of seconds, 0 or more")
+    return seconds
+
+
+def _positive_seconds(value: str) -> float:
+    """An argparse type: a finite number of seconds above 0."""
+    seconds = _seconds(value)
+    if seconds == 0:
         raise argparse.ArgumentTypeError(f"{value} is not a number of seconds above 0")
     return seconds
 
@@ -267,9 +288,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         restore_from=args.restore_from,
         fresh=args.fresh,
         max_restarts=args.max_restarts,
+        restart_backoff=args.restart_backoff,
     )
     if args.etcd and args.in_process:
         print("nopstream run: --etcd and --in-process exclude each other", file=sys.stderr)
+        return EXIT_USAGE
+    from nopstream.node.settings import SettingsError, task_settings
+
+    try:  # read by every task process: refused here once, rather than failing every task's start
+        task_settings()
+    except SettingsError as err:
+        print(f"nopstream run: {err}", file=sys.stderr)
         return EXIT_USAGE
     if args.fresh and args.restore_from is not None:
         print("nopstream run: --fresh and --restore-from exclude each other", file=sys.stderr)
@@ -409,12 +438,18 @@ def _exit_on_sigterm(command: str) -> None:
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
-    """Exit 0 when the output under kills equals the failure-free output, 1 when not, 3 when a run fails."""
+    """Exit 0 when the output under kills equals the failure-free output (and the kills reached state and
+    every step, unless --allow-shallow), 1 when not, 3 when a run fails."""
     from nopstream.local import chaos
 
     compiler.compile_model(load_file(args.file))  # refuse an invalid job first
     settings = chaos.ChaosSettings(
-        kills=args.kills, seed=args.seed, etcd=args.etcd, workdir=Path(args.workdir), timeout=args.timeout
+        kills=args.kills,
+        seed=args.seed,
+        etcd=args.etcd,
+        workdir=Path(args.workdir),
+        timeout=args.timeout,
+        allow_shallow=args.allow_shallow,
     )
     try:
         return chaos.run_chaos(Path(args.file), settings)

@@ -1,29 +1,56 @@
-"""Fault points: crash-only failures placed at named dangerous moments, for tests.
+"""Fault points: crash-only failures placed at named dangerous moments, for tests and chaos.
 
 `NOPSTREAM_FAULTS="point@n,..."` arms a point: the n-th time this process passes it,
 the fault fires: by default the process kills itself with SIGKILL (a crash, not an
 exception); a caller may pass another action (the runner kills a task process).
-Points: `before-manifest` and `after-durable` (the coordinator kills a task there),
-`coordinator-before-manifest` (the coordinator's own process dies there),
-`during-alignment` (a task holding back a channel), `after-stage` (a sink that
-staged or prepared a transaction, before its barrier is acknowledged: no manifest
-covers it), `before-publish` (a sink whose epoch is durable, before it publishes or
-commits the prepared transaction), `mid-commit` (a sink between publishing
-transactions). Unset (the default), a point costs one environment lookup.
+
+`NOPSTREAM_FAULTS_DIR=DIR` arms points from outside, once for every process of a run
+(`nopstream chaos`): a file `DIR/POINT.armed` fires the first pass of POINT in any
+process, which renames it `POINT.hit` (a rename is atomic: one process wins). Every
+process also leaves `DIR/POINT.passed` the first time it passes a point, so a
+failure-free run tells which steps a job has.
+
+Each point is named in `POINTS`. Unset (the default), a point costs one environment
+lookup.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Callable
+from pathlib import Path
 
 ENV = "NOPSTREAM_FAULTS"
+DIR_ENV = "NOPSTREAM_FAULTS_DIR"
+ARMED, HIT, PASSED = ".armed", ".hit", ".passed"
+
+POINTS = {
+    "before-manifest": "all ACKs in, before the manifest is written: the coordinator kills a task"
+    " (the coordinator itself dies when no runner gave it that action)",
+    "coordinator-before-manifest": "the coordinator dies before it writes the manifest",
+    "after-durable": "the manifest written, before sinks are told to commit: the coordinator kills a task",
+    "coordinator-after-durable": "the coordinator dies between DURABLE and COMMITTED",
+    "during-savepoint": "a savepoint's ACKs in, before its manifest: the coordinator kills a task",
+    "during-alignment": "a task dies holding back a channel whose barrier arrived",
+    "after-stage": "a sink dies after staging (or preparing) a transaction no manifest covers yet",
+    "before-publish": "a sink dies before publishing (committing) a transaction of a durable epoch",
+    "mid-commit": "a sink dies between publishing transactions",
+    "during-restore": "a task dies after loading state from a durable epoch, before its sinks recover",
+}
+"""Every fault point, and the moment it stands for."""
+
 _passes: dict[str, int] = {}
+_passed: set[str] = set()
 
 
 def reached(point: str, action: Callable[[], None] | None = None) -> None:
     """Count a pass of `point`; fire the fault when this is the armed pass."""
+    folder = os.environ.get(DIR_ENV)
+    if folder and _taken(Path(folder), point):
+        _fire(action)
+        return
     spec = os.environ.get(ENV)
     if not spec:
         return
@@ -32,7 +59,48 @@ def reached(point: str, action: Callable[[], None] | None = None) -> None:
         return
     _passes[point] = _passes.get(point, 0) + 1
     if _passes[point] == int(armed[point]):
-        if action is not None:
-            action()
-        else:
-            os.kill(os.getpid(), signal.SIGKILL)
+        _fire(action)
+
+
+def _fire(action: Callable[[], None] | None) -> None:
+    if action is not None:
+        action()
+    else:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _taken(folder: Path, point: str) -> bool:
+    """Note the first pass of `point` in this process; whether this pass takes the armed fault."""
+    if point not in _passed:
+        _passed.add(point)
+        with contextlib.suppress(OSError):
+            (folder / (point + PASSED)).touch()
+    try:
+        (folder / (point + ARMED)).rename(folder / (point + HIT))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def arm(folder: Path, point: str) -> None:
+    """Arm `point` once for every process of the run that has `folder` as its DIR_ENV."""
+    (folder / (point + ARMED)).touch()
+
+
+def disarm(folder: Path, point: str) -> bool:
+    """Take back an armed point; False when a process took it first (it was hit)."""
+    try:
+        (folder / (point + ARMED)).unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def was_hit(folder: Path, point: str) -> bool:
+    """Whether a process took the armed `point`."""
+    return (folder / (point + HIT)).exists()
+
+
+def passed(folder: Path) -> set[str]:
+    """The points some process of the run passed."""
+    return {p.name.removesuffix(PASSED) for p in folder.glob("*" + PASSED)}

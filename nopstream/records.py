@@ -119,6 +119,18 @@ class SinkStart:
     lineage: int = 1
 
 
+@dataclass(frozen=True)
+class SinkRecovery:
+    """What a sink's recovery at a start did: transactions of the durable epoch it published
+    (re-committed: a crash came before their commit) and staged ones it aborted."""
+
+    recommitted: int = 0
+    aborted: int = 0
+
+    def __add__(self, other: SinkRecovery) -> SinkRecovery:
+        return SinkRecovery(self.recommitted + other.recommitted, self.aborted + other.aborted)
+
+
 class SinkWriter(Protocol):
     """Writes the batches that reach one sink subtask."""
 
@@ -134,7 +146,7 @@ class SinkWriter(Protocol):
         """Epoch `upto` is durable: publish every pending transaction up to it (idempotent)."""
         ...
 
-    def recover(self, start: SinkStart) -> None:
+    def recover(self, start: SinkStart) -> SinkRecovery:
         """Start of a run: commit pending transactions <= durable, abort everything staged later.
 
         Everything staged is aborted when nothing is durable. RestoreRefused when this

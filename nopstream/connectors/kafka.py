@@ -49,7 +49,7 @@ from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
 from nopstream.errors import StartRefused
 from nopstream.model.connectors import KafkaSinkConfig, KafkaSourceConfig
 from nopstream.plan.keys import stable_hash
-from nopstream.records import MIN_TIMESTAMP, Batch, SinkStart
+from nopstream.records import MIN_TIMESTAMP, Batch, SinkRecovery, SinkStart
 
 _TIMEOUT = 30.0  # seconds for a metadata request, init_transactions or a commit
 _QUIET = {"log_level": 3}  # librdkafka logs errors only; they come back as exceptions too
@@ -359,7 +359,7 @@ class KafkaSink(StagedSink):
 
     # recovery
 
-    def recover(self, start: SinkStart) -> None:
+    def recover(self, start: SinkStart) -> SinkRecovery:
         """Fence earlier producers, read the marker, then the rule of every start (`StagedSink.recover`)."""
         self._open = []
         self._producer = None
@@ -371,7 +371,7 @@ class KafkaSink(StagedSink):
             )
         _ = self.producer  # init_transactions: fences a zombie, aborts what it left open
         self.published = self._read_marker()
-        super().recover(start)
+        return super().recover(start)
 
     def _staged_txns(self) -> list[tuple[int, int]]:
         return []  # nothing is staged outside the snapshot: what a dead run held is gone with it

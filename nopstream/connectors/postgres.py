@@ -40,7 +40,7 @@ from psycopg import sql
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
 from nopstream.errors import StartRefused
 from nopstream.model.connectors import SECRETS_DIR, PostgresSinkConfig
-from nopstream.records import Batch, SinkStart
+from nopstream.records import Batch, SinkRecovery, SinkStart
 
 PASSWORD_ENV = "NOPSTREAM_POSTGRES_PASSWORD"
 _SCHEMA = """
@@ -242,17 +242,18 @@ class PostgresSink(StagedSink):
 
     # recovery
 
-    def recover(self, start: SinkStart) -> None:
+    def recover(self, start: SinkStart) -> SinkRecovery:
         """Check the server, then the rule of every start (`StagedSink.recover`); staged rows applied."""
         self._rows = []
         if self._writer is not None:
             self._writer.close()
             self._writer = None
         self._check_server()
-        super().recover(start)
+        recovery = super().recover(start)
         if self.config.mode == "upsert":
             for lineage, epoch in self._unapplied(start.durable or 0):
                 self._apply(lineage, epoch)
+        return recovery
 
     def _unapplied(self, durable: int) -> list[tuple[int, int]]:
         """Committed epochs up to `durable` whose staged rows were not applied yet (a crash in between)."""

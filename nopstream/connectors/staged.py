@@ -24,7 +24,7 @@ from typing import Any
 
 from nopstream import faults
 from nopstream.errors import RestoreRefused
-from nopstream.records import SinkStart
+from nopstream.records import SinkRecovery, SinkStart
 
 
 class OutputConflict(RuntimeError):
@@ -121,7 +121,7 @@ class StagedSink:
             faults.reached("mid-commit")
             self.pending.remove(txn)
 
-    def recover(self, start: SinkStart) -> None:
+    def recover(self, start: SinkStart) -> SinkRecovery:
         """Start of a run: refuse output ahead of the restore point, commit up to it, abort the rest."""
         self.lineage = start.lineage
         durable = start.durable or 0
@@ -134,12 +134,14 @@ class StagedSink:
                 " later epoch is missing (restore an older epoch explicitly with --restore-from,"
                 " or start a new lineage with --fresh)"
             )
+        recommitted = sum(1 for t in self.pending if t["epoch"] <= durable)
         self.commit(durable)
-        for lineage, epoch in self._staged_txns():
-            if lineage != self.lineage or epoch > durable:
-                self._drop(lineage, epoch)
+        aborted = [(ln, ep) for ln, ep in self._staged_txns() if ln != self.lineage or ep > durable]
+        for lineage, epoch in aborted:
+            self._drop(lineage, epoch)
         self.pending = []
         self.epoch = durable + 1
+        return SinkRecovery(recommitted, len(aborted))
 
     def snapshot(self) -> dict[str, Any]:
         """Pending (pre-committed) transactions and the open transaction's epoch."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from nopstream.connectors import lines as line_format
 from nopstream.model.connectors import StdoutSinkConfig
-from nopstream.records import Batch, SinkStart
+from nopstream.records import Batch, SinkRecovery, SinkStart
 
 
 class StdoutSink:
@@ -31,8 +31,9 @@ class StdoutSink:
     def commit(self, upto: int) -> None:
         """Nothing to publish."""
 
-    def recover(self, start: SinkStart) -> None:
+    def recover(self, start: SinkStart) -> SinkRecovery:
         """Nothing to re-commit or abort."""
+        return SinkRecovery()
 
     def snapshot(self) -> dict[str, Any]:
         """No state."""

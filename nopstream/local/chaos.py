@@ -1,16 +1,17 @@
-"""`nopstream chaos FILE`: prove exactly-once on any job by killing it at random.
+"""`nopstream chaos FILE`: prove exactly-once on any job by killing it where it hurts.
 
 It runs the job twice as `nopstream run` processes (or `nopstream run --etcd`), each
 with checkpoints and sink output of its own (a copy of the job file points them into
 the chaos directory, or under a prefix of their own in the sinks' buckets): once
-failure-free, then again while killing its processes with SIGKILL at seeded random
-moments from the first second on: a task process, a coordinator candidate (with
-`--etcd`), or the whole runner with every process it started (then started again,
-as a user would). The committed output of both runs is compared as exact multisets:
-anything missing or doubled is printed with examples, and the verdict is exit 1. What
-the recoveries restored is printed from the tasks' restore reports (a kill before
-anything is durable restores nothing, and proves nothing about the restore path).
-A user function that is not deterministic shows up here too.
+failure-free, then again under a seeded schedule (`local.kills`) of SIGKILLs of a
+task process, a coordinator candidate (with `--etcd`) or the whole runner with every
+process it started (then started again, as a user would), and of fault points armed
+at each protocol step the failure-free run took. The committed output of both runs is
+compared as exact multisets: anything missing or doubled is printed with examples, and
+the verdict is exit 1. What the recoveries restored is read from the tasks' restore
+reports; a run whose kills restored no state, or did not reach every step, proves less
+than it seems and exits 1 too, unless allowed. A user function that is not
+deterministic shows up as a difference.
 WARNING: the job's sources are read by both runs and must not change meanwhile.
 """
 
@@ -34,9 +35,10 @@ from typing import Any, TextIO
 
 import yaml
 
-from nopstream import safefiles, stacks
+from nopstream import faults, safefiles, stacks
 from nopstream.connectors import files, kafka, postgres
 from nopstream.connectors import s3 as s3_connector
+from nopstream.local import kills
 from nopstream.node.checkpointing import RestoreReport
 
 EXAMPLES = 5  # records shown of each kind of difference
@@ -52,8 +54,14 @@ class ChaosSettings:
     etcd: str | None = None
     workdir: Path = Path(".nopstream/chaos")
     timeout: float = 600.0
+    allow_shallow: bool = False
+    """Exit 0 on equal outputs even when no recovery restored state or a step was not reached."""
+    early_share: float = 0.25
+    """The share of kills that land at once (`local.kills`); the others follow progress."""
     first_kill: tuple[float, float] = (0.1, 1.0)
     between_kills: tuple[float, float] = (0.2, 1.2)
+    fault_wait: float = 30.0
+    """Seconds an armed fault point may wait for a process to reach it."""
 
 
 @dataclass
@@ -61,7 +69,6 @@ class Outcome:
     """What one run of the job did, and what its sinks committed."""
 
     code: int
-    kills: Counter[str] = field(default_factory=Counter)
     recoveries: int = 0
     starts: int = 1
     errors: str = ""
@@ -69,6 +76,11 @@ class Outcome:
     job: dict[str, Any] = field(default_factory=dict)
     restores: dict[tuple[str, int, str], RestoreReport] = field(default_factory=dict)
     """Every task start's restore report, by (log, line number, line): read after each runner ends."""
+    reached: kills.Reached = field(default_factory=kills.Reached)
+    left: list[kills.Event] = field(default_factory=list)
+    """Events of the schedule the job ended before."""
+    passed: set[str] = field(default_factory=set)
+    """The fault points the run's processes passed (`faults.passed`)."""
 
     def coverage(self) -> str:
         """What the task starts restored, in one line."""
@@ -81,8 +93,21 @@ class Outcome:
             + (f" (epochs {shown})" if epochs else "")
             + f"; restored {sum(r.keyed_entries for r in stateful):,} keyed entries,"
             f" {sum(r.timers for r in stateful):,} timers, {sum(r.cursors for r in stateful):,} source"
-            f" cursors, {sum(r.pending_transactions for r in stateful):,} pending sink transactions"
+            f" cursors, {sum(r.pending_transactions for r in stateful):,} pending sink transactions;"
+            f" sinks re-committed {sum(r.recommitted for r in reports):,} transactions and aborted"
+            f" {sum(r.aborted for r in reports):,}"
         )
+
+    def shallow(self) -> list[str]:
+        """Why the run under kills proves less than it seems: nothing restored, steps not reached."""
+        why = []
+        if not any(r.epoch is not None for r in self.restores.values()):
+            why.append("no kill reached a durable epoch: the restore path was not exercised")
+        if self.reached.missed:
+            why.append(f"fault points armed and not reached: {', '.join(self.reached.missed)}")
+        if self.left:
+            why.append(f"the job ended before {len(self.left)} events: {', '.join(map(str, self.left))}")
+        return why
 
 
 class ChaosFailed(RuntimeError):
@@ -90,25 +115,40 @@ class ChaosFailed(RuntimeError):
 
 
 def run_chaos(job_file: Path, settings: ChaosSettings, *, out: TextIO = sys.stdout) -> int:
-    """Run the job clean, then under kills; print the comparison; 0 when the outputs are equal."""
+    """Run the job clean, then under the schedule; print the comparison and the coverage;
+    0 when the outputs are equal (and the kills reached state and every step, unless allowed)."""
     raw = yaml.safe_load(job_file.read_text())
     token = uuid.uuid4().hex[:8]
     base = settings.workdir / token
-    clean = _run(job_file, raw, base / "clean", f"chaos-{token}-clean", settings, kills=0)
+    clean = _run(job_file, raw, base / "clean", f"chaos-{token}-clean", settings, events=None)
     if clean.code != 0:
         raise ChaosFailed(f"the failure-free run failed (exit {clean.code}):\n{clean.errors.strip()}")
-    faulty = _run(job_file, raw, base / "faulty", f"chaos-{token}-faulty", settings, kills=settings.kills)
+    rng = random.Random(settings.seed)
+    events = kills.plan_events(rng, settings.kills, clean.passed | set(kills.CAUSED), settings.early_share)
+    faulty = _run(job_file, raw, base / "faulty", f"chaos-{token}-faulty", settings, events=events, rng=rng)
     if faulty.code != 0:
         raise ChaosFailed(f"the run under kills failed (exit {faulty.code}):\n{faulty.errors.strip()}")
     missing, doubled = clean.records - faulty.records, faulty.records - clean.records
-    kills = ", ".join(f"{n} {what}" for what, n in sorted(faulty.kills.items())) or "none"
     print(
         f"chaos: {job_file} (seed {settings.seed}{', etcd ' + settings.etcd if settings.etcd else ''})",
         file=out,
     )
-    done = sum(faulty.kills.values())
-    ended = f"; the job ended after {done} of {settings.kills}" if done < settings.kills else ""
-    print(f"  SIGKILLs: {done} ({kills}){ended}", file=out)
+    early = sum(e.early for e in events)
+    points = [e.point for e in events if e.point]
+    print(
+        f"  schedule: {settings.kills} kills ({early} at once, the others after a new durable epoch)"
+        f" and {len(points)} fault points, in this order: {', '.join(map(str, events))}",
+        file=out,
+    )
+    reached = faulty.reached
+    done = sum(reached.kills.values())
+    shown = ", ".join(f"{n} {what}" for what, n in sorted(reached.kills.items())) or "none"
+    print(f"  SIGKILLs: {done} ({shown})", file=out)
+    print(
+        f"  fault points hit: {len(reached.hit)} of {len(points)}"
+        + (f" ({', '.join(sorted(reached.hit))})" if reached.hit else ""),
+        file=out,
+    )
     print(f"  global recoveries: {faulty.recoveries}; runner starts: {faulty.starts}", file=out)
     print(f"  restores: {faulty.coverage()}", file=out)
     total, got = sum(clean.records.values()), sum(faulty.records.values())
@@ -119,29 +159,56 @@ def run_chaos(job_file: Path, settings: ChaosSettings, *, out: TextIO = sys.stdo
             print(f"    {record}" + (f" (x{n})" if n > 1 else ""), file=out)
     exact = not missing and not doubled
     print(f"  verdict: {'exactly once' if exact else 'NOT exactly once'}", file=out)
+    shallow = faulty.shallow()
+    for why in shallow:
+        allowed = " (allowed)" if settings.allow_shallow else " (give the job more input, or --allow-shallow)"
+        print(f"  shallow: {why}{allowed}", file=out)
     if exact:  # outputs in files stay in the work directory; tables and topics would pile up
         drop_outputs(clean.job)
         drop_outputs(faulty.job)
-    return 0 if exact else 1
+    return 0 if exact and (settings.allow_shallow or not shallow) else 1
 
 
 def _run(
-    job_file: Path, raw: dict[str, Any], home: Path, tag: str, settings: ChaosSettings, *, kills: int
+    job_file: Path,
+    raw: dict[str, Any],
+    home: Path,
+    tag: str,
+    settings: ChaosSettings,
+    *,
+    events: list[kills.Event] | None,
+    rng: random.Random | None = None,
 ) -> Outcome:
-    """One run of the job with its own checkpoints and outputs, started again after each whole-runner kill."""
+    """One run of the job with its own checkpoints and outputs, carrying out `events` (None: failure-free),
+    started again after each whole-runner kill."""
     safefiles.trusted_dir(home, what="the chaos work directory")
     job = _isolated(raw, home, tag)
     _create_outputs(raw, job)
     path = home / "job.yaml"
     path.write_text(yaml.safe_dump(job, sort_keys=False))
-    rng = random.Random(f"{settings.seed}:{kills}")
+    fault_dir = home / "faults"
+    fault_dir.mkdir()
+    env = _env(job_file, fault_dir)
+    schedule = None
+    if events is not None:
+        schedule = kills.Schedule(
+            events,
+            rng or random.Random(settings.seed),
+            kills.Progress(job),
+            fault_dir,
+            etcd=settings.etcd is not None,
+            first_kill=settings.first_kill,
+            between_kills=settings.between_kills,
+            fault_wait=settings.fault_wait,
+            savepoint=lambda: _savepoint(path, home, settings, env),
+        )
     outcome = Outcome(code=-1)
     deadline = time.monotonic() + settings.timeout
-    left = kills
     while True:
-        proc = _start(job_file, path, home, settings)
+        proc = _start(path, home, settings, env)
         try:
-            left -= _kill_at_random(proc, rng, left, outcome, settings, first=outcome.starts == 1)
+            if schedule is not None:
+                schedule.drive(proc)
             code = proc.wait(max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             waits = _where_it_waits(proc)
@@ -149,7 +216,7 @@ def _run(
             raise ChaosFailed(f"{late}; where its processes wait:\n{waits}") from None
         finally:
             if proc.poll() is None:  # timed out, or chaos itself was interrupted: leave nothing behind
-                _kill_group(proc)
+                kills.kill_group(proc)
                 _wait_group_gone(proc)
             _read_restores(home, outcome)  # before a new runner writes its run-1 logs again
         if code == -signal.SIGKILL:  # the whole runner was killed: start it again, as a user would
@@ -158,6 +225,10 @@ def _run(
             continue
         outcome.code = code
         break
+    if schedule is not None:
+        schedule.finish()
+        outcome.reached, outcome.left = schedule.reached, list(schedule.events)
+    outcome.passed = faults.passed(fault_dir)
     outcome.errors = (home / "runner.err").read_text(errors="replace")
     outcome.recoveries = outcome.errors.count("recovering: ")
     outcome.records = committed(job)
@@ -174,25 +245,30 @@ def _read_restores(home: Path, outcome: Outcome) -> None:
                 outcome.restores[(str(log), i, line)] = report
 
 
-def _start(job_file: Path, path: Path, home: Path, settings: ChaosSettings) -> subprocess.Popen[bytes]:
-    """`nopstream run` of the isolated job file, in a session of its own (so all of it can be killed)."""
-    extra = ["--etcd", settings.etcd] if settings.etcd else []
+def _env(job_file: Path, fault_dir: Path) -> dict[str, str]:
+    """The environment of the runs: the job's directory importable, fault points armed from `fault_dir`."""
     python_path = [str(job_file.resolve().parent), _PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in python_path if p)}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in python_path if p),
+        faults.DIR_ENV: str(fault_dir.resolve()),
+    }
+
+
+def _command(settings: ChaosSettings, *args: str) -> list[str]:
+    """A `nopstream` command line, with `--etcd` when the runs use etcd."""
+    extra = ["--etcd", settings.etcd] if settings.etcd else []
+    return [sys.executable, "-m", "nopstream", *args, *extra]
+
+
+def _start(path: Path, home: Path, settings: ChaosSettings, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`nopstream run` of the isolated job file, in a session of its own (so all of it can be killed)."""
+    # its kills are deliberate: no failure budget, and no backoff (it would only slow the proof down)
+    options = ("--max-restarts", "1000", "--restart-backoff", "0", "--workdir", str(home / "work"))
+    command = _command(settings, "run", str(path), *options)
     with (home / "runner.err").open("ab") as err:
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "nopstream",
-                "run",
-                str(path),
-                "--max-restarts",
-                "1000",
-                "--workdir",
-                str(home / "work"),
-                *extra,
-            ],
+            command,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -201,48 +277,19 @@ def _start(job_file: Path, path: Path, home: Path, settings: ChaosSettings) -> s
         )
 
 
-def _kill_at_random(
-    proc: subprocess.Popen[bytes],
-    rng: random.Random,
-    left: int,
-    outcome: Outcome,
-    settings: ChaosSettings,
-    *,
-    first: bool,
-) -> int:
-    """Kill processes of the run at random moments until `left` kills are done or it ends; how many."""
-    done = 0
-    delay = rng.uniform(*settings.first_kill) if first else rng.uniform(*settings.between_kills)
-    while done < left and proc.poll() is None:
-        time.sleep(delay)
-        delay = rng.uniform(*settings.between_kills)
-        victims = _victims(proc.pid, etcd=settings.etcd is not None)
-        roll = rng.random()
-        if roll < 0.2:
-            kind, pid = "whole runner", None
-        elif roll < 0.4 and victims["coordinator"]:
-            kind, pid = "coordinator", rng.choice(victims["coordinator"])
-        elif victims["task"]:
-            kind, pid = "task", rng.choice(victims["task"])
-        else:
-            continue
-        if proc.poll() is not None:
-            break
-        if pid is None:
-            _kill_group(proc)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        outcome.kills[kind] += 1
-        done += 1
-        if pid is None:
-            break
-    return done
+def _savepoint(path: Path, home: Path, settings: ChaosSettings, env: dict[str, str]) -> bool:
+    """`nopstream savepoint` of the running job, as a user asks for one; whether its coordinator took it."""
+    command = _command(settings, "savepoint", str(path), "--workdir", str(home / "work"))
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, timeout=30, check=False)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0
 
 
 def _where_it_waits(proc: subprocess.Popen[bytes], settle: float = 1.0, lines: int = 12) -> str:
     """Each live process of the run: its last log line and where it waits (`nopstream.stacks`)."""
-    pids = [proc.pid, *_children(proc.pid)]
+    pids = [proc.pid, *kills.children(proc.pid)]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGUSR1)
@@ -261,32 +308,6 @@ def _where_it_waits(proc: subprocess.Popen[bytes], settle: float = 1.0, lines: i
         found.append(f"{log.name} (pid {pid}), last said: {said[-160:]}")
         found.extend(f"  {line.strip()[:200]}" for line in dump)
     return "\n".join(found)
-
-
-def _victims(pid: int, *, etcd: bool) -> dict[str, list[int]]:
-    """The runner's task processes and coordinator candidates (Linux /proc)."""
-    found: dict[str, list[int]] = {"task": [], "coordinator": []}
-    for child in _children(pid):
-        role = "task"
-        if etcd:
-            with contextlib.suppress(OSError):
-                argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-                role = "coordinator" if b"coordinator" in argv else "task"
-        found[role].append(child)
-    return found
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the runner and every process of its session at once."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _wait_group_gone(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:

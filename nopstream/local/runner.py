@@ -42,6 +42,7 @@ from nopstream.node import checkpointing, guard, recovery
 from nopstream.node.coordinator_api import DASHBOARD_PATH, TaskCommands
 from nopstream.node.epochs import EpochCoordinator, Notify, Trigger
 from nopstream.node.jobview import JobHistory
+from nopstream.node.settings import task_settings
 from nopstream.plan import compiler
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
@@ -101,11 +102,13 @@ class RunOptions:
     restore_from: int | None = None
     fresh: bool = False
     max_restarts: int = 10
+    restart_backoff: float = recovery.RestartPolicy.backoff_s
 
     @property
     def restart_policy(self) -> recovery.RestartPolicy:
-        """The failure rate the job survives (`--max-restarts` within the policy's window) and its backoff."""
-        return recovery.RestartPolicy(max_failures=self.max_restarts)
+        """The failure rate the job survives (`--max-restarts` within the policy's window) and its backoff
+        (`--restart-backoff`)."""
+        return recovery.RestartPolicy(max_failures=self.max_restarts, backoff_s=self.restart_backoff)
 
     def run_files(self, job_id: str) -> Path:
         """The directory of a job's run files (plans, logs, the secret) inside the private `{workdir}/runs`;
@@ -191,7 +194,8 @@ async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions, st
                 notify,
                 point,
             )
-            tasks.extend(inprocess.build_tasks(plan, listener=_InProcessListener(storage, coordinator)))
+            listener = _InProcessListener(storage, coordinator)
+            tasks.extend(inprocess.build_tasks(plan, listener=listener, settings=task_settings()))
             for t in tasks:
                 await checkpointing.start_task(t, storage, point)
             processing_started = time.monotonic()

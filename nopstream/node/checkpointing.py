@@ -13,13 +13,14 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from nopstream import faults
 from nopstream.checkpoint import restore, snapshots
 from nopstream.checkpoint.formats import segment_ref
 from nopstream.checkpoint.restore import RestorePoint
 from nopstream.checkpoint.storage import LocalStorage, Storage
 from nopstream.node.epochs import Ack
 from nopstream.plan.deployment import DeploymentPlan
-from nopstream.records import SinkStart, TaskSnapshot
+from nopstream.records import SinkRecovery, SinkStart, TaskSnapshot
 from nopstream.runtime.task import Task
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ class RestoreReport:
     timers: int = 0
     cursors: int = 0
     pending_transactions: int = 0
+    recommitted: int = 0
+    aborted: int = 0
 
     def to_line(self) -> str:
         """The log line."""
@@ -60,21 +63,31 @@ class RestoreReport:
             return None
 
     @classmethod
-    def of(cls, task_id: str, epoch: int | None, state: TaskSnapshot | None) -> RestoreReport:
-        """The report of a task restored from `epoch` into `state` (None: nothing restored)."""
+    def of(
+        cls, task: Task, epoch: int | None, state: TaskSnapshot | None, sinks: SinkRecovery
+    ) -> RestoreReport:
+        """The report of `task` restored from `epoch` into `state` (None: nothing restored), whose
+        sinks recovered as `sinks` said."""
         if state is None:
-            return cls(task_id, epoch)
-        entries = timers = 0
-        for op in state.operators.values():
-            for names in (op.get("keyed") or {}).values():
-                for name, pairs in names.items():
-                    if name == "timers":
-                        timers += sum(len(v) if isinstance(v, list) else 1 for _, v in pairs)
-                    else:
-                        entries += len(pairs)
+            return cls(task.task_id, epoch, recommitted=sinks.recommitted, aborted=sinks.aborted)
+        entries = sum(
+            len(pairs)
+            for op in state.operators.values()
+            for names in (op.get("keyed") or {}).values()
+            for name, pairs in names.items()
+            if name != "timers"  # a process function's timers: counted as the timers rebuilt
+        )
         source = state.source or {}
-        cursors = len(source.get("cursors") or source.get("offsets") or {})
-        return cls(task_id, epoch, entries, timers, cursors, len(state.pending_transactions()))
+        return cls(
+            task.task_id,
+            epoch,
+            keyed_entries=entries,
+            timers=task.timers(),
+            cursors=len(source.get("cursors") or source.get("offsets") or {}),
+            pending_transactions=len(state.pending_transactions()),
+            recommitted=sinks.recommitted,
+            aborted=sinks.aborted,
+        )
 
 
 def open_storage(deployment: DeploymentPlan) -> Storage:
@@ -106,8 +119,10 @@ async def start_task(task: Task, storage: Storage, point: RestorePoint) -> None:
     Storage and sink I/O run in worker threads.
     """
     state = await asyncio.to_thread(_restore, task, storage, point)
-    await task.recover(SinkStart(point.epoch, point.lineage), final=point.finished)
-    log.info("%s", RestoreReport.of(task.task_id, point.epoch, state).to_line())
+    if state is not None:
+        faults.reached("during-restore")
+    sinks = await task.recover(SinkStart(point.epoch, point.lineage), final=point.finished)
+    log.info("%s", RestoreReport.of(task, point.epoch, state, sinks).to_line())
 
 
 def _restore(task: Task, storage: Storage, point: RestorePoint) -> TaskSnapshot | None:

@@ -13,6 +13,11 @@ The operator (and `nopstream run --etcd`) sets these on every pod (process):
   NOPSTREAM_HEALTH_PORT port of the liveness endpoint (`node.liveness`; default none)
   NOPSTREAM_LEASE_TTL   seconds of the process's etcd lease (default 10)
   NOPSTREAM_SECRET_FILE the file holding the job's secret (`node.guard`; default SECRET_FILE)
+Every task process, of any runner, also reads (`task_settings`):
+  NOPSTREAM_BATCH_SIZE  the most records a source reads at once (default 1000; its first read)
+  NOPSTREAM_BATCH_TARGET_MS  how long one source batch may hold the task's event loop (default 50)
+Lower both when slow user functions make checkpoints slow: a barrier waits for the batch
+before it, and its commands for each batch while the event loop is held.
 S3 credentials: `nopstream.s3.credentials`.
 """
 
@@ -28,6 +33,7 @@ from nopstream.model.errors import ModelError
 from nopstream.node.guard import SecretError, read_secret
 from nopstream.plan import compiler
 from nopstream.plan.partitioned import PartitionedPlan
+from nopstream.runtime.task import TaskSettings
 
 PARTITIONED_FILE = "partitioned.json"
 DEPLOYMENT_FILE = "deployment.json"
@@ -76,6 +82,14 @@ def _required(env: Mapping[str, str], name: str) -> str:
     if not value:
         raise SettingsError(f"{name} is not set (required)")
     return value
+
+
+def task_settings(env: Mapping[str, str] = os.environ) -> TaskSettings:
+    """The settings of a task process; SettingsError names a malformed variable."""
+    return TaskSettings(
+        batch_size=_int(env, "NOPSTREAM_BATCH_SIZE", TaskSettings.batch_size, minimum=1),
+        batch_target_ms=_int(env, "NOPSTREAM_BATCH_TARGET_MS", int(TaskSettings.batch_target_ms), minimum=1),
+    )
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None, *, minimum: int = 0) -> int:

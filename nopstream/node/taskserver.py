@@ -30,6 +30,7 @@ from nopstream.connectors.registry import Connectors
 from nopstream.node import checkpointing
 from nopstream.node.epochs import Ack
 from nopstream.node.guard import Guard, GuardCollector, healthz, int_field, json_body
+from nopstream.node.settings import task_settings
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
@@ -126,7 +127,9 @@ def build_task(
     listener = None
     if deployment is not None:
         listener = ReportingListener(checkpointing.open_storage(deployment), send)
-    task = Task(plan, vertex_id, subtask, io=io, connectors=Connectors(plan.identity), listener=listener)
+    connectors = Connectors(plan.identity)
+    settings = task_settings()
+    task = Task(plan, vertex_id, subtask, io=io, connectors=connectors, listener=listener, settings=settings)
     return task, receiver, listener
 
 

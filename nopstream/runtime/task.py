@@ -34,6 +34,7 @@ from nopstream.records import (
     MAX_TIMESTAMP,
     Batch,
     ConnectorFactory,
+    SinkRecovery,
     SinkStart,
     SourceReader,
     SplitEventTime,
@@ -68,6 +69,8 @@ class TaskSettings:
 
     batch_size: int = 1000
     batch_target_ms: float = 50.0
+    """How long a source batch may hold the event loop: a barrier command or credit waits up to that
+    long for each step of its HTTP exchange, so a checkpoint of slow functions takes about ten of it."""
     tick_ms: int = 100
     idle_poll_ms: int = 20
     combiner_keys: int = 1 << 16
@@ -406,17 +409,24 @@ class Task:
         """Return once the final epoch has been committed; raise when a sink call failed."""
         await self._unless_failed(self._final_committed.wait())
 
-    async def recover(self, start: SinkStart, *, final: bool = False) -> None:
-        """Start of a run, after any `restore`, before any record: every sink recovers to the restore point.
+    async def recover(self, start: SinkStart, *, final: bool = False) -> SinkRecovery:
+        """Start of a run, after any `restore`, before any record: every sink recovers to the restore point;
+        what they re-committed and aborted, summed.
 
         With `final` the restored epoch is the job's final one: the job finished in an
         earlier run, and `run` does nothing (it would emit the final results again).
         """
-        await self._on_sinks(lambda sink: sink.recover(start))
+        done: list[SinkRecovery] = []
+        await self._on_sinks(lambda sink: done.append(sink.recover(start)))
         if final:
             self.finished_before = True
             self.final_epoch = start.durable
             self._final_committed.set()
+        return sum(done, SinkRecovery())
+
+    def timers(self) -> int:
+        """How many timers the task's operators hold (after a restore: the ones rebuilt from its state)."""
+        return sum(op.timers() for op in self.ops)
 
     # --- the loops ---------------------------------------------------------------------
 

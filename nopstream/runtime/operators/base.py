@@ -69,6 +69,10 @@ class Operator(Protocol):
         """Load a snapshot made by `snapshot`."""
         ...
 
+    def timers(self) -> int:
+        """How many timers are set (what a restore rebuilt, in a restore report)."""
+        ...
+
 
 class StatelessOperator:
     """Base of operators without state: no watermark or end behaviour, empty snapshots."""
@@ -91,6 +95,10 @@ class StatelessOperator:
 
     def restore(self, state: dict[str, Any]) -> None:
         """No state to load."""
+
+    def timers(self) -> int:
+        """No timers."""
+        return 0
 
 
 class KeyedOperator:
@@ -131,6 +139,10 @@ class KeyedOperator:
 
     def rebuild_timers(self) -> None:
         """Derive in-memory timer queues from restored keyed state (none by default)."""
+
+    def timers(self) -> int:
+        """How many timers are set (none by default)."""
+        return 0
 
 
 def empty_like(batch: Batch) -> Batch:

@@ -178,6 +178,10 @@ class Process(KeyedOperator):
         """Nothing more: event timers have fired with the final watermark."""
         return None
 
+    def timers(self) -> int:
+        """Timers set, of both domains."""
+        return sum(len(heap) for heap in self._heaps.values())
+
     def rebuild_timers(self) -> None:
         """Rebuild the timer heaps from the restored timers."""
         self._heaps = {EVENT: [], PROCESSING: []}

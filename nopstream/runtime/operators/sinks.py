@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nopstream.records import Batch, SinkStart, SinkWriter
+from nopstream.records import Batch, SinkRecovery, SinkStart, SinkWriter
 from nopstream.runtime.operators.base import STATE_SCHEMA_VERSION, empty_like
 
 
@@ -34,6 +34,10 @@ class SinkOperator:
         self.writer.finish()
         return None
 
+    def timers(self) -> int:
+        """Sinks set no timers."""
+        return 0
+
     def prepare(self, epoch: int) -> None:
         """Barrier `epoch`: pre-commit the open transaction."""
         self.writer.prepare(epoch)
@@ -47,9 +51,9 @@ class SinkOperator:
         self.writer.prepare(1)
         self.writer.commit(1)
 
-    def recover(self, start: SinkStart) -> None:
+    def recover(self, start: SinkStart) -> SinkRecovery:
         """Start of a run: re-commit up to the durable epoch, abort the rest."""
-        self.writer.recover(start)
+        return self.writer.recover(start)
 
     def snapshot(self) -> dict[str, Any]:
         """The writer's state."""

@@ -253,6 +253,10 @@ class Window(KeyedOperator):
 
     # --- snapshots -------------------------------------------------------------------------
 
+    def timers(self) -> int:
+        """Timers set: a window's firing, and its purge once lateness is past."""
+        return len(self._timers)
+
     def rebuild_timers(self) -> None:
         """Rebuild the timers from the restored windows."""
         self._timers = []

@@ -1,0 +1,229 @@
+"""The schedule of `nopstream chaos`'s run under kills: what is killed, when, and which fault points fire.
+
+A seeded order of events: SIGKILLs (of a task process, a coordinator candidate, or the
+whole runner) and one armed fault point (`nopstream.faults`) for each protocol step the
+job has. A share of the kills lands at once: the first of a runner's start within its
+first second, the others soon after the event before them (startup and the first epoch
+are where bugs hid before). Every other event waits until an epoch became durable after
+the event before it, read from the run's checkpoint storage, then lands at a random
+moment within the next two checkpoint intervals: the recovery it causes restores keyed
+state, timers, source cursors and pending transactions. A kill before anything is
+durable restores nothing, and proves nothing about the restore code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nopstream import faults
+from nopstream.checkpoint import catalog
+from nopstream.checkpoint.storage import Storage
+from nopstream.errors import RestoreRefused
+from nopstream.model.load import load_data
+from nopstream.node import checkpointing
+from nopstream.plan import compiler
+
+CAUSED = ("during-restore", "during-savepoint")
+"""Fault points of steps a failure-free run does not take: the kills cause restores, and chaos
+asks the run under kills for one savepoint."""
+
+POLL = 0.05  # seconds between looks at the storage, the fault directory, the runner
+
+
+@dataclass(frozen=True)
+class Event:
+    """One step of the schedule: a SIGKILL (at once, or after progress), or an armed fault point."""
+
+    point: str | None = None
+    early: bool = False
+
+    def __str__(self) -> str:
+        return self.point or ("kill at once" if self.early else "kill")
+
+
+def plan_events(rng: random.Random, kills: int, points: set[str], early_share: float) -> list[Event]:
+    """`kills` SIGKILLs (a share `early_share` of them at once) and one event per point, shuffled."""
+    events = [Event(early=rng.random() < early_share) for _ in range(kills)]
+    events += [Event(point) for point in sorted(points)]
+    rng.shuffle(events)
+    return events
+
+
+class Progress:
+    """The highest durable epoch of a chaos run's job, read from its checkpoint storage."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        """The storage and namespace the (isolated) job `job` checkpoints into."""
+        plans = compiler.compile_model(load_data(job))
+        self.storage: Storage = checkpointing.open_storage(plans.deployment)
+        self.namespace = plans.partitioned.identity.checkpoint_namespace
+        self.interval = plans.deployment.checkpoint.interval_ms / 1000
+
+    def durable(self) -> int:
+        """The highest epoch with a manifest now (0 before any)."""
+        try:
+            return max(catalog.durable_epochs(self.storage, self.namespace), default=0)
+        except (OSError, RestoreRefused):  # storage being written: the next look sees it
+            return 0
+
+
+@dataclass
+class Reached:
+    """What the schedule did to one run."""
+
+    kills: Counter[str] = field(default_factory=Counter)
+    early: int = 0
+    hit: list[str] = field(default_factory=list)
+    missed: list[str] = field(default_factory=list)
+
+
+class Schedule:
+    """Carries the events out over the starts of one run; a whole-runner kill ends a start."""
+
+    def __init__(
+        self,
+        events: list[Event],
+        rng: random.Random,
+        progress: Progress,
+        faults_dir: Path,
+        *,
+        etcd: bool,
+        first_kill: tuple[float, float],
+        between_kills: tuple[float, float],
+        fault_wait: float,
+        savepoint: Callable[[], bool],
+    ) -> None:
+        """`savepoint` asks the running job for one, True once its coordinator took the request."""
+        self.events = deque(events)
+        self.rng = rng
+        self.progress = progress
+        self.faults_dir = faults_dir
+        self.etcd = etcd
+        self.first_kill, self.between_kills = first_kill, between_kills
+        self.fault_wait = fault_wait
+        self.savepoint = savepoint
+        self.reached = Reached()
+        self.baseline = 0  # the durable epoch when the last event landed
+        self.armed: str | None = None  # a point armed and not yet reached
+
+    def drive(self, proc: subprocess.Popen[bytes]) -> None:
+        """Carry out events while this start of the runner lives; return once it ended, or all are done."""
+        if self.armed is not None:  # armed when the runner died: its next start reaches it
+            self._await(proc)
+        first = True
+        while self.events and proc.poll() is None:
+            event = self.events[0]
+            if event.early:
+                _sleep(proc, self.rng.uniform(*(self.first_kill if first else self.between_kills)))
+            elif self._progressed(proc):
+                _sleep(proc, self.rng.uniform(0, 2 * self.progress.interval))
+            first = False
+            if proc.poll() is not None:
+                break
+            self.events.popleft()
+            if event.point is None:
+                whole = self._kill(proc)
+                self.reached.early += event.early
+            else:
+                faults.arm(self.faults_dir, event.point)
+                self.armed = event.point
+                # chaos alone brings these steps about: a restore (after a kill), a savepoint
+                whole = event.point == "during-restore" and self._kill(proc)
+                if not whole:
+                    self._await(proc)
+            self.baseline = self.progress.durable()
+            if whole:
+                return
+
+    def finish(self) -> None:
+        """The run ended: a point still armed was not reached."""
+        if self.armed is not None:
+            self._settle()
+
+    def _progressed(self, proc: subprocess.Popen[bytes]) -> bool:
+        """Wait until an epoch after the baseline is durable; False when the run ended first."""
+        while proc.poll() is None:
+            if self.progress.durable() > self.baseline:
+                return True
+            time.sleep(POLL)
+        return False
+
+    def _kill(self, proc: subprocess.Popen[bytes]) -> bool:
+        """SIGKILL a task, a coordinator candidate or the whole runner; True for the whole runner."""
+        victims = _victims(proc.pid, etcd=self.etcd)
+        roll = self.rng.random()
+        kind = "coordinator" if roll < 0.4 and victims["coordinator"] else "task"
+        if roll < 0.2 or not victims[kind]:  # no task process between two attempts: the runner then
+            kill_group(proc)
+            self.reached.kills["whole runner"] += 1
+            return True
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.rng.choice(victims[kind]), signal.SIGKILL)
+        self.reached.kills[kind] += 1
+        return False
+
+    def _await(self, proc: subprocess.Popen[bytes]) -> None:
+        """Wait until a process of the run reaches the armed point, the run ends, or `fault_wait`
+        seconds passed; a runner SIGKILLed meanwhile leaves it armed for its next start."""
+        assert self.armed is not None
+        asked = self.armed != "during-savepoint"
+        deadline = time.monotonic() + self.fault_wait
+        while proc.poll() is None and time.monotonic() < deadline:
+            if faults.was_hit(self.faults_dir, self.armed):
+                break
+            asked = asked or self.savepoint()
+            time.sleep(POLL)
+        if proc.poll() == -signal.SIGKILL and not faults.was_hit(self.faults_dir, self.armed):
+            return
+        self._settle()
+        _sleep(proc, self.progress.interval)  # the crash is seen (a task's death, the runner's) first
+
+    def _settle(self) -> None:
+        """Count the armed point hit, or missed (then disarmed)."""
+        assert self.armed is not None
+        point, self.armed = self.armed, None
+        (self.reached.missed if faults.disarm(self.faults_dir, point) else self.reached.hit).append(point)
+
+
+def _sleep(proc: subprocess.Popen[bytes], seconds: float) -> None:
+    """Sleep `seconds`, or less when the runner ends meanwhile."""
+    end = time.monotonic() + seconds
+    while proc.poll() is None and (left := end - time.monotonic()) > 0:
+        time.sleep(min(POLL, left))
+
+
+def _victims(pid: int, *, etcd: bool) -> dict[str, list[int]]:
+    """The runner's task processes and coordinator candidates (Linux /proc)."""
+    found: dict[str, list[int]] = {"task": [], "coordinator": []}
+    for child in children(pid):
+        role = "task"
+        if etcd:
+            with contextlib.suppress(OSError):
+                argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+                role = "coordinator" if b"coordinator" in argv else "task"
+        found[role].append(child)
+    return found
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (Linux /proc)."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the runner and every process of its session at once."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
