@@ -10,8 +10,10 @@ process, which renames it `POINT.hit` (a rename is atomic: one process wins). Ev
 process also leaves `DIR/POINT.passed` the first time it passes a point, so a
 failure-free run tells which steps a job has.
 
-Each point is named in `POINTS`. Unset (the default), a point costs one environment
-lookup.
+Each point is named in `POINTS`. The points where the coordinator kills a task are
+passed only where a runner gave it that action (`nopstream run`, whose tasks are its
+children); elsewhere its own death at the same step is `coordinator-*`. Unset (the
+default), a point costs one environment lookup.
 """
 
 from __future__ import annotations
@@ -27,8 +29,7 @@ DIR_ENV = "NOPSTREAM_FAULTS_DIR"
 ARMED, HIT, PASSED = ".armed", ".hit", ".passed"
 
 POINTS = {
-    "before-manifest": "all ACKs in, before the manifest is written: the coordinator kills a task"
-    " (the coordinator itself dies when no runner gave it that action)",
+    "before-manifest": "all ACKs in, before the manifest is written: the coordinator kills a task",
     "coordinator-before-manifest": "the coordinator dies before it writes the manifest",
     "after-durable": "the manifest written, before sinks are told to commit: the coordinator kills a task",
     "coordinator-after-durable": "the coordinator dies between DURABLE and COMMITTED",
@@ -103,4 +104,4 @@ def was_hit(folder: Path, point: str) -> bool:
 
 def passed(folder: Path) -> set[str]:
     """The points some process of the run passed."""
-    return {p.name.removesuffix(PASSED) for p in folder.glob("*" + PASSED)}
+    return {p.name.removesuffix(PASSED) for p in folder.glob("*" + PASSED)} & POINTS.keys()

@@ -189,26 +189,34 @@ def _run(
     fault_dir = home / "faults"
     fault_dir.mkdir()
     env = _env(job_file, fault_dir)
+    progress = kills.Progress(job)
+    deadline = time.monotonic() + settings.timeout
+
+    def savepoint() -> bool:
+        return _savepoint(path, home, settings, env)
+
     schedule = None
     if events is not None:
         schedule = kills.Schedule(
             events,
             rng or random.Random(settings.seed),
-            kills.Progress(job),
+            progress,
             fault_dir,
             etcd=settings.etcd is not None,
             first_kill=settings.first_kill,
             between_kills=settings.between_kills,
             fault_wait=settings.fault_wait,
-            savepoint=lambda: _savepoint(path, home, settings, env),
+            savepoint=savepoint,
+            deadline=deadline,
         )
     outcome = Outcome(code=-1)
-    deadline = time.monotonic() + settings.timeout
     while True:
         proc = _start(path, home, settings, env)
         try:
             if schedule is not None:
                 schedule.drive(proc)
+            else:
+                kills.take_savepoint(proc, progress, savepoint, deadline)
             code = proc.wait(max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             waits = _where_it_waits(proc)

@@ -33,9 +33,8 @@ from nopstream.model.load import load_data
 from nopstream.node import checkpointing
 from nopstream.plan import compiler
 
-CAUSED = ("during-restore", "during-savepoint")
-"""Fault points of steps a failure-free run does not take: the kills cause restores, and chaos
-asks the run under kills for one savepoint."""
+CAUSED = ("during-restore",)
+"""Fault points of steps a failure-free run does not take: the kills cause restores."""
 
 POLL = 0.05  # seconds between looks at the storage, the fault directory, the runner
 
@@ -102,8 +101,10 @@ class Schedule:
         between_kills: tuple[float, float],
         fault_wait: float,
         savepoint: Callable[[], bool],
+        deadline: float,
     ) -> None:
-        """`savepoint` asks the running job for one, True once its coordinator took the request."""
+        """`savepoint` asks the running job for one, True once its coordinator took the request; no
+        event waits past `deadline` (time.monotonic())."""
         self.events = deque(events)
         self.rng = rng
         self.progress = progress
@@ -112,6 +113,7 @@ class Schedule:
         self.first_kill, self.between_kills = first_kill, between_kills
         self.fault_wait = fault_wait
         self.savepoint = savepoint
+        self.deadline = deadline
         self.reached = Reached()
         self.baseline = 0  # the durable epoch when the last event landed
         self.armed: str | None = None  # a point armed and not yet reached
@@ -137,8 +139,8 @@ class Schedule:
             else:
                 faults.arm(self.faults_dir, event.point)
                 self.armed = event.point
-                # chaos alone brings these steps about: a restore (after a kill), a savepoint
-                whole = event.point == "during-restore" and self._kill(proc)
+                # chaos alone brings these steps about: a restore (after a task's death), a savepoint
+                whole = event.point == "during-restore" and self._kill(proc, roll=1.0)
                 if not whole:
                     self._await(proc)
             self.baseline = self.progress.durable()
@@ -151,17 +153,18 @@ class Schedule:
             self._settle()
 
     def _progressed(self, proc: subprocess.Popen[bytes]) -> bool:
-        """Wait until an epoch after the baseline is durable; False when the run ended first."""
-        while proc.poll() is None:
+        """Wait until an epoch after the baseline is durable; False when the run ended (or time ran out)."""
+        while proc.poll() is None and time.monotonic() < self.deadline:
             if self.progress.durable() > self.baseline:
                 return True
             time.sleep(POLL)
         return False
 
-    def _kill(self, proc: subprocess.Popen[bytes]) -> bool:
-        """SIGKILL a task, a coordinator candidate or the whole runner; True for the whole runner."""
+    def _kill(self, proc: subprocess.Popen[bytes], *, roll: float | None = None) -> bool:
+        """SIGKILL a task, a coordinator candidate or the whole runner (by `roll`, random by default:
+        1.0 is a task); True for the whole runner."""
         victims = _victims(proc.pid, etcd=self.etcd)
-        roll = self.rng.random()
+        roll = self.rng.random() if roll is None else roll
         kind = "coordinator" if roll < 0.4 and victims["coordinator"] else "task"
         if roll < 0.2 or not victims[kind]:  # no task process between two attempts: the runner then
             kill_group(proc)
@@ -177,7 +180,7 @@ class Schedule:
         seconds passed; a runner SIGKILLed meanwhile leaves it armed for its next start."""
         assert self.armed is not None
         asked = self.armed != "during-savepoint"
-        deadline = time.monotonic() + self.fault_wait
+        deadline = min(self.deadline, time.monotonic() + self.fault_wait)
         while proc.poll() is None and time.monotonic() < deadline:
             if faults.was_hit(self.faults_dir, self.armed):
                 break
@@ -193,6 +196,18 @@ class Schedule:
         assert self.armed is not None
         point, self.armed = self.armed, None
         (self.reached.missed if faults.disarm(self.faults_dir, point) else self.reached.hit).append(point)
+
+
+def take_savepoint(
+    proc: subprocess.Popen[bytes], progress: Progress, savepoint: Callable[[], bool], deadline: float
+) -> None:
+    """Ask the running job for one savepoint once an epoch is durable (a failure-free run takes the
+    savepoint step too, so that its fault points count as steps the job has); give up when it ends
+    or at `deadline`."""
+    while proc.poll() is None and time.monotonic() < deadline and progress.durable() == 0:
+        time.sleep(POLL)
+    while proc.poll() is None and time.monotonic() < deadline and not savepoint():
+        time.sleep(POLL)
 
 
 def _sleep(proc: subprocess.Popen[bytes], seconds: float) -> None:

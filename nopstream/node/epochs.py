@@ -317,10 +317,11 @@ class EpochCoordinator:
             sinks={t: a.sinks for t, a in acks if a.sinks},
         )
         path = manifest_path(ident.checkpoint_namespace, current.epoch)
-        faults.reached("before-manifest", self.on_fault)
+        if self.on_fault is not None:  # the points where it kills a task (`nopstream run` gives the action)
+            faults.reached("before-manifest", self.on_fault)
+            if current.kind.is_savepoint:
+                faults.reached("during-savepoint", self.on_fault)
         faults.reached("coordinator-before-manifest")  # the coordinator itself crashes
-        if current.kind.is_savepoint:
-            faults.reached("during-savepoint", self.on_fault)
         # Shielded: once started, the write finishes even if this run is cancelled (see settle).
         self._manifest_write = asyncio.ensure_future(
             asyncio.to_thread(self.storage.put, path, encode_manifest(manifest))
@@ -338,7 +339,8 @@ class EpochCoordinator:
         self.latest_durable_at = time.time()
         self.durable_count += 1
         self._ended(current.epoch, state="durable", **_timings(current, manifest))
-        faults.reached("after-durable", self.on_fault)
+        if self.on_fault is not None:
+            faults.reached("after-durable", self.on_fault)
         faults.reached("coordinator-after-durable")  # the coordinator itself crashes, sinks not told
         await self.notify(current.epoch)
         await self.log.record(

@@ -142,3 +142,29 @@ def test_faults_at_the_named_dangerous_moments(tmp_path, capsys):
         assert got == expected, (
             f"{point}: lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
         )
+
+
+def test_every_fault_point_is_named_in_the_catalog_and_armed_once_for_a_whole_run(tmp_path, monkeypatch):
+    """`faults.POINTS` names every point the code passes (chaos arms what the failure-free run
+    passed); a point armed in a directory fires in the first process to pass it, and only there."""
+    import re as regex
+
+    from nopstream import faults
+
+    passed = {
+        point
+        for path in (ROOT / "nopstream").rglob("*.py")
+        for point in regex.findall(r'faults\.reached\("([a-z-]+)"', path.read_text())
+    }
+    assert passed == set(faults.POINTS)
+    monkeypatch.setenv(faults.DIR_ENV, str(tmp_path))
+    fired: list[str] = []
+    faults.arm(tmp_path, "mid-commit")
+    faults.reached("after-stage", lambda: fired.append("after-stage"))
+    faults.reached("mid-commit", lambda: fired.append("mid-commit"))
+    faults.reached("mid-commit", lambda: fired.append("mid-commit again"))
+    assert fired == ["mid-commit"] and faults.was_hit(tmp_path, "mid-commit")
+    assert not faults.disarm(tmp_path, "mid-commit")  # it was taken: nothing left to take back
+    assert faults.passed(tmp_path) == {"after-stage", "mid-commit"}
+    faults.arm(tmp_path, "after-stage")
+    assert faults.disarm(tmp_path, "after-stage") and not faults.was_hit(tmp_path, "after-stage")

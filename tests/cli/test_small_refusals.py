@@ -93,6 +93,10 @@ def test_options_out_of_range_are_usage_errors(tmp_path):
         (["chaos", "job.yaml", "--timeout", "0"], "argument --timeout: 0 is not a number of seconds above 0"),
         (["run", "job.yaml", "--max-restarts", "-1"], "argument --max-restarts: -1 is below 0"),
         (
+            ["run", "job.yaml", "--restart-backoff", "-0.5"],
+            "argument --restart-backoff: -0.5 is not a number of seconds, 0 or more",
+        ),
+        (
             ["run", "job.yaml", "--etcd", "nope"],
             "argument --etcd: 'nope' is not HOST:PORT (a port from 1 to 65535)",
         ),
@@ -100,6 +104,13 @@ def test_options_out_of_range_are_usage_errors(tmp_path):
     ):
         result = run_nopstream(*args, cwd=tmp_path)
         assert result.code == 2 and why in result.err, (args, result.err)
+    for name, value, why in (
+        ("NOPSTREAM_BATCH_SIZE", "0", "NOPSTREAM_BATCH_SIZE=0 must be at least 1"),
+        ("NOPSTREAM_BATCH_TARGET_MS", "fast", "NOPSTREAM_BATCH_TARGET_MS='fast' is not an integer"),
+    ):
+        result = run_nopstream("run", "job.yaml", cwd=tmp_path, env={name: value})
+        assert (result.code, result.err) == (2, f"nopstream run: {why}\n"), result.err
+        assert not (tmp_path / ".nopstream").exists()
 
 
 def test_the_local_control_server_answers_healthz(tmp_path):
