@@ -293,7 +293,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.etcd and args.in_process:
         print("nopstream run: --etcd and --in-process exclude each other", file=sys.stderr)
         return EXIT_USAGE
-    from nopstream.node.settings import SettingsError, task_settings
+    from nopstream.node.settings import SettingsError
+    from nopstream.node.taskserver import task_settings
 
     try:  # read by every task process: refused here once, rather than failing every task's start
         task_settings()

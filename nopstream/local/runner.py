@@ -42,7 +42,7 @@ from nopstream.node import checkpointing, guard, recovery
 from nopstream.node.coordinator_api import DASHBOARD_PATH, TaskCommands
 from nopstream.node.epochs import EpochCoordinator, Notify, Trigger
 from nopstream.node.jobview import JobHistory
-from nopstream.node.settings import task_settings
+from nopstream.node.taskserver import task_settings
 from nopstream.plan import compiler
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan

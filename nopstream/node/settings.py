@@ -13,7 +13,7 @@ The operator (and `nopstream run --etcd`) sets these on every pod (process):
   NOPSTREAM_HEALTH_PORT port of the liveness endpoint (`node.liveness`; default none)
   NOPSTREAM_LEASE_TTL   seconds of the process's etcd lease (default 10)
   NOPSTREAM_SECRET_FILE the file holding the job's secret (`node.guard`; default SECRET_FILE)
-Every task process, of any runner, also reads (`task_settings`):
+Every task process, of any runner, also reads (`taskserver.task_settings`):
   NOPSTREAM_BATCH_SIZE  the most records a source reads at once (default 1000; its first read)
   NOPSTREAM_BATCH_TARGET_MS  how long one source batch may hold the task's event loop (default 50)
 Lower both when slow user functions make checkpoints slow: a barrier waits for the batch
@@ -33,7 +33,6 @@ from nopstream.model.errors import ModelError
 from nopstream.node.guard import SecretError, read_secret
 from nopstream.plan import compiler
 from nopstream.plan.partitioned import PartitionedPlan
-from nopstream.runtime.task import TaskSettings
 
 PARTITIONED_FILE = "partitioned.json"
 DEPLOYMENT_FILE = "deployment.json"
@@ -84,15 +83,8 @@ def _required(env: Mapping[str, str], name: str) -> str:
     return value
 
 
-def task_settings(env: Mapping[str, str] = os.environ) -> TaskSettings:
-    """The settings of a task process; SettingsError names a malformed variable."""
-    return TaskSettings(
-        batch_size=_int(env, "NOPSTREAM_BATCH_SIZE", TaskSettings.batch_size, minimum=1),
-        batch_target_ms=_int(env, "NOPSTREAM_BATCH_TARGET_MS", int(TaskSettings.batch_target_ms), minimum=1),
-    )
-
-
-def _int(env: Mapping[str, str], name: str, default: int | None = None, *, minimum: int = 0) -> int:
+def int_variable(env: Mapping[str, str], name: str, default: int | None = None, *, minimum: int = 0) -> int:
+    """The integer variable `name` (at least `minimum`), or `default` when unset; SettingsError names it."""
     raw = env.get(name, "").strip()
     if not raw:
         if default is None:
@@ -140,10 +132,10 @@ def from_env(role: str, env: Mapping[str, str] = os.environ) -> NodeSettings:
         attempt=_required(env, "NOPSTREAM_ATTEMPT"),
         host=listen,
         advertise=env.get("NOPSTREAM_ADVERTISE", "").strip() or listen,
-        port=_int(env, "NOPSTREAM_PORT", 0),
-        lease_ttl=_int(env, "NOPSTREAM_LEASE_TTL", 10, minimum=2),
+        port=int_variable(env, "NOPSTREAM_PORT", 0),
+        lease_ttl=int_variable(env, "NOPSTREAM_LEASE_TTL", 10, minimum=2),
         secret=_secret(env),
-        health_port=_int(env, HEALTH, minimum=1) if env.get(HEALTH, "").strip() else None,
+        health_port=int_variable(env, HEALTH, minimum=1) if env.get(HEALTH, "").strip() else None,
     )
     if role == "task":
         task_id = _required(env, "NOPSTREAM_TASK_ID")
@@ -157,7 +149,7 @@ def from_env(role: str, env: Mapping[str, str] = os.environ) -> NodeSettings:
         return dataclasses.replace(
             settings,
             task_id=task_id,
-            run=_int(env, "NOPSTREAM_RUN", minimum=1),
+            run=int_variable(env, "NOPSTREAM_RUN", minimum=1),
             standby=_bool(env, "NOPSTREAM_STANDBY"),
         )
     return settings

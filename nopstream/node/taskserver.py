@@ -16,7 +16,8 @@ fenced-attempts metric): a deposed coordinator can no longer make a task act.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+import os
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,13 +31,13 @@ from nopstream.connectors.registry import Connectors
 from nopstream.node import checkpointing
 from nopstream.node.epochs import Ack
 from nopstream.node.guard import Guard, GuardCollector, healthz, int_field, json_body
-from nopstream.node.settings import task_settings
+from nopstream.node.settings import int_variable
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.records import TaskSnapshot
 from nopstream.runtime.metrics import TaskCollector, exposition
-from nopstream.runtime.task import Task
+from nopstream.runtime.task import Task, TaskSettings
 from nopstream.runtime.transport_http import Fencing, HttpIO, HttpReceiver
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,16 @@ class TaskIdentity:
     task_id: str
     run: int
     attempt: str
+
+
+def task_settings(env: Mapping[str, str] = os.environ) -> TaskSettings:
+    """The settings of a task process (`node.settings` lists the variables); SettingsError names a
+    malformed one."""
+    target = int(TaskSettings.batch_target_ms)
+    return TaskSettings(
+        batch_size=int_variable(env, "NOPSTREAM_BATCH_SIZE", TaskSettings.batch_size, minimum=1),
+        batch_target_ms=int_variable(env, "NOPSTREAM_BATCH_TARGET_MS", target, minimum=1),
+    )
 
 
 def build_task(
