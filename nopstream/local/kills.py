@@ -81,7 +81,6 @@ class Reached:
     """What the schedule did to one run."""
 
     kills: Counter[str] = field(default_factory=Counter)
-    early: int = 0
     hit: list[str] = field(default_factory=list)
     missed: list[str] = field(default_factory=list)
 
@@ -135,7 +134,6 @@ class Schedule:
             self.events.popleft()
             if event.point is None:
                 whole = self._kill(proc)
-                self.reached.early += event.early
             else:
                 faults.arm(self.faults_dir, event.point)
                 self.armed = event.point

@@ -152,7 +152,7 @@ def windows(home: Path) -> dict[str, Any]:
         }
         for i in range(3500)
     ]
-    _write(home, {"events.jsonl": "".join(json.dumps(e) + "\n" for e in events)})
+    _write_jsonl(home, {"events.jsonl": events})
     return _job(
         "late-windows",
         {
@@ -194,7 +194,7 @@ COMBINED_EVENTS = 3000  # a file, of the two of `combined_windows`
 def combined_windows(home: Path) -> dict[str, Any]:
     """Event-time sliding averages at parallelism 2, whose maps pre-aggregate per key and window."""
     events = windowed_events(4, 2, COMBINED_EVENTS)
-    _write(home, {name: "".join(json.dumps(e) + "\n" for e in es) for name, es in events.items()})
+    _write_jsonl(home, events)
     return _job(
         "combined-windows",
         {
@@ -219,7 +219,7 @@ def reminders(home: Path) -> dict[str, Any]:
     """A keyed process function whose every output is an event-time timer firing: a timer lost in a
     restore is a record missing."""
     events = windowed_events(6, 2, 2500)
-    _write(home, {name: "".join(json.dumps(e) + "\n" for e in es) for name, es in events.items()})
+    _write_jsonl(home, events)
     return _job(
         "reminders",
         {
@@ -241,7 +241,7 @@ def cep(home: Path) -> dict[str, Any]:
         {"card": f"c{rng.randrange(30)}", "amount": rng.choice([3, 7, 40, 90, 800, 1200]), "ts": i * 20}
         for i in range(3500)
     ]
-    _write(home, {"charges.jsonl": "".join(json.dumps(c) + "\n" for c in charges)})
+    _write_jsonl(home, {"charges.jsonl": charges})
     return _job(
         "cep-fraud",
         {
@@ -476,6 +476,10 @@ def _write(home: Path, inputs: dict[str, str]) -> None:
     (home / "in").mkdir(parents=True, exist_ok=True)
     for name, text in inputs.items():
         (home / "in" / name).write_text(text)
+
+
+def _write_jsonl(home: Path, inputs: dict[str, list[dict[str, Any]]]) -> None:
+    _write(home, {name: "".join(json.dumps(r) + "\n" for r in records) for name, records in inputs.items()})
 
 
 def prepare(home: Path, model: dict[str, Any]) -> Path:
