@@ -218,7 +218,7 @@ def combined_windows(home: Path) -> dict[str, Any]:
 def reminders(home: Path) -> dict[str, Any]:
     """A keyed process function whose every output is an event-time timer firing: a timer lost in a
     restore is a record missing."""
-    events = windowed_events(6, 2, 2500)
+    events = windowed_events(6, 2, 3500)
     _write_jsonl(home, events)
     return _job(
         "reminders",
@@ -272,7 +272,7 @@ def cep(home: Path) -> dict[str, Any]:
 def union(home: Path) -> dict[str, Any]:
     """Two sources of different parallelism joined by a union, counted per word (final)."""
     rng = random.Random(7)
-    a, b = _words(rng, 3, 1200), _words(rng, 2, 1500)
+    a, b = _words(rng, 3, 1600), _words(rng, 2, 1600)
     _write(home, {f"a-{k}": v for k, v in a.items()} | {f"b-{k}": v for k, v in b.items()})
     return _job(
         "union-count",
@@ -356,7 +356,7 @@ POSTGRES_TABLES = (
 
 def files_to_postgres(home: Path, *, port: int, user: str, database: str) -> dict[str, Any]:
     """A rolling word count at parallelism 3 into PostgreSQL: every update (insert), the latest (upsert)."""
-    _write(home, _words(random.Random(13), 4, 1200))
+    _write(home, _words(random.Random(13), 4, 1600))
     pg = {"port": port, "user": user, "database": database, "columns": ["key", "value"]}
     return _job(
         "pg-count",
@@ -384,7 +384,7 @@ def files_to_postgres(home: Path, *, port: int, user: str, database: str) -> dic
     )
 
 
-def fill_kafka(kafka: Any, rng: random.Random, *, partitions: int = 3, lines: int = 2400) -> str:
+def fill_kafka(kafka: Any, rng: random.Random, *, partitions: int = 3, lines: int = 3200) -> str:
     """A topic of JSON-string lines over `partitions`, part in transactions, with aborted ones to skip."""
     topic = kafka.create("lines", partitions=partitions)
     words = [f"w{i}" for i in range(200)]
@@ -422,7 +422,7 @@ def kafka_to_kafka(home: Path, *, kafka: Any) -> dict[str, Any]:
 
 def kafka_to_postgres(home: Path, *, kafka: Any, port: int, user: str, database: str) -> dict[str, Any]:
     """A rolling word count from a topic to the latest count per word in PostgreSQL (upsert)."""
-    source = fill_kafka(kafka, random.Random(17), lines=1200)  # two subtasks read the three partitions
+    source = fill_kafka(kafka, random.Random(17), lines=1600)  # two subtasks read the three partitions
     src = {"bootstrapServers": kafka.bootstrap, "topic": source, "bounded": True}
     pg = {"port": port, "user": user, "database": database, "columns": ["key", "value"]}
     return _job(
