@@ -111,7 +111,8 @@ def test_faults_at_the_named_dangerous_moments(tmp_path, capsys):
     rng = random.Random(4)
     words = [f"w{i}" for i in range(100)]
     inputs = {
-        f"part-{f}.txt": "".join(" ".join(rng.choices(words, k=6)) + "\n" for _ in range(2500))
+        # long enough for a third manifest before the final one, however fast the machine runs it
+        f"part-{f}.txt": "".join(" ".join(rng.choices(words, k=6)) + "\n" for _ in range(5000))
         for f in range(4)
     }
     model = wordcount_model("named-faults", interval_ms=150)
