@@ -120,12 +120,12 @@ def run_chaos(job_file: Path, settings: ChaosSettings, *, out: TextIO = sys.stdo
     raw = yaml.safe_load(job_file.read_text())
     token = uuid.uuid4().hex[:8]
     base = settings.workdir / token
-    clean = _run(job_file, raw, base / "clean", f"chaos-{token}-clean", settings, events=None)
+    clean = _run(job_file, raw, base / "clean", f"chaos-{token}-clean", settings, planned=None)
     if clean.code != 0:
         raise ChaosFailed(f"the failure-free run failed (exit {clean.code}):\n{clean.errors.strip()}")
     rng = random.Random(settings.seed)
     events = kills.plan_events(rng, settings.kills, clean.passed | set(kills.CAUSED), settings.early_share)
-    faulty = _run(job_file, raw, base / "faulty", f"chaos-{token}-faulty", settings, events=events, rng=rng)
+    faulty = _run(job_file, raw, base / "faulty", f"chaos-{token}-faulty", settings, planned=(events, rng))
     if faulty.code != 0:
         raise ChaosFailed(f"the run under kills failed (exit {faulty.code}):\n{faulty.errors.strip()}")
     missing, doubled = clean.records - faulty.records, faulty.records - clean.records
@@ -176,11 +176,10 @@ def _run(
     tag: str,
     settings: ChaosSettings,
     *,
-    events: list[kills.Event] | None,
-    rng: random.Random | None = None,
+    planned: tuple[list[kills.Event], random.Random] | None,
 ) -> Outcome:
-    """One run of the job with its own checkpoints and outputs, carrying out `events` (None: failure-free),
-    started again after each whole-runner kill."""
+    """One run of the job with its own checkpoints and outputs, carrying out the `planned` events with
+    the generator that planned them (None: failure-free), started again after each whole-runner kill."""
     safefiles.trusted_dir(home, what="the chaos work directory")
     job = _isolated(raw, home, tag)
     _create_outputs(raw, job)
@@ -196,10 +195,9 @@ def _run(
         return _savepoint(path, home, settings, env)
 
     schedule = None
-    if events is not None:
+    if planned is not None:
         schedule = kills.Schedule(
-            events,
-            rng or random.Random(settings.seed),
+            *planned,
             progress,
             fault_dir,
             etcd=settings.etcd is not None,

@@ -376,12 +376,7 @@ def test_every_task_start_reports_what_it_restored(tmp_path):
     restored = int(manifests(home)[-1].parent.name)
     result = run(home)
     assert result.code == 0, result.err
-    reports = [
-        r
-        for f in logs.glob("*.log")
-        for line in f.read_text().splitlines()
-        if (r := RestoreReport.from_line(line))
-    ]
+    reports = restore_reports(logs)
     assert len(reports) == 3 + 3 + 2 and {r.epoch for r in reports} == {restored}, reports
     sources = [r for r in reports if "/lines/" in r.task_id]
     counts = [r for r in reports if "/count/" in r.task_id]
