@@ -23,10 +23,50 @@ MAX_TIMESTAMP = 2**63 - 1
 
 @dataclass(slots=True)
 class Batch:
-    """Records in channel order, with their event timestamps when the job has event time."""
+    """Records in channel order, with their event timestamps when the job has event time.
+
+    `marks`, with timestamps, holds for each record the watermark its own source split
+    had reached just before it was read: an operator judges a record late against it
+    (`late_reference`), so what is late depends on the data only (docs/time.md). Records
+    made by timers and windows carry none: the operator's watermark judges them.
+    """
 
     records: list[Any]
     timestamps: list[int] | None = None
+    marks: list[int] | None = None
+
+    def pick(self, positions: list[int]) -> Batch:
+        """The records at `positions`, in that order, with their timestamps and marks."""
+        records, stamps, marks = self.records, self.timestamps, self.marks
+        return Batch(
+            [records[i] for i in positions],
+            None if stamps is None else [stamps[i] for i in positions],
+            None if marks is None else [marks[i] for i in positions],
+        )
+
+    def cut(self, start: int, stop: int) -> Batch:
+        """The records from `start` to `stop`, with their timestamps and marks."""
+        stamps, marks = self.timestamps, self.marks
+        return Batch(
+            self.records[start:stop],
+            None if stamps is None else stamps[start:stop],
+            None if marks is None else marks[start:stop],
+        )
+
+    def spread(self, produced: list[list[Any]]) -> Batch:
+        """The records `produced[i]` made from record i, each with record i's timestamp and mark."""
+        out = Batch([r for rs in produced for r in rs])
+        if self.timestamps is not None:
+            out.timestamps = [t for t, rs in zip(self.timestamps, produced, strict=True) for _ in rs]
+        if self.marks is not None:
+            out.marks = [m for m, rs in zip(self.marks, produced, strict=True) for _ in rs]
+        return out
+
+
+def late_reference(marks: list[int] | None, i: int, watermark: int) -> int:
+    """The event time record `i` of a batch is judged late against: its mark, or `watermark` when
+    that is further (it is only when a split went idle or the record is an allowed-late update)."""
+    return watermark if marks is None or marks[i] < watermark else marks[i]
 
 
 @dataclass(frozen=True)
@@ -99,11 +139,16 @@ class SourceReader(Protocol):
 
 @runtime_checkable
 class SplitEventTime(Protocol):
-    """A reader that follows the event time of each of its splits (a Kafka source's partitions)."""
+    """A reader that keeps the event time of each of its splits (file stripes, Kafka partitions)."""
+
+    def split_highs(self, timestamps: list[int]) -> list[int]:
+        """The last batch read had these timestamps: for each record, the highest timestamp read before
+        it in its own split (MIN_TIMESTAMP for a split's first), and each split's high advances."""
+        ...
 
     def event_time_floor(self) -> int | None:
-        """The lowest, over the splits still read and not idle, of the highest timestamp read in each
-        (MIN_TIMESTAMP while one has none yet); None when no split holds event time back."""
+        """The lowest high over the splits that may still give records and are not idle (MIN_TIMESTAMP
+        while one has none yet or is not begun); None when no split holds event time back."""
         ...
 
 

@@ -5,7 +5,8 @@ Split `split-n` of S produces the record indexes n, n+S, n+2S, ... below `count`
 a replay from a cursor (the next index) gives the same records. Kinds: `sequence`
 (the index), `words` (a line of `wordsPerLine` words from a `vocabulary` of
 `w0`..`wN`), `events` (`{"key": "k{i mod keys}", "value": i, "ts": 10 * i}`).
-`ratePerSecond` paces the whole source (each split takes its share).
+`ratePerSecond` paces the whole source (each split takes its share). Each split has
+its own event time (`SplitEventTime`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from nopstream.connectors.event_time import SplitHighs
 from nopstream.model.connectors import GeneratorSourceConfig
-from nopstream.records import Batch
+from nopstream.records import MIN_TIMESTAMP, Batch
 
 _MASK = (1 << 64) - 1
 
@@ -41,6 +43,7 @@ class GeneratorSource:
         self.rate = None if rate is None else float(rate) * len(splits) / max(total_splits, 1)
         self.stride = total_splits
         self.cursors = {s: int(s.rsplit("-", 1)[1]) for s in splits}
+        self.event_times: SplitHighs[str] = SplitHighs()
         self._started = time.monotonic()
         self._emitted = 0
 
@@ -53,9 +56,13 @@ class GeneratorSource:
         base = mix(self.seed ^ (index * 0x100000001B3))
         return " ".join(f"w{mix(base + j) % self.vocabulary}" for j in range(self.words_per_line))
 
+    def _live(self) -> list[str]:
+        return [s for s, i in self.cursors.items() if self.count is None or i < self.count]
+
     def read(self, max_records: int) -> Batch | None:
         """The next records, split after split in turn; None when all are done."""
-        live = [s for s, i in self.cursors.items() if self.count is None or i < self.count]
+        live = self._live()
+        self.event_times.start()
         if not live:
             return None
         if self.rate is not None:
@@ -71,19 +78,31 @@ class GeneratorSource:
             if self.count is not None:
                 end = min(end, self.count)
             out.extend(self.record(j) for j in range(i, end, self.stride))
+            self.event_times.note(split, len(range(i, end, self.stride)))
             self.cursors[split] = i + len(range(i, end, self.stride)) * self.stride
         self._emitted += len(out)
         return Batch(out)
 
+    def split_highs(self, timestamps: list[int]) -> list[int]:
+        """Each record's split high before it (`SplitEventTime`)."""
+        return self.event_times.highs_before(timestamps)
+
+    def event_time_floor(self) -> int | None:
+        """The lowest high over the splits not done (`SplitEventTime`)."""
+        live = self._live()
+        return min((self.event_times.highs.get(s, MIN_TIMESTAMP) for s in live), default=None)
+
     def snapshot(self) -> dict[str, Any]:
-        """The next index of every split."""
-        return {"cursors": dict(self.cursors)}
+        """The next index and the event time of every split."""
+        return {"cursors": dict(self.cursors), "eventTimes": dict(self.event_times.highs)}
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Resume every split at its cursor."""
+        """Resume every split at its cursor and event time."""
         for split, cursor in state.get("cursors", {}).items():
             if split in self.cursors:
                 self.cursors[split] = int(cursor)
+        times = state.get("eventTimes", {})
+        self.event_times.highs = {s: int(t) for s, t in times.items() if s in self.cursors}
 
     def close(self) -> None:
         """Nothing to release."""

@@ -8,10 +8,12 @@ exclusive cut), checkpointed with the partitions it knows (the enumerator state)
 when `bounded`, the end offsets taken at the job's first start, so a restart stops at
 the same place. A fresh job starts at `startingOffsets` (resolved to numbers at once
 and checkpointed); partitions found later by discovery start at their beginning.
-Records carry their Kafka timestamps (`Batch.timestamps`) for event time, and the
-watermark follows the slowest partition still read (`event_time_floor`): a partition
-read behind another never sees its records come late; one with no record for the
-watermark's idle timeout stops holding it back.
+Records carry their Kafka timestamps (`Batch.timestamps`) for event time. Each
+partition is a split with its own event time (`SplitEventTime`): a record is judged
+late against its own partition's watermark, and the subtask's watermark follows the
+slowest partition still read (`event_time_floor`), so a partition read behind another
+never sees its records come late; one with no record for the watermark's idle timeout
+stops holding it back.
 
 Sink: no Python client can commit a transaction prepared by a process that died
 (KIP-939 is not in librdkafka), so the sink publishes only durable epochs. At barrier
@@ -45,6 +47,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from nopstream.connectors.event_time import SplitHighs
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
 from nopstream.errors import StartRefused
 from nopstream.model.connectors import KafkaSinkConfig, KafkaSourceConfig
@@ -113,7 +116,7 @@ class KafkaSource:
         )
         self.cursors: dict[Split, int] = {}
         self.ends: dict[Split, int] | None = {} if self.config.bounded else None
-        self.event_times: dict[Split, int] = {}  # the highest timestamp read per partition
+        self.event_times: SplitHighs[Split] = SplitHighs()
         self._last_read: dict[Split, float] = {}
         self._discovered_at = self._started = clock()
         for split in self._splits():
@@ -186,6 +189,7 @@ class KafkaSource:
         self._discover()
         messages = self.consumer.consume(num_messages=max_records, timeout=0.05)
         records, stamps = [], []
+        self.event_times.start()
         for m in messages:
             error = m.error()
             if error is not None:
@@ -198,7 +202,7 @@ class KafkaSource:
             records.append(_decode(m.value(), self.config.format))
             stamps.append(_timestamp(m))
             self.cursors[split] = offset + 1
-            self.event_times[split] = max(self.event_times.get(split, stamps[-1]), stamps[-1])
+            self.event_times.note(split)
             self._last_read[split] = self._clock()
         if self.ends is not None:
             self._settle_positions()
@@ -213,8 +217,12 @@ class KafkaSource:
             if tp.offset >= 0:
                 self.cursors[split] = max(self.cursors[split], min(int(tp.offset), self.ends[split]))
 
+    def split_highs(self, timestamps: list[int]) -> list[int]:
+        """Each record's partition high before it (`SplitEventTime`)."""
+        return self.event_times.highs_before(timestamps)
+
     def event_time_floor(self) -> int | None:
-        """The lowest highest-timestamp over the partitions still read and not idle (`SplitEventTime`)."""
+        """The lowest high over the partitions still read and not idle (`SplitEventTime`)."""
         now = self._clock()
         idle = self.idle_timeout_ms
         active = [
@@ -225,13 +233,14 @@ class KafkaSource:
         ]
         if not active:
             return None
-        return min(self.event_times.get(s, MIN_TIMESTAMP) for s in active)
+        highs = self.event_times.highs
+        return min(highs.get(s, MIN_TIMESTAMP) for s in active)
 
     def snapshot(self) -> dict[str, Any]:
         """The next offset of every partition known (`topic:partition`), the bounded ends, the event times."""
         state: dict[str, Any] = {
             "offsets": {_key(s): o for s, o in self.cursors.items()},
-            "eventTimes": {_key(s): t for s, t in self.event_times.items()},
+            "eventTimes": {_key(s): t for s, t in self.event_times.highs.items()},
         }
         if self.ends is not None:
             state["ends"] = {_key(s): e for s, e in self.ends.items()}
@@ -245,7 +254,7 @@ class KafkaSource:
             ends = {_split(k): int(e) for k, e in state.get("ends", {}).items()}
             self.ends.update({s: e for s, e in ends.items() if self._owns(s)})
         times = {_split(k): int(t) for k, t in state.get("eventTimes", {}).items()}
-        self.event_times = {s: t for s, t in times.items() if self._owns(s)}
+        self.event_times.highs = {s: t for s, t in times.items() if self._owns(s)}
         self._assign()
 
     def close(self) -> None:

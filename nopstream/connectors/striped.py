@@ -6,9 +6,14 @@ stripe's number), so the subtasks share the work evenly however many objects the
 are and whatever their sizes. A subtask reads its stripes in name order, in batches of
 exactly `max_records` lines within a run of consecutive stripes (the last batch of a
 run may be shorter), so batch boundaries, and the watermarks emitted after each batch,
-are the same on every run. Cursor: the byte offset of the next line (an exclusive
-cut). `snapshot` returns the cursor of the stripe being read, the stripes read to
-their end, and an identity of each object begun (`Objects.identity`: a hash of a
+are the same on every run. Each stripe is a split with its own event time
+(`SplitEventTime`): a line belongs to the stripe it starts in, a record is judged late
+against the highest timestamp of the lines before it in its own stripe, and the
+subtask's watermark is held at the minimum until it has begun its last stripe (one
+not begun may hold any timestamp), so what is late does not depend on how the stripes
+are spread over subtasks. Cursor: the byte offset of the next line (an exclusive
+cut). `snapshot` returns the cursor and event time of the stripe being read, the stripes
+read to their end, and an identity of each object begun (`Objects.identity`: a hash of a
 file's head, an object's ETag); `restore` takes every subtask's snapshot (a rescaled
 job's too) and resumes the stripes this subtask owns.
 WARNING: an object being read must not change. A restore whose begun stripe's object
@@ -20,13 +25,15 @@ the run.
 from __future__ import annotations
 
 import time
+from itertools import accumulate, groupby
 from typing import Any, BinaryIO, Protocol
 
 from nopstream.connectors import lines as line_format
 from nopstream.connectors import stripes
+from nopstream.connectors.event_time import SplitHighs
 from nopstream.errors import BadInput, RestoreRefused
 from nopstream.plan.keys import stable_hash
-from nopstream.records import Batch
+from nopstream.records import MIN_TIMESTAMP, Batch
 
 _READ_HINT = 1 << 16
 
@@ -85,6 +92,7 @@ class StripedSource:
         self.cursors: dict[str, int] = {}  # split id -> offset of its next line (the stretch being read)
         self.finished_objects: set[str] = set()  # read whole, as a checkpoint of one split per object says
         self.identities: dict[str, Any] = {}  # object -> its identity when begun
+        self.event_times: SplitHighs[str] = SplitHighs()  # split id -> highest timestamp read in it
         self._hashes: dict[str, int] = {}
         self._known: set[str] = set()
         self._queue: list[str] = []
@@ -139,11 +147,43 @@ class StripedSource:
                 continue
             lines, self._ahead = self._ahead[:max_records], self._ahead[max_records:]
             start = self._pos
+            self._note_stripes(lines, start)
             self._advance(sum(map(len, lines)))
             try:
                 return Batch(line_format.decode(lines, jsonl=self.jsonl))
             except line_format.BadLine as bad:
                 raise self._bad_line(start + sum(map(len, lines[: bad.index])), bad.reason) from None
+
+    def _note_stripes(self, lines: list[bytes], start: int) -> None:
+        """Note the stripe of each line handed out (the one it starts in), for `split_highs`."""
+        name, size, times = self._current_name, stripes.STRIPE_BYTES, self.event_times
+        times.start()
+        if start // size == (start + sum(map(len, lines[:-1]))) // size:  # the usual case: one stripe
+            times.note(stripes.split_id(name, start // size), len(lines))
+            return
+        starts = accumulate(map(len, lines[:-1]), initial=start)
+        for stripe, group in groupby(starts, key=lambda offset: offset // size):
+            times.note(stripes.split_id(name, stripe), sum(1 for _ in group))
+
+    def split_highs(self, timestamps: list[int]) -> list[int]:
+        """Each record's stripe high before it (`SplitEventTime`)."""
+        times = self.event_times
+        highs = times.highs_before(timestamps)
+        if len(times.highs) > 1:  # the stripes read to their end hold no event time back any more
+            times.highs = {k: t for k, t in times.highs.items() if k in self.cursors}
+        return highs
+
+    def event_time_floor(self) -> int | None:
+        """The stripe being read's high once it is this subtask's last (MIN_TIMESTAMP before: a stripe
+        not begun may hold any timestamp); None when none is being read (`SplitEventTime`)."""
+        if self._queue or self._stretches:
+            return MIN_TIMESTAMP
+        if self._stretch is None:
+            return None
+        stripe = self._pos // stripes.STRIPE_BYTES
+        if stripe < self._stretch.end - 1:
+            return MIN_TIMESTAMP
+        return self.event_times.highs.get(stripes.split_id(self._current_name, stripe), MIN_TIMESTAMP)
 
     def _bad_line(self, offset: int, reason: str) -> BadInput:
         """The refusal of the line at byte `offset` of the object being read."""
@@ -259,6 +299,7 @@ class StripedSource:
         return {
             "stripeBytes": stripes.STRIPE_BYTES,
             "cursors": dict(self.cursors),
+            "eventTimes": {k: t for k, t in self.event_times.highs.items() if k in self.cursors},
             # keyed by subtask: a restore joins every subtask's snapshot, and each names its own stripes
             "done": {str(self.subtask): {p: sorted(ks) for p, ks in sorted(self.done.items()) if ks}},
             "finished": sorted(self.finished_objects),
@@ -277,6 +318,8 @@ class StripedSource:
             for (p, k), c in begun.items()
             if self._mine(p, k) and k not in done.get(p, ())
         }
+        times = state.get("eventTimes", {})
+        self.event_times.highs = {k: int(times[k]) for k in self.cursors if k in times}
         self.identities = dict(state.get(self.objects.identity_field, {}))
         for split, cursor in self.cursors.items():
             name = stripes.parse_split_id(split)[0]

@@ -9,7 +9,9 @@ a snapshot holds no partial state and each epoch's partials travel inside it), a
 end of data, before an idle watermark, whenever it holds `limit` entries, and, for
 windows, before it forwards a watermark that closes them (a window fires downstream
 only once every upstream's watermark passed it, so every partial of it is there
-first). The downstream operator merges them (`merge_partials`).
+first). The downstream operator merges them (`merge_partials`). A record late for a
+window by its mark (`Batch.marks`) is left out of that window's partial here, as the
+window would have left it out.
 
 A final result is emitted once per key, and a window without lateness fires once,
 so neither can tell the difference; rolling results, windows that fire again for
@@ -29,7 +31,7 @@ from typing import Any, NamedTuple
 
 from nopstream.plan.partitioned import Edge, PartitionedPlan
 from nopstream.plan.streamgraph import EdgePolicy, StreamNode
-from nopstream.records import Batch
+from nopstream.records import MIN_TIMESTAMP, Batch, late_reference
 from nopstream.runtime.functions import resolve
 from nopstream.runtime.keyed import batch_keys, key_function
 from nopstream.runtime.operators.aggregates import aggregator, is_count
@@ -157,9 +159,13 @@ class WindowCombiner:
         if batch.timestamps is None:
             raise RuntimeError("an event-time window's combiner got records without timestamps")
         partials, key_fn, agg, (kind, size, slide, gap) = self.partials, self.key_fn, self.agg, self.windows
-        for r, ts in zip(batch.records, batch.timestamps, strict=True):
+        marks = batch.marks
+        for i, (r, ts) in enumerate(zip(batch.records, batch.timestamps, strict=True)):
             k = key_fn(r)
+            mark = late_reference(marks, i, MIN_TIMESTAMP)
             for start, end in assign(kind, size, slide, gap, ts):
+                if end - 1 <= mark:  # late for this window by the record's mark, as the window judges
+                    continue
                 entry = (k, start, end)
                 if entry in partials:
                     partials[entry] = agg.add(partials[entry], r)

@@ -3,7 +3,8 @@
 A channel carries, in order: record batches, watermarks, barriers and one
 end-of-input marker; the receiver sends credits back. Binary layout (big-endian):
 
-    BATCH      0x01 | u8 has_timestamps | u32 n | n x i64 timestamps (if any) | codec bytes
+    BATCH      0x01 | u8 lists | u32 n | n x i64 timestamps (lists >= 1) | n x i64 marks (lists = 2)
+               | codec bytes
     WATERMARK  0x02 | u8 idle | i64 timestamp
     BARRIER    0x03 | u64 epoch | u8 kind (0 checkpoint, 1 savepoint, 2 final, 3 stop)
     END        0x04   end of data: no more records; flush (barriers may still follow)
@@ -108,11 +109,12 @@ def encode(frame: Frame | Control, codec: Codec) -> bytes:
         if frame.timestamps is None:
             return bytes((BATCH,)) + _BATCH_HEAD.pack(0, 0) + codec.encode(frame.records)
         n = len(frame.timestamps)
+        lists = frame.timestamps if frame.marks is None else frame.timestamps + frame.marks
         return b"".join(
             (
                 bytes((BATCH,)),
-                _BATCH_HEAD.pack(1, n),
-                struct.pack(f">{n}q", *frame.timestamps),
+                _BATCH_HEAD.pack(1 if frame.marks is None else 2, n),
+                struct.pack(f">{len(lists)}q", *lists),
                 codec.encode(frame.records),
             )
         )
@@ -147,13 +149,15 @@ def decode(data: bytes, codec: Codec) -> Frame | Control:
     kind = data[0]
     try:
         if kind == BATCH:
-            has_ts, n = _BATCH_HEAD.unpack_from(data, 1)
+            lists, n = _BATCH_HEAD.unpack_from(data, 1)
+            if lists > 2:
+                raise FrameError(f"a batch frame with {lists} lists of numbers (at most 2)")
             offset = 1 + _BATCH_HEAD.size
-            timestamps = None
-            if has_ts:
-                timestamps = list(struct.unpack_from(f">{n}q", data, offset))
-                offset += 8 * n
-            return Batch(codec.decode(data[offset:]), timestamps)
+            numbers = list(struct.unpack_from(f">{lists * n}q", data, offset))
+            offset += 8 * lists * n
+            timestamps = numbers[:n] if lists else None
+            marks = numbers[n:] if lists == 2 else None
+            return Batch(codec.decode(data[offset:]), timestamps, marks)
         if kind == WATERMARK:
             idle, ts = _WM.unpack_from(data, 1)
             return Watermark(ts, bool(idle))

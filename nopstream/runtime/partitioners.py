@@ -10,7 +10,7 @@ owners up in the cached key -> owner map in one more, and only then touches reco
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from nopstream.plan.keys import owner_of_shard, shard_of
 from nopstream.plan.partitioned import Edge
@@ -19,6 +19,7 @@ from nopstream.records import Batch
 from nopstream.runtime.keyed import batch_keys, cached_all
 
 _CACHE_LIMIT = 1 << 20
+T = TypeVar("T")
 
 
 class Partitioner:
@@ -51,24 +52,24 @@ class Partitioner:
         return [(target, batch)]
 
     def route(
-        self, keys: list[Any], records: list[Any], timestamps: list[int] | None = None
+        self,
+        keys: list[Any],
+        records: list[Any],
+        timestamps: list[int] | None = None,
+        marks: list[int] | None = None,
     ) -> list[tuple[int, Batch]]:
         """(owner subtask, sub-batch) pairs of `records`, whose keys are `keys`, in their order."""
         if self.parallelism == 1:
-            return [(0, Batch(records, timestamps))]
-        owners = cached_all(self._owner, keys, self._owner_of)
-        parts: list[list[Any]] = [[] for _ in range(self.parallelism)]
-        add = [p.append for p in parts]
-        if timestamps is None:
-            for r, o in zip(records, owners, strict=True):
-                add[o](r)
-            return [(i, Batch(p)) for i, p in enumerate(parts) if p]
-        stamps: list[list[int]] = [[] for _ in range(self.parallelism)]
-        stamp = [s.append for s in stamps]
-        for r, t, o in zip(records, timestamps, owners, strict=True):
-            add[o](r)
-            stamp[o](t)
-        return [(i, Batch(p, stamps[i])) for i, p in enumerate(parts) if p]
+            return [(0, Batch(records, timestamps, marks))]
+        owners, n = cached_all(self._owner, keys, self._owner_of), self.parallelism
+        parts = _by_owner(records, owners, n)
+        stamps = None if timestamps is None else _by_owner(timestamps, owners, n)
+        marked = None if marks is None else _by_owner(marks, owners, n)
+        return [
+            (i, Batch(p, None if stamps is None else stamps[i], None if marked is None else marked[i]))
+            for i, p in enumerate(parts)
+            if p
+        ]
 
     def _owner_of(self, key: Any) -> int:
         owner = self._owner.get(key)
@@ -82,4 +83,13 @@ class Partitioner:
     def _hash(self, batch: Batch) -> list[tuple[int, Batch]]:
         if self.parallelism == 1:
             return [(0, batch)]
-        return self.route(self.keys_of(batch.records), batch.records, batch.timestamps)
+        return self.route(self.keys_of(batch.records), batch.records, batch.timestamps, batch.marks)
+
+
+def _by_owner(values: list[T], owners: list[int], n: int) -> list[list[T]]:
+    """`values` dealt to their owners (`owners[i]` is value i's), each owner's in their order."""
+    parts: list[list[T]] = [[] for _ in range(n)]
+    add = [p.append for p in parts]
+    for v, o in zip(values, owners, strict=True):
+        add[o](v)
+    return parts

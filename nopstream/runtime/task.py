@@ -463,7 +463,8 @@ class Task:
         assert self.source is not None
         reader, gen, ts_fn = self.source, self._generator, self._timestamps
         # asked once: a protocol isinstance check is too slow for every batch
-        floor = reader.event_time_floor if gen is not None and isinstance(reader, SplitEventTime) else None
+        splits = reader if gen is not None and isinstance(reader, SplitEventTime) else None
+        floor = splits.event_time_floor if splits is not None else None
         idle = self.settings.idle_poll_ms / 1000
         while True:
             while self._pending_barriers:
@@ -484,10 +485,9 @@ class Task:
             if gen is not None:
                 if ts_fn is not None:
                     batch.timestamps = [ts_fn(r) for r in batch.records]
-                assert batch.timestamps is not None, (
-                    "validation: a reader without timestamps needs a field or fn"
-                )
-                gen.observe(batch.timestamps)
+                stamps = batch.timestamps
+                assert stamps is not None, "validation: a reader without timestamps needs a field or fn"
+                batch.marks = gen.observe(stamps, splits.split_highs(stamps) if splits is not None else None)
             held = _LoopHold()
             await self._push(0, batch, 0)
             self._read_size = next_batch_size(

@@ -253,11 +253,7 @@ class HttpOutput:
 def _halves(batch: Batch) -> tuple[Batch, Batch]:
     """A batch of two records or more cut in two, in order."""
     middle = len(batch.records) // 2
-    stamps = batch.timestamps
-    return (
-        Batch(batch.records[:middle], None if stamps is None else stamps[:middle]),
-        Batch(batch.records[middle:], None if stamps is None else stamps[middle:]),
-    )
+    return batch.cut(0, middle), batch.cut(middle, len(batch.records))
 
 
 Resolver = Callable[[str], Awaitable[str]]

@@ -1,8 +1,13 @@
 """Event time: watermark generation at sources and combination over input channels.
 
-A source's watermark is the highest timestamp it has read minus the allowed
-out-of-orderness (of its slowest split, for a reader that follows its splits' event
-time); a source with no data for its idle timeout marks itself idle.
+Each source split (a file stripe, a Kafka partition) has its own watermark: the highest
+timestamp read in it minus the allowed out-of-orderness. Every record is marked with
+its split's watermark just before it (`Batch.marks`), and operators judge it late
+against that mark, so what is late depends on the split's data alone. A source
+subtask's watermark is the lowest over its splits that may still give records (a split
+not begun holds it at the minimum), so no record comes after a watermark it is not
+late for; a source with no data for its idle timeout marks itself idle (then lateness
+depends on timing: docs/time.md).
 A task's input watermark is the minimum over its channels that are neither idle nor
 ended; it only moves forward. Per-channel watermarks are part of task snapshots.
 """
@@ -10,6 +15,7 @@ ended; it only moves forward. Per-channel watermarks are part of task snapshots.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import accumulate
 from typing import Any
 
 from nopstream.records import MAX_TIMESTAMP, MIN_TIMESTAMP
@@ -41,12 +47,22 @@ class WatermarkGenerator:
         self.idle = False
         self._last_data = clock()
 
-    def observe(self, timestamps: list[int]) -> None:
-        """Records with these timestamps were read."""
-        if timestamps:
-            self.max_seen = max(self.max_seen, max(timestamps))
-            self._last_data = self.clock()
-            self.idle = False
+    def observe(self, timestamps: list[int], highs: list[int] | None = None) -> list[int]:
+        """Records with these timestamps were read; each one's mark (its split's watermark before it).
+
+        `highs`: each record's split high before it, from a reader that follows its
+        splits (`SplitEventTime`); without, the subtask's records are one split.
+        """
+        if not timestamps:
+            return []
+        if highs is None:
+            highs = list(accumulate(timestamps, max, initial=self.max_seen))[:-1]
+        self.max_seen = max(self.max_seen, max(timestamps))
+        self._last_data = self.clock()
+        self.idle = False
+        delay = self.delay
+        lowest = MIN_TIMESTAMP + delay  # a high below it has no watermark yet (and must not underflow)
+        return [h - delay if h >= lowest else MIN_TIMESTAMP for h in highs]
 
     def due(self, floor: int | None = None) -> tuple[int, bool] | None:
         """(watermark, idle) to emit now, or None when nothing changed; `floor` holds the watermark

@@ -225,3 +225,74 @@ def test_a_file_replaced_between_a_restore_and_its_first_read_fails_the_read(tmp
     with pytest.raises(RuntimeError) as failed:
         again.read(10)
     assert str(failed.value) == f"file '{path}' changed under a running job: its first 4096 bytes differ"
+
+
+def stamped_corpus(directory: Path, seed: int) -> dict[str, int]:
+    """Two files of JSON lines over several stripes, timestamps wandering; id -> timestamp."""
+    rng = random.Random(seed)
+    directory.mkdir()
+    stamps: dict[str, int] = {}
+    for f in range(2):
+        lines, ts = [], 0
+        while sum(map(len, lines)) < 3 * STRIPE + 1000:
+            ts += rng.randrange(-50, 60)
+            record = {"id": f"{f}-{len(lines)}", "ts": ts, "pad": "x" * rng.randrange(200)}
+            stamps[record["id"]] = ts
+            lines.append(orjson.dumps(record).decode() + "\n")
+        (directory / f"part-{f}.jsonl").write_text("".join(lines))
+    return stamps
+
+
+def stripe_highs(directory: Path) -> dict[str, int]:
+    """id -> the highest timestamp of the lines before it in its own stripe (the one it starts in)."""
+    out: dict[str, int] = {}
+    for path in sorted(directory.glob("*.jsonl")):
+        highs: dict[int, int] = {}
+        offset = 0
+        for line in path.read_bytes().splitlines(keepends=True):
+            record = orjson.loads(line)
+            stripe = offset // STRIPE
+            out[record["id"]] = highs.get(stripe, -(2**63))
+            highs[stripe] = max(highs.get(stripe, -(2**63)), record["ts"])
+            offset += len(line)
+    return out
+
+
+@pytest.mark.parametrize(("before", "after"), [(1, 3), (2, 2), (3, 1), (4, 2)])
+def test_each_stripe_keeps_its_own_event_time_through_batches_and_rescaled_restores(tmp_path, before, after):
+    """What a line is judged late against (its stripe's high before it) is the same whatever the
+    parallelism, the batch sizes, and a restore at another parallelism in the middle; and a subtask's
+    floor stays at the minimum while a stripe of its is not begun."""
+    stamps = stamped_corpus(tmp_path / "in", seed=before * 10 + after)
+    want = stripe_highs(tmp_path / "in")
+    path = str(tmp_path / "in" / "*.jsonl")
+    old, new = plan(before, path), plan(after, path)
+    rng = random.Random(before + after)
+    got: dict[str, int] = {}
+
+    def read(source: StripedSource, batches: int | None) -> None:
+        while batches is None or batches > 0:
+            batch = source.read(rng.choice([1, 9, 300]))
+            if batch is None:
+                assert source.event_time_floor() is None  # nothing left to hold event time back
+                return
+            ids = [r["id"] for r in batch.records]
+            got.update(zip(ids, source.split_highs([stamps[i] for i in ids]), strict=True))
+            batches = None if batches is None else batches - 1
+
+    states = []
+    for i in range(before):
+        source = FileSource({"path": path, "format": "jsonl"}, subtask=i, parallelism=before)
+        assert source.event_time_floor() == -(2**63)  # nothing begun: every stripe may hold anything
+        read(source, 1)
+        assert source.event_time_floor() == -(2**63)  # the second file is not begun
+        read(source, rng.randrange(5, 40))
+        states.append(orjson.loads(orjson.dumps(source.snapshot())))
+        source.close()
+    segments = checkpoint(old, states, 8)
+    for i in range(after):
+        source = FileSource({"path": path, "format": "jsonl"}, subtask=i, parallelism=after)
+        source.restore(joined(new, segments, i, 8))
+        read(source, None)
+        source.close()
+    assert got == want

@@ -174,24 +174,27 @@ def test_the_event_time_floor_waits_for_every_partition_unless_it_is_idle(kafka)
     kafka.produce(topic, [{"i": i} for i in range(5)], partition=0, timestamp=[100 + i for i in range(5)])
     config = {"bootstrapServers": kafka.bootstrap, "topic": topic}
     source = KafkaSource(config, subtask=0, parallelism=1, idle_timeout_ms=300, clock=lambda: now[0])
-    got = []
+    got, highs = [], []
     while len(got) < 5:
         batch = source.read(10)
-        assert batch is not None
+        assert batch is not None and batch.timestamps is not None
         got += batch.records
+        highs += source.split_highs(batch.timestamps)  # as the task does with every batch
+    assert highs == [-(2**63), 100, 101, 102, 103]  # each record's partition high before it
     now[0] = 0.299
     assert source.event_time_floor() == -(2**63)  # partition 1 has given nothing yet
     now[0] = 0.3
     assert source.event_time_floor() is None  # both idle now: neither holds event time back
     kafka.produce(topic, [{"i": 5}], partition=0, timestamp=200)
-    while not source.read(10).records:
+    while not (batch := source.read(10)).records:
         pass
+    assert source.split_highs(batch.timestamps) == [104]
     assert source.event_time_floor() == 200  # partition 0 read again; partition 1 still idle
     state = json.loads(json.dumps(source.snapshot()))
     assert state["eventTimes"] == {f"{topic}:0": 200}
     bounded = KafkaSource({**config, "bounded": True}, subtask=0, parallelism=1)
     bounded.restore(state)
-    assert bounded.event_times == {(topic, 0): 200}
+    assert bounded.event_times.highs == {(topic, 0): 200}
 
 
 def test_keys_and_topics_come_from_the_named_fields(kafka):

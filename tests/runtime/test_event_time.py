@@ -1,9 +1,11 @@
 """Windows (tumbling, sliding, session; event and processing time), process and CEP.
 
-Event-time inputs come from one file (one source subtask), so the watermarks a task
-sees are fixed: a source emits `max timestamp - maxOutOfOrderness` after each batch
-of exactly 1,000 lines. The references below compute, in plain Python, what the
-documented semantics give for that sequence, including late events.
+Event-time inputs come from one file of one stripe (one split, one source subtask),
+so the watermarks a task sees are fixed: a source emits `max timestamp -
+maxOutOfOrderness` after each batch of exactly 1,000 lines, and each record's mark is
+the highest timestamp before it in the file minus that. The references below compute,
+in plain Python, what the documented semantics give for that sequence, including late
+events (judged against each record's mark).
 """
 
 from __future__ import annotations
@@ -47,14 +49,17 @@ class Buckets:
 """
 
 
-def stream(n: int, *, delay: int, seed: int, late_every: int | None = None) -> list[dict[str, Any]]:
-    """Events with rising timestamps, disorder below `delay`, and optionally far-late ones."""
+def stream(
+    n: int, *, delay: int, seed: int, late_every: int | None = None, late_by: tuple[int, ...] = (4_000,)
+) -> list[dict[str, Any]]:
+    """Events with rising timestamps, disorder below `delay`, and optionally far-late ones (each of those
+    behind by the next of `late_by` in turn)."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
         ts = 1_000 + i * 7 + rng.randrange(-delay + 1, 1)
         if late_every and i % late_every == late_every - 1:
-            ts -= 4_000
+            ts -= late_by[i // late_every % len(late_by)]
         out.append({"k": f"k{rng.randrange(12)}", "v": rng.randrange(100), "ts": ts})
     return out
 
@@ -66,6 +71,15 @@ def watermarks(events: list[dict[str, Any]], delay: int) -> list[int]:
         marks.append(wm)
         top = max([top] + [e["ts"] for e in events[b : b + BATCH]])
         wm = max(wm, top - delay)
+    return marks
+
+
+def record_marks(events: list[dict[str, Any]], delay: int) -> list[int]:
+    """Each event's mark: the highest timestamp before it in its split (the whole file) minus `delay`."""
+    marks, top = [], MIN
+    for e in events:
+        marks.append(top - delay if top != MIN else MIN)
+        top = max(top, e["ts"])
     return marks
 
 
@@ -97,7 +111,7 @@ def sinks(*names: str) -> list[dict[str, Any]]:
 
 def tumbling_reference(events, *, size: int, delay: int, lateness: int):
     """Tumbling event-time sums with allowed lateness: (results, late events)."""
-    marks = watermarks(events, delay)
+    marks, late_by = watermarks(events, delay), record_marks(events, delay)
     windows: dict[tuple[str, int], list[Any]] = {}
     out, late = [], []
 
@@ -112,9 +126,10 @@ def tumbling_reference(events, *, size: int, delay: int, lateness: int):
                     emit(k, start, w)
                 if start + size - 1 + lateness <= wm:
                     del windows[(k, start)]
-        for e in events[b * BATCH : (b + 1) * BATCH]:
+        for i in range(b * BATCH, min((b + 1) * BATCH, len(events))):
+            e = events[i]
             start = e["ts"] - e["ts"] % size
-            if start + size - 1 + lateness <= wm:
+            if start + size - 1 + lateness <= max(wm, late_by[i]):
                 late.append(e)
                 continue
             w = windows.setdefault((e["k"], start), [0, False])
@@ -129,7 +144,7 @@ def tumbling_reference(events, *, size: int, delay: int, lateness: int):
 
 @pytest.mark.parametrize("parallelism", [1, 2, 4])
 def test_tumbling_event_time_with_lateness_and_late_output(tmp_path, mode, parallelism):
-    events = stream(3500, delay=300, seed=parallelism, late_every=97)
+    events = stream(3500, delay=300, seed=parallelism, late_every=23, late_by=(4_000, 2_000, 1_500, 1_000))
     window = {
         "kind": "tumbling",
         "time": "event",
@@ -274,12 +289,10 @@ def test_process_function_with_state_and_event_timers(tmp_path, mode, parallelis
 
 def cep_reference(events, steps, within: int, delay: int):
     """The documented NFA over each key's on-time events in timestamp order."""
-    marks = watermarks(events, delay)
     by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for b, wm in enumerate(marks):
-        for e in events[b * BATCH : (b + 1) * BATCH]:
-            if e["ts"] > wm:  # late events are dropped
-                by_key[e["card"]].append(e)
+    for e, mark in zip(events, record_marks(events, delay), strict=True):
+        if e["ts"] > mark:  # late events are dropped
+            by_key[e["card"]].append(e)
     matches = []
     for evs in by_key.values():
         partials: list[list[Any]] = []

@@ -167,7 +167,7 @@ class Aggregate(PerKey):
                 out.append({"key": output_key(k), "value": agg.result(acc)})
         if self.final:
             return empty_like(batch)
-        return Batch(out, batch.timestamps)
+        return Batch(out, batch.timestamps, batch.marks)
 
     def final_record(self, key: Any, value: Any) -> Any:
         """`{"key", "value"}` with the aggregate's result."""
@@ -195,7 +195,7 @@ class Reduce(PerKey):
                 out.append(value)
         if self.final:
             return empty_like(batch)
-        return Batch(out, batch.timestamps)
+        return Batch(out, batch.timestamps, batch.marks)
 
     def final_record(self, key: Any, value: Any) -> Any:
         """The reduced record itself."""

@@ -10,8 +10,9 @@ after its first event. A completed match is emitted as `{step name: [records]}`
 with the timestamp of its last event.
 Event time: events are buffered per key and processed in timestamp order once the
 watermark passes them (all of them at end of input), so out-of-order input gives
-the same matches as ordered input; an event at or below the watermark when it
-arrives is late and dropped (counted in `late_dropped`). Partial matches and buffers
+the same matches as ordered input; an event at or below its mark (its split's
+watermark when it was read, `records.late_reference`) is late and dropped (counted in
+`late_dropped`), so which are late depends on the data alone. Partial matches and buffers
 live in keyed state.
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nopstream.records import MIN_TIMESTAMP, Batch
+from nopstream.records import MIN_TIMESTAMP, Batch, late_reference
 from nopstream.runtime.functions import resolve
 from nopstream.runtime.keyed import key_function
 from nopstream.runtime.operators.base import Context, KeyedOperator
@@ -54,8 +55,9 @@ class Cep(KeyedOperator):
         if self.event_time:
             if batch.timestamps is None:
                 raise RuntimeError(f"event-time cep '{self.ctx.node.node_id}' got records without timestamps")
-            for record, ts in zip(batch.records, batch.timestamps, strict=True):
-                if ts <= self.watermark:
+            marks, watermark = batch.marks, self.watermark
+            for i, (record, ts) in enumerate(zip(batch.records, batch.timestamps, strict=True)):
+                if ts <= late_reference(marks, i, watermark):
                     self.late_dropped += 1
                     continue
                 key = self.key_fn(record)

@@ -5,7 +5,11 @@
     process(record, ctx) -> iterable of output records
     on_timer(timestamp, ctx) -> iterable of output records      (optional)
 
-`ctx` is scoped to the current key: `ctx.key`, `ctx.timestamp`, `ctx.watermark`,
+`ctx` is scoped to the current key: `ctx.key`, `ctx.timestamp`, `ctx.watermark` (in
+`process`, the record's mark: its split's watermark when it was read, or the
+operator's when that is further, so `ctx.timestamp <= ctx.watermark` says the record
+is late by the data alone; in `on_timer`, the timer's timestamp: every record at or
+before it that is not late has been processed, however far event time got since),
 `ctx.value(name, default)`, `ctx.set_value(name, value)`, `ctx.clear(name)`,
 `ctx.list(name)` and `ctx.map(name)` (mutable, stored), `ctx.register_event_timer(ts)`,
 `ctx.register_processing_timer(ts)`, `ctx.delete_event_timer(ts)`,
@@ -20,10 +24,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable
 from typing import Any
 
-from nopstream.records import MIN_TIMESTAMP, Batch
+from nopstream.records import MIN_TIMESTAMP, Batch, late_reference
 from nopstream.runtime.functions import resolve
 from nopstream.runtime.keyed import key_function
 from nopstream.runtime.operators.base import Context, KeyedOperator
@@ -39,17 +42,15 @@ class ProcessContext:
         self._op = op
         self.key: Any = None
         self.timestamp: int | None = None
+        self.watermark = MIN_TIMESTAMP
+        """Event time as this call sees it (see the module's docstring)."""
         self._state: dict[str, Any] = {}
 
-    @property
-    def watermark(self) -> int:
-        """The operator's current event time."""
-        return self._op.watermark
-
-    def bind(self, key: Any, timestamp: int | None) -> None:
-        """Make `key` the current key."""
+    def bind(self, key: Any, timestamp: int | None, watermark: int) -> None:
+        """Make `key` the current key, for a record or timer at `timestamp` seen at `watermark`."""
         self.key = key
         self.timestamp = timestamp
+        self.watermark = watermark
         d = self._op.states[self._op.shard(key)]
         self._state = d.setdefault(key, {})
 
@@ -126,25 +127,18 @@ class Process(KeyedOperator):
                 del d[key]
 
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
-        """Call `process` for every record with its key bound."""
-        out: list[Any] = []
-        stamps: list[int] = []
+        """Call `process` for every record with its key bound; outputs keep its timestamp and mark."""
         ctx, process, key_fn = self.pctx, self.fn.process, self.key_fn
-        timestamps = batch.timestamps
+        timestamps, marks, watermark = batch.timestamps, batch.marks, self.watermark
+        produced: list[list[Any]] = []
         for i, record in enumerate(batch.records):
-            ts = timestamps[i] if timestamps is not None else None
-            ctx.bind(key_fn(record), ts)
-            self._collect(process(record, ctx), ts, out, stamps)
-        return Batch(out, stamps if timestamps is not None else None)
-
-    def _collect(
-        self, produced: Iterable[Any] | None, ts: int | None, out: list[Any], stamps: list[int]
-    ) -> None:
-        if produced is None:
-            return
-        for record in produced:
-            out.append(record)
-            stamps.append(ts if ts is not None else 0)
+            ctx.bind(
+                key_fn(record),
+                timestamps[i] if timestamps is not None else None,
+                late_reference(marks, i, watermark),
+            )
+            produced.append(list(process(record, ctx) or ()))
+        return batch.spread(produced)
 
     def _fire(self, domain: str, until: int) -> Batch | None:
         heap = self._heaps[domain]
@@ -161,8 +155,10 @@ class Process(KeyedOperator):
             if not timers:
                 del d[key]
             if on_timer is not None:
-                self.pctx.bind(key, ts)
-                self._collect(on_timer(ts, self.pctx), ts, out, stamps)
+                self.pctx.bind(key, ts, ts if domain == EVENT else self.watermark)
+                for record in on_timer(ts, self.pctx) or ():
+                    out.append(record)
+                    stamps.append(ts)
         return Batch(out, stamps) if out else None
 
     def on_watermark(self, watermark: int) -> Batch | None:

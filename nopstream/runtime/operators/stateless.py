@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from itertools import chain
-from typing import Any
 
 from nopstream.records import Batch
 from nopstream.runtime.functions import resolve
@@ -18,9 +17,9 @@ class Map(StatelessOperator):
         self.fn = resolve(ctx.node.spec["fn"])
 
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
-        """Apply `fn` to every record; timestamps are kept."""
+        """Apply `fn` to every record; timestamps and marks are kept."""
         fn = self.fn
-        return Batch([fn(r) for r in batch.records], batch.timestamps)
+        return Batch([fn(r) for r in batch.records], batch.timestamps, batch.marks)
 
 
 class Filter(StatelessOperator):
@@ -31,12 +30,11 @@ class Filter(StatelessOperator):
         self.fn = resolve(ctx.node.spec["fn"])
 
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
-        """Keep the records (and their timestamps) that pass."""
+        """Keep the records (and their timestamps and marks) that pass."""
         fn = self.fn
         if batch.timestamps is None:
             return Batch([r for r in batch.records if fn(r)])
-        kept = [(r, t) for r, t in zip(batch.records, batch.timestamps, strict=True) if fn(r)]
-        return Batch([r for r, _ in kept], [t for _, t in kept])
+        return batch.pick([i for i, r in enumerate(batch.records) if fn(r)])
 
 
 class FlatMap(StatelessOperator):
@@ -47,17 +45,11 @@ class FlatMap(StatelessOperator):
         self.fn = resolve(ctx.node.spec["fn"])
 
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
-        """Concatenate `fn(record)` for every record; each output keeps its input's timestamp."""
+        """Concatenate `fn(record)` for every record; each output keeps its input's timestamp and mark."""
         fn = self.fn
         if batch.timestamps is None:
             return Batch(list(chain.from_iterable(map(fn, batch.records))))
-        out: list[Any] = []
-        stamps: list[int] = []
-        for r, t in zip(batch.records, batch.timestamps, strict=True):
-            produced = list(fn(r))
-            out.extend(produced)
-            stamps.extend([t] * len(produced))
-        return Batch(out, stamps)
+        return batch.spread([list(fn(r)) for r in batch.records])
 
 
 class PassThrough(StatelessOperator):

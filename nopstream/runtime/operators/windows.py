@@ -3,8 +3,13 @@
 Per key, state holds the key's open windows as `[start, end, accumulator, fired]`.
 Event time: a window fires when the watermark reaches `end - 1`; with allowed
 lateness it stays until `end - 1 + lateness`, and each record that arrives in that
-time fires it again with the updated result. A record whose windows are all past
-their lateness is late: it goes to the side output `lateOutput` (or is dropped).
+time fires it again with the updated result. A record is late, judged against its
+mark (`records.late_reference`: its split's watermark when it was read), when its
+windows are all past their lateness by it, or, in a session window, when its own
+timestamp is (`ts + lateness <= mark`: a record behind the mark could join a session
+that fired already, or not, by timing); a late record goes to the side output
+`lateOutput` (or is dropped). Without allowed lateness, every window then fires once
+with exactly the records that are not late, whatever the timing (docs/time.md).
 Processing time: a record belongs to the windows of its arrival time, and windows
 fire when the wall clock passes their end. Sessions merge overlapping windows.
 At end of input every open window fires. Results are
@@ -19,7 +24,7 @@ import heapq
 import itertools
 from typing import Any
 
-from nopstream.records import MIN_TIMESTAMP, Batch
+from nopstream.records import MIN_TIMESTAMP, Batch, late_reference
 from nopstream.runtime.functions import resolve
 from nopstream.runtime.keyed import hashable_key, key_function
 from nopstream.runtime.operators.aggregates import aggregator, output_key
@@ -109,26 +114,31 @@ class Window(KeyedOperator):
         """Add each record to its windows; late ones go to the side output."""
         out: list[Any] = []
         stamps: list[int] = []
-        late: list[Any] = []
-        late_ts: list[int] = []
+        late: list[int] = []
         now = self.ctx.clock()
         timestamps = batch.timestamps if self.event_time else None
         if self.event_time and timestamps is None:
             raise RuntimeError(f"event-time window '{self.ctx.node.node_id}' got records without timestamps")
+        marks, watermark = batch.marks, self.watermark
         for i, record in enumerate(batch.records):
             ts = timestamps[i] if timestamps is not None else now
             key = self.key_fn(record)
-            if not self._add(key, ts, record, out, stamps):
-                late.append(record)
-                late_ts.append(ts)
+            if not self._add(key, ts, late_reference(marks, i, watermark), record, out, stamps):
+                late.append(i)
         if late and self.late_tag is not None:
-            self.ctx.side(self.late_tag, Batch(late, late_ts))
+            self.ctx.side(self.late_tag, batch.pick(late))
         return Batch(out, stamps)
 
-    def _add(self, key: Any, ts: int, record: Any, out: list[Any], stamps: list[int]) -> bool:
-        windows = [w for w in self.assign(ts) if not self._expired(w[1])]
-        if not windows:
-            return False
+    def _add(self, key: Any, ts: int, mark: int, record: Any, out: list[Any], stamps: list[int]) -> bool:
+        """Add a record to its windows; False when it is late by `mark`."""
+        if self.kind == "session":
+            if self.event_time and ts + self.lateness <= mark:
+                return False
+            windows = self.assign(ts)
+        else:
+            windows = [w for w in self.assign(ts) if not self._expired(w[1], mark)]
+            if not windows:
+                return False
         d = self.table[self.shard(key)]
         open_windows: list[list[Any]] = d.setdefault(key, [])
         acc = self._acc()
@@ -159,7 +169,7 @@ class Window(KeyedOperator):
         assert self.agg is not None
         merge = self.agg.merge
         for key, start, end, partial in batch.records:
-            if self._expired(end):
+            if self._expired(end, self.watermark):
                 continue
             k = hashable_key(key)
             open_windows: list[list[Any]] = self.table[self.shard(k)].setdefault(k, [])
@@ -184,8 +194,9 @@ class Window(KeyedOperator):
         self._schedule(key, merged)
         return merged
 
-    def _expired(self, end: int) -> bool:
-        return self.event_time and end - 1 + self.lateness <= self.watermark
+    def _expired(self, end: int, mark: int) -> bool:
+        """Whether a window ending at `end` is past its lateness at event time `mark`."""
+        return self.event_time and end - 1 + self.lateness <= mark
 
     # --- timers --------------------------------------------------------------------------
 
