@@ -8,7 +8,9 @@ task process, a coordinator candidate (with `--etcd`) or the whole runner with e
 process it started (then started again, as a user would), and of fault points armed
 at each protocol step the failure-free run took. The committed output of both runs is
 compared as exact multisets: anything missing or doubled is printed with examples, and
-the verdict is exit 1. What the recoveries restored is read from the tasks' restore
+the verdict is exit 1; in a job whose results depend on timing (`plan.timing`: idleness,
+processing time, allowed lateness, discovery) a difference proves nothing, and chaos
+says so, naming the parts, with exit 4. What the recoveries restored is read from the tasks' restore
 reports; a run whose kills restored no state, or did not reach every step, proves less
 than it seems and exits 1 too, unless allowed. A user function that is not
 deterministic shows up as a difference.
@@ -39,9 +41,13 @@ from nopstream import faults, safefiles, stacks
 from nopstream.connectors import files, kafka, postgres
 from nopstream.connectors import s3 as s3_connector
 from nopstream.local import kills
+from nopstream.model.load import load_data
 from nopstream.node.checkpointing import RestoreReport
+from nopstream.plan.timing import timing_dependence
 
 EXAMPLES = 5  # records shown of each kind of difference
+UNDECIDED = 4
+"""The exit of a run whose outputs differ in a job whose results depend on timing."""
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 
 
@@ -153,11 +159,21 @@ def run_chaos(job_file: Path, settings: ChaosSettings, *, out: TextIO = sys.stdo
     print(f"  restores: {faulty.coverage()}", file=out)
     total, got = sum(clean.records.values()), sum(faulty.records.values())
     print(f"  committed records: {total} failure-free, {got} under kills", file=out)
-    for name, diff in (("missing", missing), ("duplicated", doubled)):
+    timing = timing_dependence(load_data(raw).model)
+    for why in timing:
+        print(f"  depends on timing: {why}", file=out)
+    names = ("only failure-free", "only under kills") if timing else ("missing", "duplicated")
+    for name, diff in zip(names, (missing, doubled), strict=True):
         print(f"  {name}: {sum(diff.values())}", file=out)
         for record, n in sorted(diff.items())[:EXAMPLES]:
             print(f"    {record}" + (f" (x{n})" if n > 1 else ""), file=out)
     exact = not missing and not doubled
+    if timing and not exact:
+        print(
+            "  verdict: cannot tell: two runs of this job may differ without any fault (docs/time.md)",
+            file=out,
+        )
+        return UNDECIDED
     print(f"  verdict: {'exactly once' if exact else 'NOT exactly once'}", file=out)
     shallow = faulty.shallow()
     for why in shallow:

@@ -220,6 +220,18 @@ def test_chaos_reports_a_function_that_is_not_deterministic(tmp_path, etcd_serve
     assert "verdict: NOT exactly once" in result.out
 
 
+def test_chaos_says_when_two_runs_of_a_job_may_differ_without_a_fault(tmp_path, etcd_server):
+    home = tmp_path / "job"
+    job = jobs.prepare(home, jobs.processing_windows(home))
+    result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=0, extra=("--allow-shallow",))
+    assert result.code == 4, result.out + result.err
+    timing = "  depends on timing: model.operators[1].window.time: processing time follows the wall clock\n"
+    assert timing in result.out
+    assert re.search(r"only failure-free: [1-9]\d*\n", result.out) and "missing:" not in result.out
+    verdict = "verdict: cannot tell: two runs of this job may differ without any fault (docs/time.md)"
+    assert verdict in result.out
+
+
 def test_a_run_that_does_not_end_is_reported_with_where_each_process_waits(tmp_path, etcd_server):
     """A user function that never returns: chaos gives up at its timeout, names the frame each
     process waits in (the tasks in the function, the leader's run on them), and leaves nothing behind."""
