@@ -90,6 +90,10 @@ class InputGate:
         """Channels that have not delivered end-of-stream (they still carry barriers)."""
         return [ch for ch in self.channels if not ch.closed]
 
+    def open_channel_ids(self) -> set[str]:
+        """The ids of `open_channels()`."""
+        return {ch.channel_id for ch in self.channels if not ch.closed}
+
     def data_ended(self) -> bool:
         """Whether every channel has delivered end-of-data."""
         return all(ch.ended for ch in self.channels)

@@ -5,7 +5,7 @@ its gate (every input channel); output batches are split by each edge's partitio
 and sent on the edge's channels, exactly as the plan says. Barriers: a source task
 injects barrier N from its own reading loop, between batches, after recording its
 split cursors; a task with several inputs aligns (blocks each channel that delivered
-barrier N until all open channels have, ignoring ended ones), then snapshots every
+barrier N until all open channels have, ignoring ended ones: `runtime.alignment`), then snapshots every
 operator of its chain and forwards the barrier. Watermarks are combined over input
 channels and forwarded when they advance.
 WARNING: the task never re-derives routing; every channel and policy is the plan's.
@@ -40,6 +40,7 @@ from nopstream.records import (
     SplitEventTime,
     TaskSnapshot,
 )
+from nopstream.runtime.alignment import Alignment, AlignmentError
 from nopstream.runtime.combiner import AnyCombiner, Drained, combined_edges, combiner_for
 from nopstream.runtime.frames import Barrier, EndOfInput, EndOfStream, Frame, Watermark
 from nopstream.runtime.gate import InputChannel, InputGate
@@ -543,9 +544,7 @@ class Task:
             await self._advance_watermark(wm)
 
     async def _run_inputs(self) -> None:
-        aligning: Barrier | None = None
-        arrived: set[str] = set()
-        align_started = 0.0
+        alignment = Alignment()
         tick = self.settings.tick_ms / 1000
         data_ended = False
         while self.gate.open_channels():
@@ -572,16 +571,12 @@ class Task:
                 if advanced is not None:
                     await self._advance_watermark(advanced)
             elif isinstance(frame, Barrier):
-                if aligning is None:
-                    aligning, arrived, align_started = frame, set(), time.monotonic()
-                elif frame.epoch != aligning.epoch:
-                    raise RuntimeError(
-                        f"task {self.task_id}: barrier {frame.epoch} on {ch.channel_id} while aligning"
-                        f" barrier {aligning.epoch}"
-                    )
-                arrived.add(ch.channel_id)
+                try:
+                    alignment.arrive(ch.channel_id, frame, time.monotonic())
+                except AlignmentError as error:
+                    raise RuntimeError(f"task {self.task_id}: {error}") from None
                 self.gate.block(ch)
-                if len(arrived) < len(self.gate.open_channels()):
+                if alignment.waiting(self.gate.open_channel_ids()):
                     faults.reached("during-alignment")
             elif isinstance(frame, EndOfInput):
                 ch.ended = True
@@ -595,10 +590,10 @@ class Task:
             elif isinstance(frame, EndOfStream):
                 ch.closed = True
             ch.consumed(units)
-            if aligning is not None and all(c.channel_id in arrived for c in self.gate.open_channels()):
-                self.metrics.alignment_ms = (time.monotonic() - align_started) * 1000
-                await self._snapshot_and_forward(aligning)
-                aligning = None
+            aligned = alignment.complete(self.gate.open_channel_ids()) if alignment.barrier else None
+            if aligned is not None:
+                self.metrics.alignment_ms = (time.monotonic() - alignment.started) * 1000
+                await self._snapshot_and_forward(aligned)
                 self.gate.unblock_all()
         if not data_ended:
             await self._end_of_data(event_time=bool(self.watermarks.marks))
