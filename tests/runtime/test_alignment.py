@@ -35,5 +35,5 @@ def test_a_channel_that_ended_its_stream_does_not_hold_alignment_back():
 def test_a_barrier_of_another_epoch_while_aligning_is_refused():
     a = Alignment()
     a.arrive("x", Barrier(2), now=0.0)
-    with pytest.raises(AlignmentError, match="^barrier 3 on y while aligning barrier 2$"):
+    with pytest.raises(AlignmentError, match=r"^barrier 3 on y while aligning barrier 2$"):
         a.arrive("y", Barrier(3), now=1.0)
