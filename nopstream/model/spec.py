@@ -134,6 +134,8 @@ class OperatorSpec(Spec):
     parallelism: StrictInt | None = None
     fn: str | None = None
     key: KeySpec | None = None
+    keys: list[KeySpec] | None = None
+    """One key selector per input, in `inputs` order, into one key space (a process of several inputs)."""
     aggregate: Annotated[AggregateSpec | None, WithJsonSchema(_AGGREGATE_SCHEMA)] = None
     window: WindowSpec | None = None
     pattern: PatternSpec | None = None

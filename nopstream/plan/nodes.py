@@ -110,9 +110,12 @@ def input_keys(node: ResolvedNode, by_id: dict[str, ResolvedNode]) -> list[KeySp
 
 
 def effective_key(node: ResolvedNode, by_id: dict[str, ResolvedNode]) -> KeySpec | None:
-    """The key a keyed operator's state is partitioned by: its own, else its key_by input's."""
+    """The key a keyed operator's state is partitioned by: its own (its first input's, with one per
+    input), else its key_by input's."""
     spec = node.spec
     if isinstance(spec, OperatorSpec) and spec.key is not None and spec.type != "key_by":
         return spec.key
+    if isinstance(spec, OperatorSpec) and spec.keys:
+        return spec.keys[0]
     keys = input_keys(node, by_id)
     return keys[0] if keys else None

@@ -1,7 +1,8 @@
 """StreamGraph: the logical DAG of a valid model, with each edge's policy chosen.
 
 Edge policy rules, first match wins (docs/plan.md):
-1. the edge leaves a key_by, or enters a keyed operator or a sink with `key` -> HASH
+1. the edge leaves a key_by, or enters a keyed operator or a sink with `key`
+   (or the input's own of `keys`)                          -> HASH
 2. the edge enters a union                                -> UNION
 3. the target asks for `partitioning: broadcast|rebalance|forward` -> that policy
 4. the target has parallelism 1 and the source more       -> SINGLETON
@@ -124,7 +125,7 @@ def build_stream_graph(model: StreamModel, *, scope: str | None = None) -> Strea
     for n in nodes:
         for ref in n.inputs:
             upstream = by_id[ref.node_id]
-            policy, key = _edge_policy(upstream, n, by_id)
+            policy, key = _edge_policy(upstream, n, ref.position)
             edge_id = f"{ref.node_id}->{n.node_id}"
             if ref.output != MAIN_OUTPUT:
                 edge_id = f"{ref.node_id}:{ref.output}->{n.node_id}"
@@ -156,13 +157,14 @@ def _stream_node(n: ResolvedNode, by_id: dict[str, ResolvedNode]) -> StreamNode:
 
 
 def _edge_policy(
-    up: ResolvedNode, down: ResolvedNode, by_id: dict[str, ResolvedNode]
+    up: ResolvedNode, down: ResolvedNode, position: int
 ) -> tuple[EdgePolicy, KeySelector | None]:
-    own_key = (
-        down.spec.key
-        if isinstance(down.spec, SinkSpec) or (isinstance(down.spec, OperatorSpec) and down.type != "key_by")
-        else None
-    )
+    """The policy and key of the edge from `up` into input `position` of `down`."""
+    own_key = None
+    if isinstance(down.spec, SinkSpec):
+        own_key = down.spec.key
+    elif isinstance(down.spec, OperatorSpec) and down.type != "key_by":
+        own_key = down.spec.keys[position] if down.spec.keys else down.spec.key
     if own_key is not None:
         return EdgePolicy.HASH, _selector(own_key)
     if up.kind == "operator" and up.type == "key_by" and isinstance(up.spec, OperatorSpec):

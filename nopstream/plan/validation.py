@@ -64,10 +64,10 @@ _FIELDS_BY_TYPE: dict[str, frozenset[str]] = {
     "aggregate": frozenset({"aggregate", "key", "emit", "combine"}),
     "union": frozenset(),
     "window": frozenset({"window", "key", "aggregate", "fn", "combine"}),
-    "process": frozenset({"fn", "key"}),
+    "process": frozenset({"fn", "key", "keys"}),
     "cep": frozenset({"pattern", "key"}),
 }
-_OPTIONAL_FIELDS = ("fn", "key", "aggregate", "window", "pattern", "emit", "combine")
+_OPTIONAL_FIELDS = ("fn", "key", "keys", "aggregate", "window", "pattern", "emit", "combine")
 _NEEDS_FN = frozenset({"map", "filter", "flat_map", "reduce", "process"})
 
 
@@ -379,6 +379,8 @@ def _check_operator(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterato
         yield Issue(ctx.path(n, "fn"), _fn_rule_text(op.fn), "fn-format")
     if op.key is not None:
         yield from _check_key(ctx, n, op.key, ("key",))
+    if op.keys is not None:
+        yield from _check_keys(ctx, n, op, op.keys)
     if op.type == "key_by" and op.key is None:
         yield Issue(ctx.path(n, "key"), "key_by needs 'key'", "key-required")
     if op.type in KEYED_OPERATORS:
@@ -404,19 +406,44 @@ def _check_operator(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterato
         yield Issue(ctx.path(n, "stateVersion"), f"must be at least 1, got {op.state_version}", "positive")
 
 
-def _check_key(ctx: _Context, n: ResolvedNode, key: KeySpec, at: tuple[str, ...]) -> Iterator[Issue]:
+def _check_key(ctx: _Context, n: ResolvedNode, key: KeySpec, at: tuple[str | int, ...]) -> Iterator[Issue]:
     if (key.field is None) == (key.fn is None):
         yield Issue(ctx.path(n, *at), "needs exactly one of 'field' or 'fn'", "one-of")
     elif key.fn is not None and not FN_PATTERN.match(key.fn):
         yield Issue(ctx.path(n, *at, "fn"), _fn_rule_text(key.fn), "fn-format")
 
 
+def _check_keys(ctx: _Context, n: ResolvedNode, op: OperatorSpec, keys: list[KeySpec]) -> Iterator[Issue]:
+    if op.key is not None:
+        yield Issue(
+            ctx.path(n, "keys"),
+            "set 'key' (one for every input) or 'keys' (one per input), not both",
+            "one-of",
+        )
+    if len(keys) != len(n.inputs):
+        yield Issue(
+            ctx.path(n, "keys"),
+            f"one key per input: {len(n.inputs)} input(s), {len(keys)} key(s)",
+            "keys-per-input",
+        )
+    for i, key in enumerate(keys):
+        yield from _check_key(ctx, n, key, ("keys", i))
+
+
 def _check_keyed(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterator[Issue]:
+    if op.keys is not None:  # each input keyed by its own selector (`_check_keys`)
+        return
     keys = input_keys(n, ctx.by_id)
     if op.key is None and not keys:
         yield Issue(
             ctx.path(n, "key"),
-            f"keyed operator '{n.node_id}' ({op.type}) needs a key: set 'key' or read from a key_by",
+            f"keyed operator '{n.node_id}' ({op.type}) needs a key: set 'key'"
+            + (
+                ", or 'keys' (one per input),"
+                if "keys" in _FIELDS_BY_TYPE[op.type] and len(n.inputs) > 1
+                else ""
+            )
+            + " or read from a key_by",
             "key-required",
         )
     distinct = {k for k in ([op.key] if op.key is not None else []) + keys}

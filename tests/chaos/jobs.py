@@ -63,6 +63,29 @@ def upper(line):
 def long_enough(line):
     return len(line) > 10
 
+class Enrich:
+    # orders (input "pace-orders") get the customer's tier valid at their time; late records dropped
+
+    def process(self, record, ctx):
+        if ctx.timestamp <= ctx.watermark:
+            return [{"late": ctx.input, "id": record["id"]}]
+        if ctx.input == "pace-tiers":
+            ctx.list("versions").append([ctx.timestamp, record["tier"]])
+        else:
+            ctx.list("orders").append([ctx.timestamp, record])
+            ctx.register_event_timer(ctx.timestamp)
+        return []
+
+    def on_timer(self, ts, ctx):
+        versions = sorted(ctx.list("versions"))
+        due = [o for t, o in ctx.list("orders") if t <= ts]
+        ctx.list("orders")[:] = [[t, o] for t, o in ctx.list("orders") if t > ts]
+        out = []
+        for order in due:
+            tiers = [tier for vts, tier in versions if vts <= order["ts"]]
+            out.append({**order, "tier": tiers[-1] if tiers else None})
+        return out
+
 class Reminders:
     # per key, a reminder at the end of each second of event time one of its events fell in
 
@@ -227,6 +250,57 @@ def reminders(home: Path) -> dict[str, Any]:
             "operators": [
                 {"id": "pace", "type": "map", "fn": "chaosfns:slow"},
                 {"id": "remind", "type": "process", "key": {"field": "k"}, "fn": "chaosfns:Reminders"},
+            ],
+            "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
+        },
+        parallelism=2,
+    )
+
+
+def enrichment(home: Path) -> dict[str, Any]:
+    """Orders and customer tier updates into a keyed process of two inputs, each keyed by its own
+    field: every order with the tier valid at its time (timers and two inputs' state restored)."""
+    rng = random.Random(8)
+
+    def stream(n: int, step: int, make: Callable[[], dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for i in range(n):
+            ts = 1_000 + i * step + rng.randrange(-150, 1) - (2_000 if i % 40 == 39 else 0)
+            out.append({"id": f"{step}-{i}", "customer": f"c{rng.randrange(25)}", "ts": ts, **make()})
+        return out
+
+    orders = stream(3500, 5, lambda: {"amount": rng.randrange(1, 500)})
+    tiers = stream(1400, 12, lambda: {"tier": rng.choice(["bronze", "silver", "gold"])})
+    _write_jsonl(home, {"orders.jsonl": orders, "tiers.jsonl": tiers})
+    return _job(
+        "enrichment",
+        {
+            "sources": [
+                _events("orders", f"{home}/in/orders.jsonl", out_of_order_ms=100) | {"parallelism": 1},
+                _events("tiers", f"{home}/in/tiers.jsonl", out_of_order_ms=100) | {"parallelism": 1},
+            ],
+            "operators": [
+                {
+                    "id": "pace-orders",
+                    "type": "map",
+                    "inputs": ["orders"],
+                    "fn": "chaosfns:slow",
+                    "parallelism": 1,
+                },
+                {
+                    "id": "pace-tiers",
+                    "type": "map",
+                    "inputs": ["tiers"],
+                    "fn": "chaosfns:slow",
+                    "parallelism": 1,
+                },
+                {
+                    "id": "enrich",
+                    "type": "process",
+                    "inputs": ["pace-orders", "pace-tiers"],
+                    "keys": [{"field": "customer"}, {"field": "customer"}],
+                    "fn": "chaosfns:Enrich",
+                },
             ],
             "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
         },
@@ -469,6 +543,7 @@ SHAPES: dict[str, Callable[..., dict[str, Any]]] = {
     "union": union,
     "file-to-file": file_to_file,
     "reminders": reminders,
+    "enrichment": enrichment,
 }
 
 

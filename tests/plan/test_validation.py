@@ -102,3 +102,31 @@ def test_at_least_once_sink_is_accepted_when_chosen_explicitly():
     data = linear(semanticMode="AT_LEAST_ONCE")
     data["model"]["sinks"] = [{"id": "console", "type": "stdout", "inputs": ["src"]}]
     assert messages(data) == []
+
+
+def two_inputs(**process) -> dict:
+    data = linear({"id": "p", "type": "process", "inputs": ["src", "other"], "fn": "m:P", **process})
+    data["model"]["sources"].append({"id": "other", "type": "generator", "config": {"count": 10}})
+    return data
+
+
+def test_a_process_of_several_inputs_takes_one_key_per_input_or_one_for_all():
+    assert messages(two_inputs(keys=[{"field": "a"}, {"fn": "m:b"}])) == []
+    assert messages(two_inputs(key={"field": "a"})) == []
+    assert messages(
+        two_inputs(key={"field": "a"}, keys=[{"field": "a"}, {"field": "b", "fn": "m:f"}, {}])
+    ) == [
+        "model.operators[0].keys: one key per input: 2 input(s), 3 key(s) (rule: keys-per-input)",
+        "model.operators[0].keys: set 'key' (one for every input) or 'keys' (one per input), not both"
+        " (rule: one-of)",
+        "model.operators[0].keys[1]: needs exactly one of 'field' or 'fn' (rule: one-of)",
+        "model.operators[0].keys[2]: needs exactly one of 'field' or 'fn' (rule: one-of)",
+    ]
+    assert messages(two_inputs()) == [
+        "model.operators[0].key: keyed operator 'p' (process) needs a key: set 'key', or 'keys' (one per"
+        " input), or read from a key_by (rule: key-required)"
+    ]
+    data = linear({"id": "m", "type": "map", "fn": "m:f", "keys": [{"field": "a"}]})
+    assert messages(data) == [
+        "model.operators[0].keys: not used by an operator of type map (rule: field-applies)"
+    ]

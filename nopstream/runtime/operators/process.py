@@ -5,7 +5,13 @@
     process(record, ctx) -> iterable of output records
     on_timer(timestamp, ctx) -> iterable of output records      (optional)
 
-`ctx` is scoped to the current key: `ctx.key`, `ctx.timestamp`, `ctx.watermark` (in
+With several inputs (Flink's connect and KeyedCoProcessFunction), each input is keyed
+by its own selector (`keys`, one per input, or one `key` for all) into one key space:
+the records of every input with equal keys share the key's state and timers, and
+`ctx.input` says which input a record came from (its name as `inputs` lists it; None
+in `on_timer`).
+
+`ctx` is scoped to the current key: `ctx.key`, `ctx.input`, `ctx.timestamp`, `ctx.watermark` (in
 `process`, the record's mark: its split's watermark when it was read, or the
 operator's when that is further, so `ctx.timestamp <= ctx.watermark` says the record
 is late by the data alone; in `on_timer`, the timer's timestamp: every record at or
@@ -26,6 +32,7 @@ import heapq
 import itertools
 from typing import Any
 
+from nopstream.plan.streamgraph import KeySelector
 from nopstream.records import MIN_TIMESTAMP, Batch, late_reference
 from nopstream.runtime.functions import resolve
 from nopstream.runtime.keyed import key_function
@@ -41,6 +48,8 @@ class ProcessContext:
         """Bound to one operator; `bind` sets the current key."""
         self._op = op
         self.key: Any = None
+        self.input: str | None = None
+        """The input the current record came from, as the operator's `inputs` names it (None for a timer)."""
         self.timestamp: int | None = None
         self.watermark = MIN_TIMESTAMP
         """Event time as this call sees it (see the module's docstring)."""
@@ -101,7 +110,14 @@ class Process(KeyedOperator):
         self.ctx = ctx
         target = resolve(ctx.node.spec["fn"])
         self.fn = target() if isinstance(target, type) else target
-        self.key_fn = key_function(ctx.node.key)  # type: ignore[arg-type]
+        self.inputs: list[str] = ctx.node.spec["inputs"]
+        keys = ctx.node.spec.get("keys")
+        selectors = (
+            [KeySelector(k.get("field"), k.get("fn")) for k in keys]
+            if keys
+            else [ctx.node.key] * len(self.inputs)
+        )
+        self.key_fns = [key_function(s) for s in selectors]  # type: ignore[arg-type]
         self.states = ctx.keyed().table("state")
         self.timer_table = ctx.keyed().table("timers")
         self.shard = ctx.shard_cache.shard
@@ -128,7 +144,8 @@ class Process(KeyedOperator):
 
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
         """Call `process` for every record with its key bound; outputs keep its timestamp and mark."""
-        ctx, process, key_fn = self.pctx, self.fn.process, self.key_fn
+        ctx, process, key_fn = self.pctx, self.fn.process, self.key_fns[input_index]
+        ctx.input = self.inputs[input_index]
         timestamps, marks, watermark = batch.timestamps, batch.marks, self.watermark
         produced: list[list[Any]] = []
         for i, record in enumerate(batch.records):
@@ -155,6 +172,7 @@ class Process(KeyedOperator):
             if not timers:
                 del d[key]
             if on_timer is not None:
+                self.pctx.input = None
                 self.pctx.bind(key, ts, ts if domain == EVENT else self.watermark)
                 for record in on_timer(ts, self.pctx) or ():
                     out.append(record)
