@@ -100,7 +100,7 @@ def test_orders_get_the_tier_valid_at_their_time(tmp_path, mode, parallelism):
                 "config": {"path": "in/tiers.jsonl", "format": "jsonl"},
                 "watermark": events,
             },
-        ],  # fmt: skip
+        ],
         "operators": [
             {
                 "id": "enrich",
