@@ -20,7 +20,36 @@ from typing import Any
 
 import yaml
 
-FNS = """
+ENRICH = """
+class Enrich:
+    # orders get the customer's tier valid at their time (the input whose name ends in "tiers"
+    # brings tier updates); a record behind its mark is late, named and dropped
+
+    def process(self, record, ctx):
+        if ctx.timestamp <= ctx.watermark:
+            return [{"late": ctx.input, "id": record["id"]}]
+        if ctx.input.endswith("tiers"):
+            ctx.list("versions").append([ctx.timestamp, record["tier"]])
+        else:
+            ctx.list("orders").append([ctx.timestamp, record])
+            ctx.register_event_timer(ctx.timestamp)
+        return []
+
+    def on_timer(self, ts, ctx):
+        assert ctx.watermark == ts and ctx.input is None
+        versions = sorted(ctx.list("versions"))
+        due = [o for t, o in ctx.list("orders") if t <= ts]
+        ctx.list("orders")[:] = [[t, o] for t, o in ctx.list("orders") if t > ts]
+        out = []
+        for order in due:
+            tiers = [tier for vts, tier in versions if vts <= order["ts"]]
+            out.append({**order, "tier": tiers[-1] if tiers else None})
+        return out
+"""
+"""A keyed process of two inputs, orders and tier updates (`tests/runtime/test_co_process.py` too)."""
+
+FNS = (
+    """
 import os
 import time
 
@@ -63,29 +92,6 @@ def upper(line):
 def long_enough(line):
     return len(line) > 10
 
-class Enrich:
-    # orders (input "pace-orders") get the customer's tier valid at their time; late records dropped
-
-    def process(self, record, ctx):
-        if ctx.timestamp <= ctx.watermark:
-            return [{"late": ctx.input, "id": record["id"]}]
-        if ctx.input == "pace-tiers":
-            ctx.list("versions").append([ctx.timestamp, record["tier"]])
-        else:
-            ctx.list("orders").append([ctx.timestamp, record])
-            ctx.register_event_timer(ctx.timestamp)
-        return []
-
-    def on_timer(self, ts, ctx):
-        versions = sorted(ctx.list("versions"))
-        due = [o for t, o in ctx.list("orders") if t <= ts]
-        ctx.list("orders")[:] = [[t, o] for t, o in ctx.list("orders") if t > ts]
-        out = []
-        for order in due:
-            tiers = [tier for vts, tier in versions if vts <= order["ts"]]
-            out.append({**order, "tier": tiers[-1] if tiers else None})
-        return out
-
 class Reminders:
     # per key, a reminder at the end of each second of event time one of its events fell in
 
@@ -96,6 +102,8 @@ class Reminders:
     def on_timer(self, ts, ctx):
         return [{"key": ctx.key, "second": ts // 1000}]
 """
+    + ENRICH
+)
 
 
 def rolling_word_count(fns: str = "chaosfns", *, emit: str = "rolling") -> list[dict[str, Any]]:
@@ -114,6 +122,11 @@ def _words(rng: random.Random, files: int, lines: int, vocabulary: int = 200) ->
         f"part-{f}.txt": "".join(" ".join(rng.choices(words, k=6)) + "\n" for _ in range(lines))
         for f in range(files)
     }
+
+
+def _lines(home: Path) -> dict[str, Any]:
+    """A file source of the text lines written into `home`'s input directory."""
+    return {"id": "lines", "type": "file", "config": {"path": f"{home}/in/*.txt"}}
 
 
 def _events(source_id: str, path: str, *, out_of_order_ms: int) -> dict[str, Any]:
@@ -136,7 +149,7 @@ def rolling_count(home: Path) -> dict[str, Any]:
     return _job(
         "rolling-count",
         {
-            "sources": [{"id": "lines", "type": "file", "config": {"path": f"{home}/in/*.txt"}}],
+            "sources": [_lines(home)],
             "operators": rolling_word_count(),
             "sinks": [{"id": "out", "type": "file", "parallelism": 2, "config": {"path": "out"}}],
         },
@@ -150,7 +163,7 @@ def final_count(home: Path) -> dict[str, Any]:
     return _job(
         "final-count",
         {
-            "sources": [{"id": "lines", "type": "file", "config": {"path": f"{home}/in/*.txt"}}],
+            "sources": [_lines(home)],
             "operators": rolling_word_count(emit="final"),
             "sinks": [{"id": "out", "type": "file", "parallelism": 2, "config": {"path": "out"}}],
         },
@@ -374,7 +387,7 @@ def file_to_file(home: Path) -> dict[str, Any]:
     return _job(
         "file-to-file",
         {
-            "sources": [{"id": "lines", "type": "file", "config": {"path": f"{home}/in/*.txt"}}],
+            "sources": [_lines(home)],
             "operators": [
                 {"id": "keep", "type": "filter", "fn": "chaosfns:long_enough"},
                 {"id": "up", "type": "map", "fn": "chaosfns:upper"},
@@ -435,7 +448,7 @@ def files_to_postgres(home: Path, *, port: int, user: str, database: str) -> dic
     return _job(
         "pg-count",
         {
-            "sources": [{"id": "lines", "type": "file", "config": {"path": f"{home}/in/*.txt"}}],
+            "sources": [_lines(home)],
             "operators": rolling_word_count(),
             "sinks": [
                 {
@@ -522,7 +535,7 @@ def files_to_kafka(home: Path, *, kafka: Any) -> dict[str, Any]:
     return _job(
         "files-kafka",
         {
-            "sources": [{"id": "lines", "type": "file", "config": {"path": f"{home}/in/*.txt"}}],
+            "sources": [_lines(home)],
             "operators": [{"id": "up", "type": "map", "fn": "chaosfns:upper"}],
             "sinks": [
                 {
@@ -573,7 +586,7 @@ def processing_windows(home: Path) -> dict[str, Any]:
     return _job(
         "processing-windows",
         {
-            "sources": [{"id": "lines", "type": "file", "config": {"path": f"{home}/in/*.txt"}}],
+            "sources": [_lines(home)],
             "operators": [
                 {"id": "split", "type": "flat_map", "fn": "chaosfns:split"},
                 {

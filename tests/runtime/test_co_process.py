@@ -14,33 +14,12 @@ from typing import Any
 
 import pytest
 
+from tests.chaos import jobs
 from tests.runtime.conftest import multiset, run_job
 
 MIN = -(2**63)
 DELAY = 200
-FNS = """
-class Enrich:
-    def process(self, record, ctx):
-        if ctx.timestamp <= ctx.watermark:
-            return [{"late": ctx.input, "id": record["id"]}]
-        if ctx.input == "tiers":
-            ctx.list("versions").append([ctx.timestamp, record["tier"]])
-        else:
-            ctx.list("orders").append([ctx.timestamp, record])
-            ctx.register_event_timer(ctx.timestamp)
-        return []
-
-    def on_timer(self, ts, ctx):
-        assert ctx.watermark == ts and ctx.input is None
-        versions = sorted(ctx.list("versions"))
-        due = [o for t, o in ctx.list("orders") if t <= ts]
-        ctx.list("orders")[:] = [[t, o] for t, o in ctx.list("orders") if t > ts]
-        out = []
-        for order in due:
-            tiers = [tier for vts, tier in versions if vts <= order["ts"]]
-            out.append({**order, "tier": tiers[-1] if tiers else None})
-        return out
-"""
+FNS = jobs.ENRICH  # the chaos cell `enrichment` runs the same function
 
 
 def stream(seed: int, n: int, make) -> list[dict[str, Any]]:
