@@ -65,7 +65,7 @@ class Batch:
 
 def late_reference(marks: list[int] | None, i: int, watermark: int) -> int:
     """The event time record `i` of a batch is judged late against: its mark, or `watermark` when
-    that is further (it is only when a split went idle or the record is an allowed-late update)."""
+    that is further (only after a split went idle, or for a split found while the job runs)."""
     return watermark if marks is None or marks[i] < watermark else marks[i]
 
 

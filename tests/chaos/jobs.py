@@ -253,15 +253,16 @@ def combined_windows(home: Path) -> dict[str, Any]:
 
 def reminders(home: Path) -> dict[str, Any]:
     """A keyed process function whose every output is an event-time timer firing: a timer lost in a
-    restore is a record missing."""
-    events = windowed_events(6, 2, 3500)
+    restore is a record missing. One file of one stripe, read by one subtask: its watermark, and so
+    the timers, move from the first batch (a subtask holds it while a stripe of its is not begun)."""
+    events = windowed_events(6, 1, 4500)
     _write_jsonl(home, events)
     return _job(
         "reminders",
         {
-            "sources": [_events("src", f"{home}/in/*.jsonl", out_of_order_ms=100)],
+            "sources": [_events("src", f"{home}/in/*.jsonl", out_of_order_ms=100) | {"parallelism": 1}],
             "operators": [
-                {"id": "pace", "type": "map", "fn": "chaosfns:slow"},
+                {"id": "pace", "type": "map", "fn": "chaosfns:slow", "parallelism": 1},
                 {"id": "remind", "type": "process", "key": {"field": "k"}, "fn": "chaosfns:Reminders"},
             ],
             "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
