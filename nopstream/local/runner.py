@@ -460,8 +460,14 @@ async def _supervise(procs: list[processes.TaskProcess], control: ControlServer)
         await _until_finished(procs, control)
 
 
+_CAUSE_GRACE_S = 0.3
+"""How long a peer's report of a failure waits for a process killed by a signal to be seen exiting:
+the killed one is the cause, and its peers' broken channels may be reported before it is reaped."""
+
+
 async def _until_finished(procs: list[processes.TaskProcess], control: ControlServer) -> None:
     """Check every process and report at each change (a report, an exit) and every 0.1 s."""
+    first_report: float | None = None
     while True:
         for task_id, report in control.tasks.items():
             if report.error is not None and report.refused:  # the same on every attempt: not recovered
@@ -473,7 +479,9 @@ async def _until_finished(procs: list[processes.TaskProcess], control: ControlSe
                 raise _died(proc, code, control)
         for task_id, report in control.tasks.items():
             if report.error is not None:
-                raise TaskDied(f"task {task_id} failed", report.error.rstrip())
+                first_report = first_report or time.monotonic()
+                if time.monotonic() - first_report >= _CAUSE_GRACE_S:
+                    raise TaskDied(f"task {task_id} failed", report.error.rstrip())
         for proc, code in codes:
             if code is not None and code != 0:
                 raise _died(proc, code, control)
