@@ -461,13 +461,14 @@ async def _supervise(procs: list[processes.TaskProcess], control: ControlServer)
 
 
 _CAUSE_GRACE_S = 0.3
-"""How long a peer's report of a failure waits for a process killed by a signal to be seen exiting:
-the killed one is the cause, and its peers' broken channels may be reported before it is reaped."""
+"""How long a failure (a report, an exit) waits for a process killed by a signal to be seen exiting,
+and an exit for the report its task sent before it: the killed one is the cause, and its peers'
+broken channels may be reported before it is reaped."""
 
 
 async def _until_finished(procs: list[processes.TaskProcess], control: ControlServer) -> None:
     """Check every process and report at each change (a report, an exit) and every 0.1 s."""
-    first_report: float | None = None
+    first_failure: float | None = None
     while True:
         for task_id, report in control.tasks.items():
             if report.error is not None and report.refused:  # the same on every attempt: not recovered
@@ -477,13 +478,16 @@ async def _until_finished(procs: list[processes.TaskProcess], control: ControlSe
         for proc, code in codes:
             if code is not None and code < 0:
                 raise _died(proc, code, control)
-        for task_id, report in control.tasks.items():
-            if report.error is not None:
-                first_report = first_report or time.monotonic()
-                if time.monotonic() - first_report >= _CAUSE_GRACE_S:
-                    raise TaskDied(f"task {task_id} failed", report.error.rstrip())
-        for proc, code in codes:
-            if code is not None and code != 0:
+        failed = [(proc, code) for proc, code in codes if code is not None and code > 0]
+        reported = [(task_id, r.error) for task_id, r in control.tasks.items() if r.error is not None]
+        if failed or reported:
+            first_failure = first_failure or time.monotonic()
+            if time.monotonic() - first_failure >= _CAUSE_GRACE_S:
+                # a task that reported its error and then exited is told by its error
+                if reported:
+                    task_id, error = reported[0]
+                    raise TaskDied(f"task {task_id} failed", error.rstrip())
+                proc, code = failed[0]
                 raise _died(proc, code, control)
         if all(code == 0 for _, code in codes) and all(r.done for r in control.tasks.values()):
             return

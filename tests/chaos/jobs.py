@@ -224,18 +224,22 @@ def windowed_events(seed: int, files: int, per_file: int) -> dict[str, list[dict
     }
 
 
-COMBINED_EVENTS = 3000  # a file, of the two of `combined_windows`
+def combined_events() -> dict[str, list[dict[str, Any]]]:
+    """The input of `combined_windows`: one file of one stripe."""
+    return windowed_events(4, 1, 6000)
 
 
 def combined_windows(home: Path) -> dict[str, Any]:
-    """Event-time sliding averages at parallelism 2, whose maps pre-aggregate per key and window."""
-    events = windowed_events(4, 2, COMBINED_EVENTS)
-    _write_jsonl(home, events)
+    """Event-time sliding averages at parallelism 2, whose maps pre-aggregate per key and window. One
+    paced subtask reads the one file, so the watermark moves from the first batch (two files may both
+    fall to one subtask, which holds its watermark until it begins the second)."""
+    _write_jsonl(home, combined_events())
     return _job(
         "combined-windows",
         {
-            "sources": [_events("src", f"{home}/in/*.jsonl", out_of_order_ms=100)],
+            "sources": [_events("src", f"{home}/in/*.jsonl", out_of_order_ms=100) | {"parallelism": 1}],
             "operators": [
+                {"id": "pace", "type": "map", "fn": "chaosfns:slow", "parallelism": 1},
                 {"id": "slow", "type": "map", "fn": "chaosfns:slow"},
                 {
                     "id": "win",

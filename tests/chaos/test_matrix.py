@@ -204,7 +204,7 @@ def test_chaos_cell_window_averages_pre_aggregated(mode, tmp_path, etcd_server, 
     check(result, capsys, f"combined-windows / {mode}")
     windows = {
         (e["k"], start)
-        for events in jobs.windowed_events(4, 2, jobs.COMBINED_EVENTS).values()
+        for events in jobs.combined_events().values()
         for e in events
         for start in range((e["ts"] // 250 - 3) * 250, e["ts"] + 1, 250)
     }
