@@ -31,13 +31,14 @@ OperatorType = Literal[
     "window",
     "process",
     "cep",
+    "join",
 ]
 BuiltinAggregate = Literal["count", "sum", "min", "max", "avg"]
 TimeCharacteristic = Literal["event", "processing"]
 Partitioning = Literal["forward", "rebalance", "broadcast"]
 
 BUILTIN_AGGREGATES: tuple[str, ...] = ("count", "sum", "min", "max", "avg")
-KEYED_OPERATORS = frozenset({"reduce", "aggregate", "window", "process", "cep"})
+KEYED_OPERATORS = frozenset({"reduce", "aggregate", "window", "process", "cep", "join"})
 """Operators that keep keyed state: they need a key, their own or a key_by's."""
 
 
@@ -106,6 +107,22 @@ class PatternSpec(Spec):
     time: TimeCharacteristic | None = None
 
 
+JoinKind = Literal["interval", "window", "temporal"]
+JoinHow = Literal["inner", "left", "right", "full", "semi", "anti"]
+
+
+class JoinSpec(Spec):
+    """A join of an operator's two inputs, left and right, on their keys, in event time (docs/joins.md)."""
+
+    kind: JoinKind
+    how: JoinHow = "inner"
+    time: TimeCharacteristic = "event"
+    lower_ms: StrictInt | None = None
+    upper_ms: StrictInt | None = None
+    window: WindowSpec | None = None
+    late_output: str | None = None
+
+
 class WatermarkSpec(Spec):
     """Event time at a source: where the timestamp is and how late records may be."""
 
@@ -139,6 +156,7 @@ class OperatorSpec(Spec):
     aggregate: Annotated[AggregateSpec | None, WithJsonSchema(_AGGREGATE_SCHEMA)] = None
     window: WindowSpec | None = None
     pattern: PatternSpec | None = None
+    join: JoinSpec | None = None
     partitioning: Partitioning | None = None
     emit: Literal["rolling", "final"] | None = None
     combine: StrictBool | None = None

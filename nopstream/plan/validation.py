@@ -19,7 +19,7 @@ from nopstream.model.capabilities import ALLOWED
 from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES, ConnectorConfig, SinkType, SourceType
 from nopstream.model.errors import Issue
 from nopstream.model.load import LoadedModel, pydantic_issues
-from nopstream.model.spec import KEYED_OPERATORS, KeySpec, OperatorSpec, SinkSpec, SourceSpec
+from nopstream.model.spec import KEYED_OPERATORS, KeySpec, OperatorSpec, SinkSpec, SourceSpec, WindowSpec
 from nopstream.plan.nodes import MAIN_OUTPUT, ResolvedNode, input_keys, resolve_nodes
 
 ID_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
@@ -66,8 +66,9 @@ _FIELDS_BY_TYPE: dict[str, frozenset[str]] = {
     "window": frozenset({"window", "key", "aggregate", "fn", "combine"}),
     "process": frozenset({"fn", "key", "keys"}),
     "cep": frozenset({"pattern", "key"}),
+    "join": frozenset({"join", "key", "keys", "fn"}),
 }
-_OPTIONAL_FIELDS = ("fn", "key", "keys", "aggregate", "window", "pattern", "emit", "combine")
+_OPTIONAL_FIELDS = ("fn", "key", "keys", "aggregate", "window", "pattern", "join", "emit", "combine")
 _NEEDS_FN = frozenset({"map", "filter", "flat_map", "reduce", "process"})
 
 
@@ -396,6 +397,8 @@ def _check_operator(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterato
         yield from _check_window(ctx, n, op)
     if op.type == "cep":
         yield from _check_pattern(ctx, n, op)
+    if op.type == "join":
+        yield from _check_join(ctx, n, op)
     if op.partitioning is not None and op.type in KEYED_OPERATORS | {"union"}:
         yield Issue(
             ctx.path(n, "partitioning"),
@@ -467,28 +470,7 @@ def _check_window(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterator[
             "a window needs a time characteristic: 'event' or 'processing'",
             "window-time",
         )
-    needed = {"tumbling": ("sizeMs",), "sliding": ("sizeMs", "slideMs"), "session": ("gapMs",)}[w.kind]
-    values = {"sizeMs": w.size_ms, "slideMs": w.slide_ms, "gapMs": w.gap_ms}
-    for field, value in values.items():
-        if field in needed and (value is None or value < 1):
-            yield Issue(
-                ctx.path(n, "window", field),
-                f"a {w.kind} window needs {field} of at least 1",
-                "window-size",
-            )
-        elif field not in needed and value is not None:
-            yield Issue(ctx.path(n, "window", field), f"not used by a {w.kind} window", "field-applies")
-        elif value is not None:
-            yield from _at_most(ctx.path(n, "window", field), value, MAX_DURATION_MS)
-    if w.kind == "sliding" and w.size_ms and w.slide_ms and 0 < w.slide_ms < w.size_ms <= MAX_DURATION_MS:
-        per_record = -(-w.size_ms // w.slide_ms)
-        if per_record > MAX_WINDOWS_PER_RECORD:
-            yield Issue(
-                ctx.path(n, "window", "slideMs"),
-                f"puts each record in {per_record} windows (sizeMs / slideMs), at most"
-                f" {MAX_WINDOWS_PER_RECORD}",
-                "bounds",
-            )
+    yield from _check_window_shape(ctx, n, w, ("window",))
     if w.allowed_lateness_ms < 0:
         yield Issue(ctx.path(n, "window", "allowedLatenessMs"), "must not be negative", "non-negative")
     else:
@@ -505,6 +487,119 @@ def _check_window(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterator[
         )
     if w.time == "event":
         yield from _check_event_time(ctx, n, ("window", "time"))
+
+
+def _check_window_shape(
+    ctx: _Context, n: ResolvedNode, w: WindowSpec, at: tuple[str, ...]
+) -> Iterator[Issue]:
+    """The sizes a window's kind needs, and only those, within bounds."""
+    needed = {"tumbling": ("sizeMs",), "sliding": ("sizeMs", "slideMs"), "session": ("gapMs",)}[w.kind]
+    values = {"sizeMs": w.size_ms, "slideMs": w.slide_ms, "gapMs": w.gap_ms}
+    for field, value in values.items():
+        if field in needed and (value is None or value < 1):
+            yield Issue(
+                ctx.path(n, *at, field),
+                f"a {w.kind} window needs {field} of at least 1",
+                "window-size",
+            )
+        elif field not in needed and value is not None:
+            yield Issue(ctx.path(n, *at, field), f"not used by a {w.kind} window", "field-applies")
+        elif value is not None:
+            yield from _at_most(ctx.path(n, *at, field), value, MAX_DURATION_MS)
+    if w.kind == "sliding" and w.size_ms and w.slide_ms and 0 < w.slide_ms < w.size_ms <= MAX_DURATION_MS:
+        per_record = -(-w.size_ms // w.slide_ms)
+        if per_record > MAX_WINDOWS_PER_RECORD:
+            yield Issue(
+                ctx.path(n, *at, "slideMs"),
+                f"puts each record in {per_record} windows (sizeMs / slideMs), at most"
+                f" {MAX_WINDOWS_PER_RECORD}",
+                "bounds",
+            )
+
+
+_JOIN_HOWS = {
+    "interval": ("inner", "left", "right", "full", "semi", "anti"),
+    "window": ("inner", "left", "right", "full", "semi", "anti"),
+    "temporal": ("inner", "left"),
+}
+
+
+def _check_join(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterator[Issue]:
+    j = op.join
+    if j is None:
+        yield Issue(ctx.path(n, "join"), "a join operator needs 'join'", "join-required")
+        return
+    if len(n.inputs) != 2:
+        yield Issue(
+            ctx.path(n, "inputs"),
+            f"a join has two inputs, left then right: got {len(n.inputs)}",
+            "join-inputs",
+        )
+    if j.time != "event":
+        yield Issue(
+            ctx.path(n, "join", "time"),
+            "a join matches records by their event timestamps: only 'event' time (a processing-time"
+            " join would pair whatever arrived together, different in every run)",
+            "join-time",
+        )
+    else:
+        yield from _check_event_time(ctx, n, ("join", "kind"))
+    if j.how not in _JOIN_HOWS[j.kind]:
+        yield Issue(
+            ctx.path(n, "join", "how"),
+            f"a {j.kind} join is one of {', '.join(_JOIN_HOWS[j.kind])}, got '{j.how}'",
+            "join-how",
+        )
+    if j.late_output is not None and not ID_PATTERN.match(j.late_output):
+        yield Issue(ctx.path(n, "join", "lateOutput"), _id_rule_text(j.late_output), "id-format")
+    for field, value in (("lowerMs", j.lower_ms), ("upperMs", j.upper_ms)):
+        if j.kind == "interval" and value is None:
+            yield Issue(
+                ctx.path(n, "join", field),
+                f"an interval join needs {field}: right.ts - left.ts must lie in [lowerMs, upperMs]",
+                "join-bounds",
+            )
+        elif j.kind != "interval" and value is not None:
+            yield Issue(ctx.path(n, "join", field), f"not used by a {j.kind} join", "field-applies")
+        elif value is not None and abs(value) > MAX_DURATION_MS:
+            yield Issue(
+                ctx.path(n, "join", field),
+                f"must be within ±{MAX_DURATION_MS:,}, got {value:,}",
+                "bounds",
+            )
+    if j.lower_ms is not None and j.upper_ms is not None and j.lower_ms > j.upper_ms:
+        yield Issue(
+            ctx.path(n, "join", "lowerMs"),
+            f"lowerMs {j.lower_ms} is above upperMs {j.upper_ms}: no pair could match",
+            "join-bounds",
+        )
+    if j.kind == "window":
+        yield from _check_join_window(ctx, n, j.window)
+    elif j.window is not None:
+        yield Issue(ctx.path(n, "join", "window"), f"not used by a {j.kind} join", "field-applies")
+
+
+def _check_join_window(ctx: _Context, n: ResolvedNode, w: WindowSpec | None) -> Iterator[Issue]:
+    if w is None:
+        yield Issue(ctx.path(n, "join", "window"), "a window join needs 'window'", "window-required")
+        return
+    yield from _check_window_shape(ctx, n, w, ("join", "window"))
+    if w.time not in (None, "event"):
+        yield Issue(
+            ctx.path(n, "join", "window", "time"), "a window join runs in event time only", "join-time"
+        )
+    if w.allowed_lateness_ms:
+        yield Issue(
+            ctx.path(n, "join", "window", "allowedLatenessMs"),
+            "not used by a window join: a window joins once, when the watermark passes its end",
+            "field-applies",
+        )
+    if w.late_output is not None:
+        yield Issue(
+            ctx.path(n, "join", "window", "lateOutput"),
+            "a join's late records go to join.lateOutput",
+            "field-applies",
+        )
 
 
 def _check_pattern(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterator[Issue]:
@@ -724,9 +819,10 @@ def _check_partitioning(ctx: _Context) -> Iterator[Issue]:
 
 def _outputs(node: ResolvedNode) -> set[str]:
     outputs = {MAIN_OUTPUT}
-    window = node.spec.window if isinstance(node.spec, OperatorSpec) else None
-    if window is not None and window.late_output is not None:
-        outputs.add(window.late_output)
+    if isinstance(node.spec, OperatorSpec):
+        for part in (node.spec.window, node.spec.join):
+            if part is not None and part.late_output is not None:
+                outputs.add(part.late_output)
     return outputs
 
 

@@ -32,6 +32,7 @@ from nopstream.plan.partitioned import Edge, PartitionedPlan
 from nopstream.plan.streamgraph import StreamNode
 from nopstream.records import (
     MAX_TIMESTAMP,
+    MIN_TIMESTAMP,
     Batch,
     ConnectorFactory,
     SinkRecovery,
@@ -662,6 +663,8 @@ class Task:
             await self._flush_side()
             if out is not None and out.records:
                 await self._push(i + 1, out, 0)
+            if op.watermark_delay and watermark != MAX_TIMESTAMP:
+                watermark = max(MIN_TIMESTAMP, watermark - op.watermark_delay)
         await self._flush_combiners(closed_by=watermark)
         await self._send_all(Watermark(watermark))
 

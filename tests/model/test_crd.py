@@ -74,5 +74,6 @@ def test_schema_is_structural_and_has_status_and_columns():
         "window",
         "process",
         "cep",
+        "join",
     ]
     assert spec["properties"]["semanticMode"]["default"] == "STRICT_EXACTLY_ONCE"

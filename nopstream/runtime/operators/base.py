@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from nopstream.plan.partitioned import ShardRange
-from nopstream.plan.streamgraph import StreamNode
+from nopstream.plan.streamgraph import KeySelector, StreamNode
 from nopstream.records import MIN_TIMESTAMP, Batch
-from nopstream.runtime.keyed import KeyedState, ShardCache
+from nopstream.runtime.keyed import KeyedState, KeyFn, ShardCache, key_function
 
 STATE_SCHEMA_VERSION = 1
 
@@ -41,9 +41,20 @@ class Context:
             self.keyed_state = KeyedState(self.shards, self.shard_cache)
         return self.keyed_state
 
+    def key_fns(self) -> list[KeyFn]:
+        """Each input's key function: its own of `keys`, or the operator's one key for every input."""
+        keys = self.node.spec.get("keys")
+        if keys:
+            return [key_function(KeySelector(k.get("field"), k.get("fn"))) for k in keys]
+        return [key_function(self.node.key)] * len(self.node.spec["inputs"])  # type: ignore[arg-type]
+
 
 class Operator(Protocol):
     """One operator of a chain."""
+
+    watermark_delay: int
+    """How far the watermark the operator passes on stays behind the one it got (ms): an operator that
+    emits records behind its watermark (an outer interval join) holds it back, as Flink does."""
 
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
         """Process a batch; return the main output (possibly empty)."""
@@ -77,6 +88,8 @@ class Operator(Protocol):
 class StatelessOperator:
     """Base of operators without state: no watermark or end behaviour, empty snapshots."""
 
+    watermark_delay = 0
+
     def on_watermark(self, watermark: int) -> Batch | None:
         """Nothing to fire."""
         return None
@@ -106,6 +119,7 @@ class KeyedOperator:
 
     ctx: Context
     watermark: int = MIN_TIMESTAMP
+    watermark_delay = 0
 
     def on_watermark(self, watermark: int) -> Batch | None:
         """Nothing waits for event time unless the operator says so."""

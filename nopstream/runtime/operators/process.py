@@ -32,10 +32,8 @@ import heapq
 import itertools
 from typing import Any
 
-from nopstream.plan.streamgraph import KeySelector
 from nopstream.records import MIN_TIMESTAMP, Batch, late_reference
 from nopstream.runtime.functions import resolve
-from nopstream.runtime.keyed import key_function
 from nopstream.runtime.operators.base import Context, KeyedOperator
 
 EVENT, PROCESSING = "event", "processing"
@@ -111,13 +109,7 @@ class Process(KeyedOperator):
         target = resolve(ctx.node.spec["fn"])
         self.fn = target() if isinstance(target, type) else target
         self.inputs: list[str] = ctx.node.spec["inputs"]
-        keys = ctx.node.spec.get("keys")
-        selectors = (
-            [KeySelector(k.get("field"), k.get("fn")) for k in keys]
-            if keys
-            else [ctx.node.key] * len(self.inputs)
-        )
-        self.key_fns = [key_function(s) for s in selectors]  # type: ignore[arg-type]
+        self.key_fns = ctx.key_fns()
         self.states = ctx.keyed().table("state")
         self.timer_table = ctx.keyed().table("timers")
         self.shard = ctx.shard_cache.shard

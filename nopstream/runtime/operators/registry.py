@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from nopstream.runtime.operators import aggregates, cep, process, stateless, windows
+from nopstream.runtime.operators import aggregates, cep, joins, process, stateless, windows
 from nopstream.runtime.operators.base import Context, Operator
 
 OPERATORS: dict[str, Callable[[Context], Operator]] = {
@@ -18,6 +18,7 @@ OPERATORS: dict[str, Callable[[Context], Operator]] = {
     "window": windows.Window,
     "process": process.Process,
     "cep": cep.Cep,
+    "join": joins.join,
 }
 
 

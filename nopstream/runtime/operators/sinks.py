@@ -11,6 +11,8 @@ from nopstream.runtime.operators.base import STATE_SCHEMA_VERSION, empty_like
 class SinkOperator:
     """Writes every batch it gets; outputs nothing."""
 
+    watermark_delay = 0
+
     def __init__(self, writer: SinkWriter) -> None:
         """Wrap a connector's writer."""
         self.writer = writer
