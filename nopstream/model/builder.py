@@ -18,6 +18,7 @@ from typing import Any
 from nopstream.model.spec import (
     AggregateSpec,
     GraphSpec,
+    JoinSpec,
     KeySpec,
     OperatorSpec,
     PatternSpec,
@@ -157,8 +158,31 @@ class Stream:
         pattern = PatternSpec(steps=steps, within_ms=within_ms, time=time)
         return self._op("cep", pattern=pattern, id=id, key=key, parallelism=parallelism)
 
+    def join(
+        self,
+        right: Stream,
+        join: JoinSpec,
+        *,
+        id: str,
+        key: KeySpec | None = None,
+        keys: tuple[KeySpec, KeySpec] | None = None,
+        fn: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """Join this stream (left) with `right` on their keys (`key` for both, or `keys`, left then right)."""
+        return self._op(
+            "join",
+            inputs=[self.ref, right.ref],
+            join=join,
+            id=id,
+            key=key,
+            keys=list(keys) if keys is not None else None,
+            fn=fn,
+            parallelism=parallelism,
+        )
+
     def side_output(self, name: str) -> Stream:
-        """A named side output of this node (a window's late records)."""
+        """A named side output of this node (a window's or a join's late records)."""
         return Stream(self.job, f"{self.ref}:{name}")
 
     def sink(

@@ -275,9 +275,10 @@ def reminders(home: Path) -> dict[str, Any]:
     )
 
 
-def enrichment(home: Path) -> dict[str, Any]:
-    """Orders and customer tier updates into a keyed process of two inputs, each keyed by its own
-    field: every order with the tier valid at its time (timers and two inputs' state restored)."""
+def _orders_and_tiers(home: Path) -> list[dict[str, Any]]:
+    """Orders and customer tier updates, one file each (one in 40 two seconds behind: late), read
+    at parallelism 1 and paced: the operators of `enrichment` and `joins` read `pace-orders` and
+    `pace-tiers`."""
     rng = random.Random(8)
 
     def stream(n: int, step: int, make: Callable[[], dict[str, Any]]) -> list[dict[str, Any]]:
@@ -290,28 +291,27 @@ def enrichment(home: Path) -> dict[str, Any]:
     orders = stream(3500, 5, lambda: {"amount": rng.randrange(1, 500)})
     tiers = stream(1400, 12, lambda: {"tier": rng.choice(["bronze", "silver", "gold"])})
     _write_jsonl(home, {"orders.jsonl": orders, "tiers.jsonl": tiers})
+    return [
+        _events("orders", f"{home}/in/orders.jsonl", out_of_order_ms=100) | {"parallelism": 1},
+        _events("tiers", f"{home}/in/tiers.jsonl", out_of_order_ms=100) | {"parallelism": 1},
+    ]
+
+
+_PACES = [
+    {"id": f"pace-{name}", "type": "map", "inputs": [name], "fn": "chaosfns:slow", "parallelism": 1}
+    for name in ("orders", "tiers")
+]
+
+
+def enrichment(home: Path) -> dict[str, Any]:
+    """Orders and customer tier updates into a keyed process of two inputs, each keyed by its own
+    field: every order with the tier valid at its time (timers and two inputs' state restored)."""
     return _job(
         "enrichment",
         {
-            "sources": [
-                _events("orders", f"{home}/in/orders.jsonl", out_of_order_ms=100) | {"parallelism": 1},
-                _events("tiers", f"{home}/in/tiers.jsonl", out_of_order_ms=100) | {"parallelism": 1},
-            ],
+            "sources": _orders_and_tiers(home),
             "operators": [
-                {
-                    "id": "pace-orders",
-                    "type": "map",
-                    "inputs": ["orders"],
-                    "fn": "chaosfns:slow",
-                    "parallelism": 1,
-                },
-                {
-                    "id": "pace-tiers",
-                    "type": "map",
-                    "inputs": ["tiers"],
-                    "fn": "chaosfns:slow",
-                    "parallelism": 1,
-                },
+                *_PACES,
                 {
                     "id": "enrich",
                     "type": "process",
@@ -321,6 +321,49 @@ def enrichment(home: Path) -> dict[str, Any]:
                 },
             ],
             "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
+        },
+        parallelism=2,
+    )
+
+
+JOINS = {
+    "interval": {"kind": "interval", "how": "full", "lowerMs": -40, "upperMs": 60},
+    "temporal": {"kind": "temporal", "how": "left"},
+    "window": {"kind": "window", "how": "left", "window": {"kind": "session", "gapMs": 30}},
+}
+
+
+def joins(home: Path) -> dict[str, Any]:
+    """The orders and tier updates of `enrichment` into a full interval join, a left temporal join
+    and a left session-window join, each into its own sink and its late records into another (both
+    sides' state, versions, windows and the held-back watermark restored)."""
+    return _job(
+        "joins",
+        {
+            "sources": _orders_and_tiers(home),
+            "operators": [
+                *_PACES,
+                *(
+                    {
+                        "id": kind,
+                        "type": "join",
+                        "inputs": ["pace-orders", "pace-tiers"],
+                        "key": {"field": "customer"},
+                        "join": spec | {"lateOutput": "late"},
+                    }
+                    for kind, spec in JOINS.items()
+                ),
+            ],
+            "sinks": [
+                {
+                    "id": f"{kind}-{output}",
+                    "type": "file",
+                    "inputs": [f"{kind}{suffix}"],
+                    "config": {"path": f"{kind}-{output}"},
+                }
+                for kind in JOINS
+                for output, suffix in (("out", ""), ("late", ":late"))
+            ],
         },
         parallelism=2,
     )
@@ -562,6 +605,7 @@ SHAPES: dict[str, Callable[..., dict[str, Any]]] = {
     "file-to-file": file_to_file,
     "reminders": reminders,
     "enrichment": enrichment,
+    "joins": joins,
 }
 
 

@@ -45,7 +45,7 @@ FAMILIES = {
     ],
     "shape": [
         "spec.model.operators[0].type: must be 'map', 'filter', 'flat_map', 'key_by', 'reduce',"
-        " 'aggregate', 'union', 'window', 'process' or 'cep' (rule: schema)",
+        " 'aggregate', 'union', 'window', 'process', 'cep' or 'join' (rule: schema)",
         "spec.model.sources[0].paralelism: unknown field (rule: known-fields)",
         "spec.stateShardCount: must be a valid integer (rule: schema)",
     ],
@@ -65,7 +65,7 @@ def test_every_invalid_example_has_a_test():
     assert {p.stem for p in (EXAMPLES / "invalid").glob("*.yaml")} == set(FAMILIES)
 
 
-@pytest.mark.parametrize("name", ["wordcount", "windowed", "fraud", "kafka-to-postgres"])
+@pytest.mark.parametrize("name", ["wordcount", "windowed", "fraud", "enrichment", "kafka-to-postgres"])
 def test_examples_are_valid(nopstream, name):
     result = nopstream("validate", str(EXAMPLES / f"{name}.yaml"))
     assert result.code == 0, result.err

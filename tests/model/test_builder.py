@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nopstream.model.builder import JobBuilder
 from nopstream.model.load import LoadedModel, load_file
-from nopstream.model.spec import PatternStep, WatermarkSpec, WindowSpec, canonical_model
+from nopstream.model.spec import JoinSpec, KeySpec, PatternStep, WatermarkSpec, WindowSpec, canonical_model
 from nopstream.plan import compiler
 from nopstream.plan.canonical import fingerprint
 from tests.conftest import EXAMPLES
@@ -73,3 +73,29 @@ def test_fraud_both_ways():
         "alerts", "file", config={"path": "out/card-fraud"}, parallelism=1
     )
     same_as_example(job.build(), "fraud")
+
+
+def test_enrichment_both_ways():
+    job = JobBuilder("enrichment", parallelism=2)
+    events = WatermarkSpec(timestamp_field="ts", max_out_of_orderness_ms=2000)
+    orders, tiers = (
+        job.source(
+            name,
+            "file",
+            config={"path": f"examples/data/enrichment/{name}.jsonl", "format": "jsonl"},
+            watermark=events,
+        )
+        for name in ("orders", "tiers")
+    )
+    joined = orders.join(
+        tiers,
+        JoinSpec(kind="temporal", how="left", late_output="late"),
+        id="with-tier",
+        key=KeySpec(field="customer"),
+        fn="enrichment:with_tier",
+    )
+    joined.sink("enriched", "file", config={"path": "out/enrichment/enriched"})
+    joined.side_output("late").sink(
+        "late-records", "file", config={"path": "out/enrichment/late"}, parallelism=1
+    )
+    same_as_example(job.build(), "enrichment")

@@ -6,6 +6,7 @@ import pytest
 
 from nopstream.model import connectors
 from nopstream.model.capabilities import SinkCapability
+from nopstream.model.errors import ModelError
 from nopstream.model.load import load_data
 from nopstream.plan.validation import validate
 from tests.plan.conftest import linear
@@ -129,4 +130,79 @@ def test_a_process_of_several_inputs_takes_one_key_per_input_or_one_for_all():
     data = linear({"id": "m", "type": "map", "fn": "m:f", "keys": [{"field": "a"}]})
     assert messages(data) == [
         "model.operators[0].keys: not used by an operator of type map (rule: field-applies)"
+    ]
+
+
+def join(spec: dict, *, watermarks: bool = True, inputs: tuple[str, ...] = ("src", "other"), **op) -> dict:
+    """Two generator sources (with event time unless `watermarks` is False) into a join."""
+    data = linear(
+        {"id": "j", "type": "join", "inputs": list(inputs), "key": {"field": "k"}, "join": spec, **op}
+    )
+    data["model"]["sources"] += [
+        {"id": name, "type": "generator", "config": {"count": 10}} for name in inputs if name != "src"
+    ]
+    for source in data["model"]["sources"]:
+        if watermarks:
+            source["watermark"] = {"timestampFn": "m:ts"}
+    return data
+
+
+def test_a_join_is_refused_with_the_field_and_the_rule():
+    interval = {"kind": "interval", "lowerMs": -5, "upperMs": 5}
+    assert messages(join(interval | {"how": "full", "lateOutput": "late"}, fn="m:combine")) == []
+    assert (
+        messages(join({"kind": "temporal", "how": "left"}, keys=[{"field": "k"}, {"field": "id"}], key=None))
+        == []
+    )
+    window = {"kind": "window", "how": "anti", "window": {"kind": "session", "gapMs": 10}}
+    assert messages(join(window)) == []
+    assert messages(join({"kind": "interval", "lowerMs": 5, "upperMs": -5, "how": "right"})) == [
+        "model.operators[0].join.lowerMs: lowerMs 5 is above upperMs -5: no pair could match (rule: join-bounds)"
+    ]
+    assert messages(join({"kind": "interval", "time": "processing", "window": {"kind": "tumbling"}})) == [
+        "model.operators[0].join.lowerMs: an interval join needs lowerMs: right.ts - left.ts must lie in"
+        " [lowerMs, upperMs] (rule: join-bounds)",
+        "model.operators[0].join.time: a join matches records by their event timestamps: only 'event' time"
+        " (a processing-time join would pair whatever arrived together, different in every run)"
+        " (rule: join-time)",
+        "model.operators[0].join.upperMs: an interval join needs upperMs: right.ts - left.ts must lie in"
+        " [lowerMs, upperMs] (rule: join-bounds)",
+        "model.operators[0].join.window: not used by a interval join (rule: field-applies)",
+    ]
+    assert messages(join({"kind": "temporal", "how": "full", "upperMs": 3}, inputs=("src", "a", "b"))) == [
+        "model.operators[0].inputs: a join has two inputs, left then right: got 3 (rule: join-inputs)",
+        "model.operators[0].join.how: a temporal join is one of inner, left, got 'full' (rule: join-how)",
+        "model.operators[0].join.upperMs: not used by a temporal join (rule: field-applies)",
+    ]
+    bad_window = {
+        "kind": "sliding",
+        "sizeMs": 10,
+        "allowedLatenessMs": 5,
+        "lateOutput": "x",
+        "time": "processing",
+    }
+    assert messages(join({"kind": "window", "window": bad_window}, watermarks=False)) == [
+        "model.operators[0].join.kind: event time needs a watermark strategy on source 'other'"
+        " (rule: event-time-watermarks)",
+        "model.operators[0].join.kind: event time needs a watermark strategy on source 'src'"
+        " (rule: event-time-watermarks)",
+        "model.operators[0].join.window.allowedLatenessMs: not used by a window join: a window joins once,"
+        " when the watermark passes its end (rule: field-applies)",
+        "model.operators[0].join.window.lateOutput: a join's late records go to join.lateOutput"
+        " (rule: field-applies)",
+        "model.operators[0].join.window.slideMs: a sliding window needs slideMs of at least 1 (rule: window-size)",
+        "model.operators[0].join.window.time: a window join runs in event time only (rule: join-time)",
+    ]
+    with pytest.raises(ModelError) as refused:
+        load_data(join({"kind": "interval", "lowerMs": "5s", "upperMs": 1.5}))
+    assert str(refused.value) == (
+        "model.operators[0].join.lowerMs: must be a valid integer (rule: schema)\n"
+        "model.operators[0].join.upperMs: must be a valid integer (rule: schema)"
+    )
+    assert messages(join(interval, key=None)) == [
+        "model.operators[0].key: keyed operator 'j' (join) needs a key: set 'key', or 'keys' (one per input),"
+        " or read from a key_by (rule: key-required)"
+    ]
+    assert messages(join(None)) == [  # type: ignore[arg-type]
+        "model.operators[0].join: a join operator needs 'join' (rule: join-required)"
     ]
