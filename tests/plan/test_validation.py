@@ -157,7 +157,8 @@ def test_a_join_is_refused_with_the_field_and_the_rule():
     window = {"kind": "window", "how": "anti", "window": {"kind": "session", "gapMs": 10}}
     assert messages(join(window)) == []
     assert messages(join({"kind": "interval", "lowerMs": 5, "upperMs": -5, "how": "right"})) == [
-        "model.operators[0].join.lowerMs: lowerMs 5 is above upperMs -5: no pair could match (rule: join-bounds)"
+        "model.operators[0].join.lowerMs: lowerMs 5 is above upperMs -5: no pair could match"
+        " (rule: join-bounds)"
     ]
     assert messages(join({"kind": "interval", "time": "processing", "window": {"kind": "tumbling"}})) == [
         "model.operators[0].join.lowerMs: an interval join needs lowerMs: right.ts - left.ts must lie in"
@@ -190,7 +191,8 @@ def test_a_join_is_refused_with_the_field_and_the_rule():
         " when the watermark passes its end (rule: field-applies)",
         "model.operators[0].join.window.lateOutput: a join's late records go to join.lateOutput"
         " (rule: field-applies)",
-        "model.operators[0].join.window.slideMs: a sliding window needs slideMs of at least 1 (rule: window-size)",
+        "model.operators[0].join.window.slideMs: a sliding window needs slideMs of at least 1"
+        " (rule: window-size)",
         "model.operators[0].join.window.time: a window join runs in event time only (rule: join-time)",
     ]
     with pytest.raises(ModelError) as refused:
