@@ -8,7 +8,7 @@ the matrix: every mutant must be caught (exit 1 with records missing or doubled,
 the bugs random kills in a run's first second did not find (issue 30): a sink that
 publishes before its epoch is durable, a keyed subtask that loses a shard's state, a
 file source that resumes a byte late, a sink that forgets its pending transactions,
-and timers not rebuilt after a restore.
+timers not rebuilt after a restore, and a window join's windows not rebuilt after one.
 """
 
 from __future__ import annotations
@@ -50,8 +50,14 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "                heapq.heappush(self._heaps[domain], (int(ts), next(self._seq), key))\n",
         "                pass\n",
     ),
+    "loses-join-windows": (
+        "runtime/operators/joins.py",
+        "                self._push(w[END] - 1, key, w[START], w[END])\n",
+        "                pass\n",
+    ),
 }
-SHAPE = {"loses-timers": "reminders"}  # the others: the rolling count (keyed state, cursors, a file sink)
+SHAPE = {"loses-timers": "reminders", "loses-join-windows": "joins"}
+"""The shape each mutant runs on; the others: the rolling count (keyed state, cursors, a file sink)."""
 
 
 def mutated_copy(into: Path, mutant: str | None) -> Path:
