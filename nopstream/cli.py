@@ -92,6 +92,14 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout", type=_positive_seconds, default=600.0, help="seconds each run may take (default 600)"
     )
     p.add_argument(
+        "--pace",
+        type=_at_least(0),
+        default=0,
+        metavar="MS",
+        help="each source pauses MS ms after each batch of at most 100 records, in both runs, so a short"
+        " job lasts long enough for its kills to land (default 0)",
+    )
+    p.add_argument(
         "--allow-shallow",
         action="store_true",
         help="exit 0 on equal outputs even when no kill restored state or a fault point was not reached",
@@ -451,6 +459,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         workdir=Path(args.workdir),
         timeout=args.timeout,
         allow_shallow=args.allow_shallow,
+        pace_ms=args.pace,
     )
     try:
         return chaos.run_chaos(Path(args.file), settings)

@@ -62,6 +62,9 @@ class ChaosSettings:
     timeout: float = 600.0
     allow_shallow: bool = False
     """Exit 0 on equal outputs even when no recovery restored state or a step was not reached."""
+    pace_ms: int = 0
+    """Each source pauses this long after each batch of at most `PACED_BATCH` records, in both runs: a
+    job that ends within a checkpoint interval or two lasts long enough for its kills to land."""
     early_share: float = 0.25
     """The share of kills that land at once (`local.kills`); the others follow progress."""
     first_kill: tuple[float, float] = (0.1, 1.0)
@@ -139,6 +142,12 @@ def run_chaos(job_file: Path, settings: ChaosSettings, *, out: TextIO = sys.stdo
         f"chaos: {job_file} (seed {settings.seed}{', etcd ' + settings.etcd if settings.etcd else ''})",
         file=out,
     )
+    if settings.pace_ms:
+        print(
+            f"  paced: each source pauses {settings.pace_ms} ms after each batch of at most {PACED_BATCH}"
+            " records, in both runs",
+            file=out,
+        )
     early = sum(e.early for e in events)
     points = [e.point for e in events if e.point]
     print(
@@ -177,7 +186,11 @@ def run_chaos(job_file: Path, settings: ChaosSettings, *, out: TextIO = sys.stdo
     print(f"  verdict: {'exactly once' if exact else 'NOT exactly once'}", file=out)
     shallow = faulty.shallow()
     for why in shallow:
-        allowed = " (allowed)" if settings.allow_shallow else " (give the job more input, or --allow-shallow)"
+        allowed = (
+            " (allowed)"
+            if settings.allow_shallow
+            else " (give the job more input or --pace, or --allow-shallow)"
+        )
         print(f"  shallow: {why}{allowed}", file=out)
     if exact:  # outputs in files stay in the work directory; tables and topics would pile up
         drop_outputs(clean.job)
@@ -203,7 +216,7 @@ def _run(
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     fault_dir = home / "faults"
     fault_dir.mkdir()
-    env = _env(job_file, fault_dir)
+    env = _env(job_file, fault_dir, settings.pace_ms)
     progress = kills.Progress(job)
     deadline = time.monotonic() + settings.timeout
 
@@ -267,11 +280,21 @@ def _read_restores(home: Path, outcome: Outcome) -> None:
                 outcome.restores[(str(log), i, line)] = report
 
 
-def _env(job_file: Path, fault_dir: Path) -> dict[str, str]:
-    """The environment of the runs: the job's directory importable, fault points armed from `fault_dir`."""
+PACED_BATCH = 100
+
+
+def _env(job_file: Path, fault_dir: Path, pace_ms: int) -> dict[str, str]:
+    """The environment of the runs: the job's directory importable, fault points armed from `fault_dir`,
+    sources paced when `pace_ms` (`node.settings`)."""
     python_path = [str(job_file.resolve().parent), _PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")]
+    paced = (
+        {"NOPSTREAM_SOURCE_PAUSE_MS": str(pace_ms), "NOPSTREAM_BATCH_SIZE": str(PACED_BATCH)}
+        if pace_ms
+        else {}
+    )
     return {
         **os.environ,
+        **paced,
         "PYTHONPATH": os.pathsep.join(p for p in python_path if p),
         faults.DIR_ENV: str(fault_dir.resolve()),
     }

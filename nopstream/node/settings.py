@@ -16,6 +16,7 @@ The operator (and `nopstream run --etcd`) sets these on every pod (process):
 Every task process, of any runner, also reads (`taskserver.task_settings`):
   NOPSTREAM_BATCH_SIZE  the most records a source reads at once (default 1000; its first read)
   NOPSTREAM_BATCH_TARGET_MS  how long one source batch may hold the task's event loop (default 50)
+  NOPSTREAM_SOURCE_PAUSE_MS  a source's pause after each batch (default 0; `nopstream chaos --pace`)
 Lower both when slow user functions make checkpoints slow: a barrier waits for the batch
 before it, and its commands for each batch while the event loop is held.
 S3 credentials: `nopstream.s3.credentials`.

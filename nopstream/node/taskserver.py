@@ -119,6 +119,7 @@ def task_settings(env: Mapping[str, str] = os.environ) -> TaskSettings:
     return TaskSettings(
         batch_size=int_variable(env, "NOPSTREAM_BATCH_SIZE", TaskSettings.batch_size, minimum=1),
         batch_target_ms=int_variable(env, "NOPSTREAM_BATCH_TARGET_MS", target, minimum=1),
+        source_pause_ms=int_variable(env, "NOPSTREAM_SOURCE_PAUSE_MS", 0, minimum=0),
     )
 
 

@@ -79,6 +79,8 @@ class TaskSettings:
     """The keys a combiner holds before it sends its partials early (`runtime.combiner`)."""
     sink_call_s: float = 120.0
     """How long one sink call (prepare, commit, recover) may take before the task fails."""
+    source_pause_ms: int = 0
+    """A source's pause after each batch it read (`nopstream chaos --pace`)."""
 
 
 class SinkStuck(RuntimeError):
@@ -467,7 +469,7 @@ class Task:
         # asked once: a protocol isinstance check is too slow for every batch
         splits = reader if gen is not None and isinstance(reader, SplitEventTime) else None
         floor = splits.event_time_floor if splits is not None else None
-        idle = self.settings.idle_poll_ms / 1000
+        idle, pause = self.settings.idle_poll_ms / 1000, self.settings.source_pause_ms / 1000
         while True:
             while self._pending_barriers:
                 await self._snapshot_and_forward(self._pending_barriers.popleft())
@@ -497,7 +499,7 @@ class Task:
             )
             await self._source_watermark(gen, floor)
             await self._tick()
-            await asyncio.sleep(0)
+            await self._idle(asyncio.sleep(pause))
         await self._end_of_data(event_time=gen is not None)
         if self._deferred_final is not None:
             self._pending_barriers.append(self._deferred_final)
