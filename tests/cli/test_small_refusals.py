@@ -90,6 +90,7 @@ def test_options_out_of_range_are_usage_errors(tmp_path):
     write(tmp_path, job())
     for args, why in (
         (["chaos", "job.yaml", "--kills", "-3"], "argument --kills: -3 is below 1"),
+        (["chaos", "job.yaml", "--pace", "-5"], "argument --pace: -5 is below 0"),
         (["chaos", "job.yaml", "--timeout", "0"], "argument --timeout: 0 is not a number of seconds above 0"),
         (["run", "job.yaml", "--max-restarts", "-1"], "argument --max-restarts: -1 is below 0"),
         (
@@ -107,6 +108,7 @@ def test_options_out_of_range_are_usage_errors(tmp_path):
     for name, value, why in (
         ("NOPSTREAM_BATCH_SIZE", "0", "NOPSTREAM_BATCH_SIZE=0 must be at least 1"),
         ("NOPSTREAM_BATCH_TARGET_MS", "fast", "NOPSTREAM_BATCH_TARGET_MS='fast' is not an integer"),
+        ("NOPSTREAM_SOURCE_PAUSE_MS", "-1", "NOPSTREAM_SOURCE_PAUSE_MS=-1 must be at least 0"),
     ):
         result = run_nopstream("run", "job.yaml", cwd=tmp_path, env={name: value})
         assert (result.code, result.err) == (2, f"nopstream run: {why}\n"), result.err

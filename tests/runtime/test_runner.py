@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import textwrap
+import time
 
 import pytest
 
@@ -184,3 +185,19 @@ def test_an_outage_of_a_few_seconds_is_outlived_by_backing_off(tmp_path):
     ]
     assert 1 <= len(waits) <= 5, result.err
     assert waits[1:] == ["0.25 s)", "0.5 s)", "1 s)", "2 s)"][: len(waits) - 1], result.err
+
+
+def test_a_source_pauses_after_each_batch_when_asked(tmp_path):
+    """What `nopstream chaos --pace` sets: 1,000 records in batches of 100, 150 ms after each."""
+    model = {
+        "sources": [{"id": "src", "type": "generator", "config": {"count": 1000}}],
+        "sinks": [{"id": "out", "type": "file", "inputs": ["src"], "config": {"path": "out"}}],
+    }
+    run_job(tmp_path, model, mode="in-process")  # writes the job; its own run is not paced
+    shutil.rmtree(tmp_path / "out")
+    paced = {"NOPSTREAM_SOURCE_PAUSE_MS": "150", "NOPSTREAM_BATCH_SIZE": "100"}
+    started = time.monotonic()
+    result = run_nopstream("run", "job.yaml", "--in-process", "--fresh", "--quiet", env=paced, cwd=tmp_path)
+    assert result.code == 0, result.err
+    assert time.monotonic() - started >= 1.4  # ten batches, each followed by its pause
+    assert sorted(read_outputs(tmp_path / "out")) == list(range(1000))
