@@ -41,6 +41,7 @@ bench: setup
 	$(PY) bench/compile.py
 	$(PY) bench/throughput.py
 	$(PY) bench/checkpoint.py
+	$(PY) bench/joins.py
 	@scripts/install-servers.sh kafka
 	$(PY) bench/kafka.py
 	@scripts/install-servers.sh kube helm node image
