@@ -139,10 +139,28 @@ class Stream:
         )
 
     def process(
-        self, fn: str, *, id: str, key: KeySpec | None = None, parallelism: int | None = None
+        self,
+        fn: str,
+        *,
+        id: str,
+        key: KeySpec | None = None,
+        parallelism: int | None = None,
+        broadcast: tuple[Stream, ...] = (),
     ) -> Stream:
-        """A keyed process function with state and timers (`fn` names its class)."""
-        return self._op("process", fn=fn, id=id, key=key, parallelism=parallelism)
+        """A keyed process function with state and timers (`fn` names its class); `broadcast` streams
+        reach every subtask and write its broadcast state."""
+        if not broadcast:
+            return self._op("process", fn=fn, id=id, key=key, parallelism=parallelism)
+        refs = [b.ref for b in broadcast]
+        return self._op(
+            "process",
+            inputs=[self.ref, *refs],
+            broadcast=refs,
+            fn=fn,
+            id=id,
+            key=key,
+            parallelism=parallelism,
+        )
 
     def cep(
         self,

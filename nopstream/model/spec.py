@@ -152,6 +152,9 @@ class OperatorSpec(Spec):
     fn: str | None = None
     key: KeySpec | None = None
     keys: list[KeySpec] | None = None
+    broadcast: list[str] | None = None
+    """Inputs of a process (as `inputs` names them) whose records reach every subtask and write its
+    broadcast state; the others are keyed and only read it (docs/runtime.md)."""
     """One key selector per input, in `inputs` order, into one key space (a process of several inputs)."""
     aggregate: Annotated[AggregateSpec | None, WithJsonSchema(_AGGREGATE_SCHEMA)] = None
     window: WindowSpec | None = None

@@ -1,6 +1,7 @@
 """StreamGraph: the logical DAG of a valid model, with each edge's policy chosen.
 
 Edge policy rules, first match wins (docs/plan.md):
+0. the edge enters an input a process names in `broadcast` -> BROADCAST
 1. the edge leaves a key_by, or enters a keyed operator or a sink with `key`
    (or the input's own of `keys`)                          -> HASH
 2. the edge enters a union                                -> UNION
@@ -161,6 +162,12 @@ def _edge_policy(
 ) -> tuple[EdgePolicy, KeySelector | None]:
     """The policy and key of the edge from `up` into input `position` of `down`."""
     own_key = None
+    if (
+        isinstance(down.spec, OperatorSpec)
+        and down.spec.inputs
+        and down.spec.inputs[position] in (down.spec.broadcast or ())
+    ):
+        return EdgePolicy.BROADCAST, None
     if isinstance(down.spec, SinkSpec):
         own_key = down.spec.key
     elif isinstance(down.spec, OperatorSpec) and down.type != "key_by":

@@ -64,11 +64,22 @@ _FIELDS_BY_TYPE: dict[str, frozenset[str]] = {
     "aggregate": frozenset({"aggregate", "key", "emit", "combine"}),
     "union": frozenset(),
     "window": frozenset({"window", "key", "aggregate", "fn", "combine"}),
-    "process": frozenset({"fn", "key", "keys"}),
+    "process": frozenset({"fn", "key", "keys", "broadcast"}),
     "cep": frozenset({"pattern", "key"}),
     "join": frozenset({"join", "key", "keys", "fn"}),
 }
-_OPTIONAL_FIELDS = ("fn", "key", "keys", "aggregate", "window", "pattern", "join", "emit", "combine")
+_OPTIONAL_FIELDS = (
+    "fn",
+    "key",
+    "keys",
+    "broadcast",
+    "aggregate",
+    "window",
+    "pattern",
+    "join",
+    "emit",
+    "combine",
+)
 _NEEDS_FN = frozenset({"map", "filter", "flat_map", "reduce", "process"})
 
 
@@ -382,6 +393,8 @@ def _check_operator(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterato
         yield from _check_key(ctx, n, op.key, ("key",))
     if op.keys is not None:
         yield from _check_keys(ctx, n, op, op.keys)
+    if op.broadcast is not None and op.type == "process":
+        yield from _check_broadcast(ctx, n, op, op.broadcast)
     if op.type == "key_by" and op.key is None:
         yield Issue(ctx.path(n, "key"), "key_by needs 'key'", "key-required")
     if op.type in KEYED_OPERATORS:
@@ -431,6 +444,31 @@ def _check_keys(ctx: _Context, n: ResolvedNode, op: OperatorSpec, keys: list[Key
         )
     for i, key in enumerate(keys):
         yield from _check_key(ctx, n, key, ("keys", i))
+
+
+def _check_broadcast(
+    ctx: _Context, n: ResolvedNode, op: OperatorSpec, broadcast: list[str]
+) -> Iterator[Issue]:
+    listed = op.inputs or []
+    for i, name in enumerate(broadcast):
+        if name not in listed:
+            yield Issue(
+                ctx.path(n, "broadcast", i),
+                f"'{name}' is not one of the operator's inputs ({', '.join(listed) or 'none listed'})",
+                "broadcast-inputs",
+            )
+    if listed and set(listed) <= set(broadcast):
+        yield Issue(
+            ctx.path(n, "broadcast"),
+            "every input is broadcast: a process with broadcast inputs needs a keyed one too",
+            "broadcast-inputs",
+        )
+    if op.keys is not None:
+        yield Issue(
+            ctx.path(n, "keys"),
+            "a process with broadcast inputs keys its other inputs with one 'key'",
+            "broadcast-key",
+        )
 
 
 def _check_keyed(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterator[Issue]:

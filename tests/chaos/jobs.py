@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from tests.conftest import EXAMPLES
+
 ENRICH = """
 class Enrich:
     # orders get the customer's tier valid at their time (the input whose name ends in "tiers"
@@ -369,6 +371,37 @@ def joins(home: Path) -> dict[str, Any]:
     )
 
 
+def broadcast_rules(home: Path) -> dict[str, Any]:
+    """`examples/rules.yaml` with its transactions paced: rules broadcast to every subtask of a keyed
+    process, each transaction checked against the rules of its time (broadcast state, keyed waiting
+    transactions and their timers restored)."""
+    for name in ("transactions.jsonl", "rules.jsonl"):
+        _write(home, {name: (EXAMPLES / "data" / "rules" / name).read_text()})
+    (home / "rules.py").write_text((EXAMPLES / "rules.py").read_text())
+    return _job(
+        "broadcast-rules",
+        {
+            "sources": [
+                _events("transactions", f"{home}/in/transactions.jsonl", out_of_order_ms=2000),
+                _events("rules", f"{home}/in/rules.jsonl", out_of_order_ms=2000) | {"parallelism": 1},
+            ],
+            "operators": [
+                {"id": "pace", "type": "map", "inputs": ["transactions"], "fn": "chaosfns:slow"},
+                {
+                    "id": "check",
+                    "type": "process",
+                    "inputs": ["pace", "rules"],
+                    "broadcast": ["rules"],
+                    "key": {"field": "account"},
+                    "fn": "rules:Rules",
+                },
+            ],
+            "sinks": [{"id": "alerts", "type": "file", "config": {"path": "out"}}],
+        },
+        parallelism=2,
+    )
+
+
 def cep(home: Path) -> dict[str, Any]:
     """A keyed CEP pattern (a small charge, then a large one on the same card within 2 s)."""
     rng = random.Random(5)
@@ -606,6 +639,7 @@ SHAPES: dict[str, Callable[..., dict[str, Any]]] = {
     "reminders": reminders,
     "enrichment": enrichment,
     "joins": joins,
+    "broadcast-rules": broadcast_rules,
 }
 
 

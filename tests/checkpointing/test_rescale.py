@@ -116,3 +116,47 @@ def test_a_task_reads_only_what_join_takes_for_it_rescaled_or_not():
 
 def _payload(data: bytes) -> object:
     return decode_segment(data, path="p", epoch=8)[1]
+
+
+def test_every_subtask_a_rescale_adds_gets_the_broadcast_state():
+    def rules_plan(parallelism: int):
+        model = {
+            "jobId": "rules",
+            "parallelism": parallelism,
+            "model": {
+                "sources": [
+                    {"id": "txns", "type": "generator", "config": {"count": 10}},
+                    {"id": "rules", "type": "generator", "parallelism": 1, "config": {"count": 2}},
+                ],
+                "operators": [
+                    {
+                        "id": "check",
+                        "type": "process",
+                        "inputs": ["txns", "rules"],
+                        "broadcast": ["rules"],
+                        "key": {"field": "k"},
+                        "fn": "m:Rules",
+                    },
+                ],  # fmt: skip
+                "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
+            },
+        }
+        return compiler.compile_model(load_data(model), backend="local").partitioned
+
+    old, new = rules_plan(2), rules_plan(3)
+    broadcast = {"rules": {"max-amount": [[100, {"limit": 5}], [200, {"limit": 7}]]}}
+    segments: dict[str, object] = {}
+    for sub in old.vertex("check").subtasks:
+        state = TaskSnapshot(
+            operators={"check": {"watermark": 150, "broadcast": broadcast}, "out": {"sink": {}}}
+        )
+        parts = snapshots.split(
+            old, vertex_id="check", subtask=sub.index, epoch=8, state=state, source_id=None, sink_ids=["out"]
+        )
+        segments.update({path: _payload(data) for path, data in parts.items()})
+    for sub in new.vertex("check").subtasks:
+        joined = snapshots.join(
+            new, vertex_id="check", subtask=sub.index, epoch=8, segments=segments,
+            operator_ids=["check", "out"], source_id=None, sink_ids=["out"], shards=sub.shards, rescaled=True,
+        )  # fmt: skip
+        assert joined.operators["check"]["broadcast"] == broadcast, sub.index

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from nopstream import cli
 from tests.conftest import EXAMPLES, ROOT, run_nopstream
 
-JOBS = ["wordcount.yaml", "windowed.yaml", "fraud.yaml", "enrichment.yaml"]
+JOBS = ["wordcount.yaml", "windowed.yaml", "fraud.yaml", "enrichment.yaml", "rules.yaml"]
 VALUES = [True, False, -1, 0, 10**12, 2.5, "", "../../x", "/etc", "x" * 300, [], {}, None, [[[[1]]]], "a:b"]
 DELETE = object()
 

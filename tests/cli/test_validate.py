@@ -65,7 +65,9 @@ def test_every_invalid_example_has_a_test():
     assert {p.stem for p in (EXAMPLES / "invalid").glob("*.yaml")} == set(FAMILIES)
 
 
-@pytest.mark.parametrize("name", ["wordcount", "windowed", "fraud", "enrichment", "kafka-to-postgres"])
+@pytest.mark.parametrize(
+    "name", ["wordcount", "windowed", "fraud", "enrichment", "rules", "kafka-to-postgres"]
+)
 def test_examples_are_valid(nopstream, name):
     result = nopstream("validate", str(EXAMPLES / f"{name}.yaml"))
     assert result.code == 0, result.err

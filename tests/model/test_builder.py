@@ -99,3 +99,26 @@ def test_enrichment_both_ways():
         "late-records", "file", config={"path": "out/enrichment/late"}, parallelism=1
     )
     same_as_example(job.build(), "enrichment")
+
+
+def test_rules_both_ways():
+    job = JobBuilder("rules", parallelism=2)
+    events = WatermarkSpec(timestamp_field="ts", max_out_of_orderness_ms=2000)
+    transactions = job.source(
+        "transactions",
+        "file",
+        config={"path": "examples/data/rules/transactions.jsonl", "format": "jsonl"},
+        watermark=events,
+    )
+    rules = job.source(
+        "rules",
+        "file",
+        config={"path": "examples/data/rules/rules.jsonl", "format": "jsonl"},
+        watermark=events,
+        parallelism=1,
+    )
+    checked = transactions.process(
+        "rules:Rules", id="check", key=KeySpec(field="account"), broadcast=(rules,)
+    )
+    checked.sink("alerts", "file", config={"path": "out/rules/alerts"})
+    same_as_example(job.build(), "rules")

@@ -65,7 +65,7 @@ def test_plan_layers_as_text(nopstream, tmp_path):
 
 
 @pytest.mark.parametrize("layer", sorted(compiler.LAYERS))
-@pytest.mark.parametrize("name", ["wordcount", "windowed", "fraud", "enrichment"])
+@pytest.mark.parametrize("name", ["wordcount", "windowed", "fraud", "enrichment", "rules"])
 def test_json_round_trip_is_exact(name, layer):
     plan = compile_example(name).layer(layer)
     text = compiler.dump_document(plan)
@@ -202,6 +202,7 @@ def test_checked_in_examples_are_the_ones_tested():
         "windowed.yaml",
         "fraud.yaml",
         "enrichment.yaml",
+        "rules.yaml",
         "kafka-to-postgres.yaml",
     }
     assert (ROOT / "crds" / "streamjob.yaml").exists()

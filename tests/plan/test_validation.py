@@ -208,3 +208,21 @@ def test_a_join_is_refused_with_the_field_and_the_rule():
     assert messages(join(None)) == [  # type: ignore[arg-type]
         "model.operators[0].join: a join operator needs 'join' (rule: join-required)"
     ]
+
+
+def test_broadcast_inputs_are_listed_inputs_and_the_others_are_keyed_by_one_key():
+    assert messages(two_inputs(key={"field": "a"}, broadcast=["other"])) == []
+    assert messages(two_inputs(key={"field": "a"}, broadcast=["src", "other", "nope"])) == [
+        "model.operators[0].broadcast: every input is broadcast: a process with broadcast inputs needs a"
+        " keyed one too (rule: broadcast-inputs)",
+        "model.operators[0].broadcast[2]: 'nope' is not one of the operator's inputs (src, other)"
+        " (rule: broadcast-inputs)",
+    ]
+    assert messages(two_inputs(keys=[{"field": "a"}, {"field": "b"}], broadcast=["other"])) == [
+        "model.operators[0].keys: a process with broadcast inputs keys its other inputs with one 'key'"
+        " (rule: broadcast-key)"
+    ]
+    data = linear({"id": "m", "type": "map", "fn": "m:f", "broadcast": ["src"]})
+    assert messages(data) == [
+        "model.operators[0].broadcast: not used by an operator of type map (rule: field-applies)"
+    ]

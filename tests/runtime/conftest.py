@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -11,7 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import run_nopstream
+from nopstream.connectors.stripes import STRIPE_BYTES
+from tests.conftest import EXAMPLES, run_nopstream
+
+MIN_TIMESTAMP = -(2**63)
 
 MODES = ["processes", "in-process"]
 
@@ -61,3 +65,33 @@ def read_outputs(directory: Path) -> list[Any]:
 def mode(request):
     """Each runtime test runs multi-process and in-process."""
     return request.param
+
+
+def run_example(workdir: Path, name: str, *, parallelism: int, mode: str) -> Path:
+    """Run `examples/NAME.yaml` at `parallelism` from a copy in `workdir`; the copy of its data directory."""
+    data = workdir / "examples" / "data" / name
+    shutil.copytree(EXAMPLES / "data" / name, data)
+    shutil.copy(EXAMPLES / f"{name}.py", workdir / "examples")
+    job = (
+        (EXAMPLES / f"{name}.yaml")
+        .read_text()
+        .replace("  parallelism: 2\n", f"  parallelism: {parallelism}\n", 1)
+    )
+    (workdir / "examples" / f"{name}.yaml").write_text(job)
+    args = ["run", f"examples/{name}.yaml", "--quiet"] + (["--in-process"] if mode == "in-process" else [])
+    result = run_nopstream(*args, cwd=workdir)
+    assert result.code == 0, result.err
+    return data
+
+
+def marked_stripes(path: Path, delay: int) -> list[tuple[dict[str, Any], int]]:
+    """Each record of a JSON-lines file with its mark: its stripe's highest timestamp so far - `delay`."""
+    tops: dict[int, int] = {}
+    out, offset = [], 0
+    for line in path.read_bytes().splitlines(keepends=True):
+        record, stripe = json.loads(line), offset // STRIPE_BYTES
+        top = tops.get(stripe, MIN_TIMESTAMP)
+        out.append((record, MIN_TIMESTAMP if top == MIN_TIMESTAMP else top - delay))
+        tops[stripe] = max(top, record["ts"])
+        offset += len(line)
+    return out

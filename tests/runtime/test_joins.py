@@ -8,18 +8,13 @@ parallelism and in task processes or one process (docs/joins.md, docs/time.md).
 
 from __future__ import annotations
 
-import json
 import random
-import shutil
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nopstream.connectors.stripes import STRIPE_BYTES
-from tests.conftest import EXAMPLES, run_nopstream
-from tests.runtime.conftest import multiset, read_outputs, run_job
+from tests.runtime.conftest import marked_stripes, multiset, read_outputs, run_example, run_job
 
 MIN = -(2**63)
 DELAY = 200
@@ -299,33 +294,9 @@ def test_an_outer_interval_join_holds_the_watermark_back_for_the_rows_it_emits_b
     assert {(c["key"], c["start"]): c["value"] for c in out["counts"]} == want
 
 
-def marked_stripes(path: Path, delay: int) -> list[tuple[Row, int]]:
-    """Each record of a JSON-lines file with its mark: its stripe's highest timestamp so far - `delay`."""
-    tops: dict[int, int] = {}
-    out, offset = [], 0
-    for line in path.read_bytes().splitlines(keepends=True):
-        record, stripe = json.loads(line), offset // STRIPE_BYTES
-        top = tops.get(stripe, MIN)
-        out.append((record, MIN if top == MIN else top - delay))
-        tops[stripe] = max(top, record["ts"])
-        offset += len(line)
-    return out
-
-
 @pytest.mark.parametrize("parallelism", [1, 2, 4])
 def test_the_enrichment_example_gives_each_order_the_tier_of_its_time(tmp_path, mode, parallelism):
-    data = tmp_path / "examples" / "data" / "enrichment"
-    shutil.copytree(EXAMPLES / "data" / "enrichment", data)
-    shutil.copy(EXAMPLES / "enrichment.py", tmp_path / "examples")
-    job = (
-        (EXAMPLES / "enrichment.yaml")
-        .read_text()
-        .replace("parallelism: 2\n", f"parallelism: {parallelism}\n")
-    )
-    (tmp_path / "examples" / "enrichment.yaml").write_text(job)
-    args = ["run", "examples/enrichment.yaml", "--quiet"] + (["--in-process"] if mode == "in-process" else [])
-    result = run_nopstream(*args, cwd=tmp_path)
-    assert result.code == 0, result.err
+    data = run_example(tmp_path, "enrichment", parallelism=parallelism, mode=mode)
     orders = marked_stripes(data / "orders.jsonl", 2000)
     tiers = marked_stripes(data / "tiers.jsonl", 2000)
     versions = [(t["ts"], i, t) for i, (t, mark) in enumerate(tiers) if t["ts"] > mark]

@@ -11,6 +11,16 @@ the records of every input with equal keys share the key's state and timers, and
 `ctx.input` says which input a record came from (its name as `inputs` lists it; None
 in `on_timer`).
 
+Broadcast state (Flink's KeyedBroadcastProcessFunction): the inputs named in
+`broadcast` reach every subtask and go to `process_broadcast(record, ctx)`, which has
+no current key and may write `ctx.broadcast_state(name)`, a dict of JSON values; in
+`process` and `on_timer` the same call gives a read-only view. Every subtask gets every
+broadcast record before each barrier, so each holds the same state when the updates do
+not depend on their order (records of several upstream subtasks interleave differently
+in each); it is part of every snapshot, and a subtask a rescale adds takes subtask 0's.
+What a keyed record sees of it depends on when it arrives unless the function waits
+for event time (docs/runtime.md: `examples/rules.yaml` does).
+
 `ctx` is scoped to the current key: `ctx.key`, `ctx.input`, `ctx.timestamp`, `ctx.watermark` (in
 `process`, the record's mark: its split's watermark when it was read, or the
 operator's when that is further, so `ctx.timestamp <= ctx.watermark` says the record
@@ -30,6 +40,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from nopstream.records import MIN_TIMESTAMP, Batch, late_reference
@@ -51,7 +63,7 @@ class ProcessContext:
         self.timestamp: int | None = None
         self.watermark = MIN_TIMESTAMP
         """Event time as this call sees it (see the module's docstring)."""
-        self._state: dict[str, Any] = {}
+        self._state: dict[str, Any] | None = {}
 
     def bind(self, key: Any, timestamp: int | None, watermark: int) -> None:
         """Make `key` the current key, for a record or timer at `timestamp` seen at `watermark`."""
@@ -61,42 +73,67 @@ class ProcessContext:
         d = self._op.states[self._op.shard(key)]
         self._state = d.setdefault(key, {})
 
+    def bind_broadcast(self, timestamp: int | None, watermark: int) -> None:
+        """No current key: a broadcast record at `timestamp` seen at `watermark` (`process_broadcast`)."""
+        self.key = None
+        self.timestamp = timestamp
+        self.watermark = watermark
+        self._state = None
+
+    def broadcast_state(self, name: str) -> Mapping[str, Any]:
+        """The broadcast state `name` (string keys, JSON values): a dict in `process_broadcast`,
+        a read-only view in `process` and `on_timer`."""
+        if self._state is None:
+            return self._op.broadcast.setdefault(name, {})
+        return MappingProxyType(self._op.broadcast.get(name, {}))
+
+    def _keyed(self) -> dict[str, Any]:
+        if self._state is None:
+            raise RuntimeError(
+                "process_broadcast has no current key: keyed state and timers belong to process and on_timer"
+            )
+        return self._state
+
     def value(self, name: str, default: Any = None) -> Any:
         """A value state of the current key."""
-        return self._state.get(name, default)
+        return self._keyed().get(name, default)
 
     def set_value(self, name: str, value: Any) -> None:
         """Set a value state of the current key."""
-        self._state[name] = value
+        self._keyed()[name] = value
 
     def clear(self, name: str) -> None:
         """Forget a state of the current key."""
-        self._state.pop(name, None)
+        self._keyed().pop(name, None)
 
     def list(self, name: str) -> list[Any]:
         """A list state of the current key (mutate it in place)."""
-        value: list[Any] = self._state.setdefault(name, [])
+        value: list[Any] = self._keyed().setdefault(name, [])
         return value
 
     def map(self, name: str) -> dict[str, Any]:
         """A map state of the current key, string keys (mutate it in place)."""
-        value: dict[str, Any] = self._state.setdefault(name, {})
+        value: dict[str, Any] = self._keyed().setdefault(name, {})
         return value
 
     def register_event_timer(self, timestamp: int) -> None:
         """Call `on_timer` when the watermark reaches `timestamp`."""
+        self._keyed()
         self._op.add_timer(self.key, EVENT, int(timestamp))
 
     def register_processing_timer(self, timestamp: int) -> None:
         """Call `on_timer` when the wall clock reaches `timestamp` (ms)."""
+        self._keyed()
         self._op.add_timer(self.key, PROCESSING, int(timestamp))
 
     def delete_event_timer(self, timestamp: int) -> None:
         """Cancel an event-time timer of the current key."""
+        self._keyed()
         self._op.delete_timer(self.key, EVENT, int(timestamp))
 
     def delete_processing_timer(self, timestamp: int) -> None:
         """Cancel a processing-time timer of the current key."""
+        self._keyed()
         self._op.delete_timer(self.key, PROCESSING, int(timestamp))
 
 
@@ -110,6 +147,15 @@ class Process(KeyedOperator):
         self.fn = target() if isinstance(target, type) else target
         self.inputs: list[str] = ctx.node.spec["inputs"]
         self.key_fns = ctx.key_fns()
+        broadcast = set(ctx.node.spec.get("broadcast") or ())
+        self.broadcast_inputs = frozenset(i for i, name in enumerate(self.inputs) if name in broadcast)
+        if self.broadcast_inputs and not callable(getattr(self.fn, "process_broadcast", None)):
+            raise RuntimeError(
+                f"process '{ctx.node.node_id}' has broadcast inputs, but '{ctx.node.spec['fn']}'"
+                " has no process_broadcast(record, ctx)"
+            )
+        self.broadcast: dict[str, dict[str, Any]] = {}
+        """The broadcast state: name -> {string key: JSON value}, the same in every subtask."""
         self.states = ctx.keyed().table("state")
         self.timer_table = ctx.keyed().table("timers")
         self.shard = ctx.shard_cache.shard
@@ -135,18 +181,21 @@ class Process(KeyedOperator):
                 del d[key]
 
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
-        """Call `process` for every record with its key bound; outputs keep its timestamp and mark."""
-        ctx, process, key_fn = self.pctx, self.fn.process, self.key_fns[input_index]
+        """Call `process` for every record with its key bound (`process_broadcast`, without a key, for
+        a broadcast input's); outputs keep the record's timestamp and mark."""
+        ctx, key_fn = self.pctx, self.key_fns[input_index]
         ctx.input = self.inputs[input_index]
+        broadcast = input_index in self.broadcast_inputs
+        call = self.fn.process_broadcast if broadcast else self.fn.process
         timestamps, marks, watermark = batch.timestamps, batch.marks, self.watermark
         produced: list[list[Any]] = []
         for i, record in enumerate(batch.records):
-            ctx.bind(
-                key_fn(record),
-                timestamps[i] if timestamps is not None else None,
-                late_reference(marks, i, watermark),
-            )
-            produced.append(list(process(record, ctx) or ()))
+            ts = timestamps[i] if timestamps is not None else None
+            if broadcast:
+                ctx.bind_broadcast(ts, late_reference(marks, i, watermark))
+            else:
+                ctx.bind(key_fn(record), ts, late_reference(marks, i, watermark))
+            produced.append(list(call(record, ctx) or ()))
         return batch.spread(produced)
 
     def _fire(self, domain: str, until: int) -> Batch | None:
@@ -187,6 +236,16 @@ class Process(KeyedOperator):
     def timers(self) -> int:
         """Timers set, of both domains."""
         return sum(len(heap) for heap in self._heaps.values())
+
+    def operator_state(self) -> dict[str, Any]:
+        """The watermark, and the broadcast state (every subtask holds the same; a subtask a rescale
+        adds takes subtask 0's)."""
+        return {**super().operator_state(), "broadcast": self.broadcast}
+
+    def restore_operator_state(self, state: dict[str, Any]) -> None:
+        """Load the broadcast state, the watermark and the timers."""
+        self.broadcast = {name: dict(entries) for name, entries in state.get("broadcast", {}).items()}
+        super().restore_operator_state(state)
 
     def rebuild_timers(self) -> None:
         """Rebuild the timer heaps from the restored timers."""
