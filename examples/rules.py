@@ -18,7 +18,7 @@ class Rules:
     """
 
     def process_broadcast(self, rule: dict[str, Any], ctx: Any) -> list[Any]:
-        """Keep a rule version; one behind its file's watermark is dropped (it could change decided alerts)."""
+        """Keep a rule version; one behind its watermark is dropped (it could change decided alerts)."""
         if ctx.timestamp > ctx.watermark:
             ctx.broadcast_state("rules").setdefault(rule["rule"], []).append([ctx.timestamp, rule])
         return []

@@ -137,7 +137,7 @@ def test_every_subtask_a_rescale_adds_gets_the_broadcast_state():
                         "key": {"field": "k"},
                         "fn": "m:Rules",
                     },
-                ],  # fmt: skip
+                ],
                 "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
             },
         }
