@@ -16,6 +16,9 @@ lowest and highest ratio (a shared machine varies by tens of percent). Target (i
 State: the interval join over a paced generator for `--seconds`, checkpoints every 500 ms:
 the join's segment bytes per durable epoch in the first and the last quarter of the run
 (medians) and their ratio; its state is bounded by the interval, so it must stay flat (~1).
+Then the same for a keyed process counting records per key over ever-new keys (1,000 at a
+time, a new generation every 20,000 records), with `stateTtlMs` (flat: the old keys expire)
+and without (growing: every generation stays).
 Run: `python bench/joins.py [--records N] [--repeat 3] [--seconds 40]`.
 """
 
@@ -37,9 +40,19 @@ from nopstream.plan import compiler
 
 KEYS = 2000
 LOWER, UPPER = -300, 200
+TTL_MS = 10_000
 FNS = """
 def right_ts(record):
     return 50 * record["value"]
+
+def generation(record):
+    # 1,000 keys at a time; a new set every 20,000 records (200 s of event time)
+    return f"g{record['value'] // 20_000}-{record['value'] % 1000}"
+
+class Count:
+    def process(self, record, ctx):
+        ctx.set_value("n", ctx.value("n", 0) + 1)
+        return []
 """
 
 
@@ -94,10 +107,26 @@ def baseline(kind: str, records: int) -> tuple[float, int]:
 def job(
     workdir: Path, name: str, kind: str, parallelism: int, records: int, *, rate: int | None = None
 ) -> Path:
-    """Two generator sources of events into one join, its rows into a file sink."""
-    spec = {"kind": "interval", "how": "full", "lowerMs": LOWER, "upperMs": UPPER}
-    if kind == "temporal":
-        spec = {"kind": "temporal", "how": "left"}
+    """Two generator sources of events into one join (kind interval or temporal), or one into a
+    process counting per generation key (kind ttl or no-ttl), its rows into a file sink."""
+    operator: dict[str, Any] = {
+        "id": "j",
+        "type": "join",
+        "inputs": ["left", "right"],
+        "key": {"field": "key"},
+    }
+    if kind == "interval":
+        operator["join"] = {"kind": "interval", "how": "full", "lowerMs": LOWER, "upperMs": UPPER}
+    elif kind == "temporal":
+        operator["join"] = {"kind": "temporal", "how": "left"}
+    else:
+        operator = {
+            "id": "j",
+            "type": "process",
+            "inputs": ["left"],
+            "key": {"fn": "benchjoins:generation"},
+            "fn": "benchjoins:Count",
+        } | ({"stateTtlMs": TTL_MS} if kind == "ttl" else {})
 
     def source(side: str, count: int, watermark: dict[str, Any]) -> dict[str, Any]:
         config: dict[str, Any] = {"kind": "events", "count": count, "keys": KEYS}
@@ -117,16 +146,8 @@ def job(
             "sources": [
                 source("left", records, {"timestampField": "ts"}),
                 source("right", records // 5, {"timestampFn": "benchjoins:right_ts"}),
-            ],
-            "operators": [
-                {
-                    "id": "j",
-                    "type": "join",
-                    "inputs": ["left", "right"],
-                    "key": {"field": "key"},
-                    "join": spec,
-                }
-            ],
+            ][: len(operator["inputs"])],
+            "operators": [operator],
             "sinks": [{"id": "out", "type": "file", "config": {"path": str(workdir / f"out-{name}")}}],
         },
     }
@@ -199,17 +220,22 @@ def main() -> None:
                     + ("  target >= 0.4" if p == 1 else "")
                 )
         rate = 5_000
-        name = "state"
-        started = time.monotonic()
-        run(workdir, job(workdir, name, "interval", 2, rate * args.seconds, rate=rate))
-        sizes = state_bytes(workdir, name)
-        quarter = max(1, len(sizes) // 4)
-        first, last = statistics.median(sizes[:quarter]), statistics.median(sizes[-quarter:])
-        print(
-            f"state: interval join at {rate:,} left records/s for {time.monotonic() - started:.0f} s,"
-            f" {len(sizes)} durable epochs kept: join segments {first:,.0f} bytes per epoch in the first"
-            f" quarter, {last:,.0f} in the last, ratio {last / max(first, 1):.2f} (flat: ~1)"
-        )
+        for kind, what, shape in (
+            ("interval", "interval join", "flat: ~1"),
+            ("ttl", f"process, stateTtlMs {TTL_MS:,}", "flat: ~1"),
+            ("no-ttl", "process, no TTL", "grows"),
+        ):
+            name = f"state-{kind}"
+            started = time.monotonic()
+            run(workdir, job(workdir, name, kind, 2, rate * args.seconds, rate=rate))
+            sizes = state_bytes(workdir, name)
+            quarter = max(1, len(sizes) // 4)
+            first, last = statistics.median(sizes[:quarter]), statistics.median(sizes[-quarter:])
+            print(
+                f"state: {what} at {rate:,} records/s for {time.monotonic() - started:.0f} s,"
+                f" {len(sizes)} durable epochs kept: segments {first:,.0f} bytes per epoch in the first"
+                f" quarter, {last:,.0f} in the last, ratio {last / max(first, 1):.2f} ({shape})"
+            )
 
 
 if __name__ == "__main__":

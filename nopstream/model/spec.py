@@ -160,6 +160,11 @@ class OperatorSpec(Spec):
     window: WindowSpec | None = None
     pattern: PatternSpec | None = None
     join: JoinSpec | None = None
+    state_ttl_ms: StrictInt | None = None
+    """A key's state expires this long after the last record of the key (a process), or a version of
+    a temporal join's table this long after its timestamp (docs/runtime.md, state TTL)."""
+    state_ttl_time: TimeCharacteristic | None = None
+    """The time `stateTtlMs` counts in: event (the default) or processing (a process only)."""
     partitioning: Partitioning | None = None
     emit: Literal["rolling", "final"] | None = None
     combine: StrictBool | None = None

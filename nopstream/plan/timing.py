@@ -26,6 +26,8 @@ def timing_dependence(model: StreamModel) -> list[str]:
         for part, spec in (("window", op.window), ("pattern", op.pattern)):
             if spec is not None and spec.time == "processing":
                 out.append(f"{where}.{part}.time: processing time follows the wall clock")
+        if op.state_ttl_ms is not None and op.state_ttl_time == "processing":
+            out.append(f"{where}.stateTtlTime: processing-time state expiry follows the wall clock")
         if op.window is not None and op.window.time == "event" and op.window.allowed_lateness_ms > 0:
             out.append(
                 f"{where}.window.allowedLatenessMs: updates for late records depend on the order splits"

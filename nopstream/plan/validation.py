@@ -412,6 +412,8 @@ def _check_operator(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterato
         yield from _check_pattern(ctx, n, op)
     if op.type == "join":
         yield from _check_join(ctx, n, op)
+    if op.state_ttl_ms is not None or op.state_ttl_time is not None:
+        yield from _check_ttl(ctx, n, op)
     if op.partitioning is not None and op.type in KEYED_OPERATORS | {"union"}:
         yield Issue(
             ctx.path(n, "partitioning"),
@@ -525,6 +527,34 @@ def _check_window(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterator[
         )
     if w.time == "event":
         yield from _check_event_time(ctx, n, ("window", "time"))
+
+
+def _check_ttl(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterator[Issue]:
+    temporal = op.type == "join" and op.join is not None and op.join.kind == "temporal"
+    if op.type != "process" and not temporal:
+        field = "stateTtlMs" if op.state_ttl_ms is not None else "stateTtlTime"
+        yield Issue(
+            ctx.path(n, field),
+            "state TTL applies to a process and a temporal join (a window's, a CEP pattern's and an"
+            " interval or window join's state is dropped as event time passes it)",
+            "field-applies",
+        )
+        return
+    if op.state_ttl_ms is None:
+        yield Issue(ctx.path(n, "stateTtlMs"), "stateTtlTime needs stateTtlMs", "ttl-required")
+    elif op.state_ttl_ms < 1:
+        yield Issue(ctx.path(n, "stateTtlMs"), f"must be at least 1, got {op.state_ttl_ms}", "positive")
+    else:
+        yield from _at_most(ctx.path(n, "stateTtlMs"), op.state_ttl_ms, MAX_DURATION_MS)
+    if temporal and op.state_ttl_time == "processing":
+        yield Issue(
+            ctx.path(n, "stateTtlTime"),
+            "a temporal join's versions expire in event time only (a version valid for stateTtlMs"
+            " after its timestamp)",
+            "join-time",
+        )
+    elif op.state_ttl_time in (None, "event"):
+        yield from _check_event_time(ctx, n, ("stateTtlMs",))
 
 
 def _check_window_shape(

@@ -94,6 +94,13 @@ def upper(line):
 def long_enough(line):
     return len(line) > 10
 
+class Recent:
+    # per customer, how many orders since it was last quiet for longer than the state TTL
+
+    def process(self, record, ctx):
+        ctx.set_value("n", ctx.value("n", 0) + 1)
+        return [{"customer": ctx.key, "id": record["id"], "n": ctx.value("n")}]
+
 class Reminders:
     # per key, a reminder at the end of each second of event time one of its events fell in
 
@@ -328,17 +335,21 @@ def enrichment(home: Path) -> dict[str, Any]:
     )
 
 
-JOINS = {
-    "interval": {"kind": "interval", "how": "full", "lowerMs": -40, "upperMs": 60},
-    "temporal": {"kind": "temporal", "how": "left"},
-    "window": {"kind": "window", "how": "left", "window": {"kind": "session", "gapMs": 30}},
+JOINS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "interval": ({"kind": "interval", "how": "full", "lowerMs": -40, "upperMs": 60}, {}),
+    "temporal": ({"kind": "temporal", "how": "left"}, {}),
+    "temporal-ttl": ({"kind": "temporal", "how": "left"}, {"stateTtlMs": 300}),
+    "window": ({"kind": "window", "how": "left", "window": {"kind": "session", "gapMs": 30}}, {}),
 }
+"""Each join of the `joins` shape: its spec and the operator's other fields."""
 
 
 def joins(home: Path) -> dict[str, Any]:
-    """The orders and tier updates of `enrichment` into a full interval join, a left temporal join
-    and a left session-window join, each into its own sink and its late records into another (both
-    sides' state, versions, windows and the held-back watermark restored)."""
+    """The orders and tier updates of `enrichment` into a full interval join, two left temporal joins
+    (one whose versions expire after 300 ms) and a left session-window join, each into its own sink
+    and its late records into another, and the orders into a count per customer whose state expires
+    after 200 ms quiet (both sides' state, versions, windows, TTLs and the held-back watermark
+    restored)."""
     return _job(
         "joins",
         {
@@ -352,9 +363,18 @@ def joins(home: Path) -> dict[str, Any]:
                         "inputs": ["pace-orders", "pace-tiers"],
                         "key": {"field": "customer"},
                         "join": spec | {"lateOutput": "late"},
+                        **fields,
                     }
-                    for kind, spec in JOINS.items()
+                    for kind, (spec, fields) in JOINS.items()
                 ),
+                {
+                    "id": "recent",
+                    "type": "process",
+                    "inputs": ["pace-orders"],
+                    "key": {"field": "customer"},
+                    "fn": "chaosfns:Recent",
+                    "stateTtlMs": 200,
+                },
             ],
             "sinks": [
                 {
@@ -365,7 +385,8 @@ def joins(home: Path) -> dict[str, Any]:
                 }
                 for kind in JOINS
                 for output, suffix in (("out", ""), ("late", ":late"))
-            ],
+            ]
+            + [{"id": "recent-out", "type": "file", "inputs": ["recent"], "config": {"path": "recent"}}],
         },
         parallelism=2,
     )

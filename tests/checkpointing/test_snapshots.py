@@ -51,6 +51,11 @@ class Buckets:
     def on_timer(self, ts, ctx):
         values = sorted(ctx.map("b").pop(str(ts // 100)))
         return [{"k": ctx.key, "b": ts // 100, "vs": values, "n": ctx.value("n")}]
+
+class Count:
+    def process(self, r, ctx):
+        ctx.set_value("n", ctx.value("n", 0) + 1)
+        return [{"k": ctx.key, "n": ctx.value("n")}]
 """
 
 OPERATORS = {
@@ -79,6 +84,7 @@ OPERATORS = {
         "window": {"kind": "session", "time": "event", "gapMs": 25},
     },
     "process": {"type": "process", "fn": "snapfns:Buckets"},
+    "process-ttl": {"type": "process", "fn": "snapfns:Count", "stateTtlMs": 150},
     "cep": {
         "type": "cep",
         "pattern": {
@@ -182,6 +188,15 @@ def test_restore_continues_exactly(name, cut):
     second.end()
     assert canonical(first.out + second.out) == canonical(whole.out)
     assert sorted(map(str, first.side + second.side)) == sorted(map(str, whole.side))
+
+
+def test_a_snapshot_leaves_out_the_keys_whose_ttl_ran_out_by_the_watermark():
+    h = Harness(node_of(OPERATORS["process-ttl"]))
+    records = [{"k": "old", "ts": 100}, {"k": "edge", "ts": 750}, {"k": "new", "ts": 800}]
+    h.feed([("batch", Batch(records, [r["ts"] for r in records])), ("wm", 900)])
+    state = orjson.loads(orjson.dumps(h.op.snapshot()))
+    tables = [t for shard in state["keyed"].values() for t in shard.values()]
+    assert sorted(key for table in tables for key, _ in table) == ["new", "new"]  # 750 + 150 <= 900
 
 
 def test_file_source_resumes_at_its_cursor(tmp_path):

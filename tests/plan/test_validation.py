@@ -226,3 +226,25 @@ def test_broadcast_inputs_are_listed_inputs_and_the_others_are_keyed_by_one_key(
     assert messages(data) == [
         "model.operators[0].broadcast: not used by an operator of type map (rule: field-applies)"
     ]
+
+
+def test_a_state_ttl_applies_to_a_process_and_a_temporal_join_only():
+    assert messages(two_inputs(key={"field": "a"}, stateTtlMs=1000, stateTtlTime="processing")) == []
+    assert messages(join({"kind": "temporal"}, stateTtlMs=60_000)) == []
+    assert messages(join({"kind": "temporal"}, stateTtlMs=0, stateTtlTime="processing")) == [
+        "model.operators[0].stateTtlMs: must be at least 1, got 0 (rule: positive)",
+        "model.operators[0].stateTtlTime: a temporal join's versions expire in event time only (a version"
+        " valid for stateTtlMs after its timestamp) (rule: join-time)",
+    ]
+    assert messages(join({"kind": "interval", "lowerMs": 0, "upperMs": 5}, stateTtlMs=10)) == [
+        "model.operators[0].stateTtlMs: state TTL applies to a process and a temporal join (a window's, a"
+        " CEP pattern's and an interval or window join's state is dropped as event time passes it)"
+        " (rule: field-applies)"
+    ]
+    assert messages(two_inputs(key={"field": "a"}, stateTtlTime="event")) == [
+        "model.operators[0].stateTtlMs: event time needs a watermark strategy on source 'other'"
+        " (rule: event-time-watermarks)",
+        "model.operators[0].stateTtlMs: event time needs a watermark strategy on source 'src'"
+        " (rule: event-time-watermarks)",
+        "model.operators[0].stateTtlMs: stateTtlTime needs stateTtlMs (rule: ttl-required)",
+    ]

@@ -374,3 +374,58 @@ def test_cep_patterns_with_out_of_order_and_late_events(tmp_path, mode, parallel
     assert expected_a and expected_b
     assert multiset(out["probe-main"]) == multiset(expected_a)
     assert multiset(out["climb-main"]) == multiset(expected_b)
+
+
+TTL_COUNT = """
+class Count:
+    def process(self, record, ctx):
+        n = ctx.value("n", 0) + 1
+        ctx.set_value("n", n)
+        return [{"key": record["k"], "id": record["id"], "n": n}]
+"""
+
+
+@pytest.mark.parametrize("parallelism", [1, 3])
+def test_a_process_with_an_event_time_ttl_forgets_a_key_its_records_left_for_longer(
+    tmp_path, mode, parallelism
+):
+    """A key's state expires stateTtlMs after its last record, judged by each record's mark: one
+    file (one split), so every key's records come in file order and the counts follow from the data."""
+    rng = random.Random(12)
+    records, ts = [], 10_000
+    for i in range(3000):
+        ts += rng.choice([3, 5, 8, 400])  # now and then a pause longer than the TTL for many keys
+        records.append({"id": i, "k": f"k{rng.randrange(8)}", "ts": ts - rng.randrange(0, 100)})
+    ttl, delay = 700, 100
+    model = {
+        "sources": [
+            {
+                "id": "src",
+                "type": "file",
+                "config": {"path": "in/events.jsonl", "format": "jsonl"},
+                "watermark": {"timestampField": "ts", "maxOutOfOrdernessMs": delay},
+            }
+        ],
+        "operators": [
+            {"id": "count", "type": "process", "key": {"field": "k"}, "fn": "jobfns:Count", "stateTtlMs": ttl}
+        ],
+        "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
+    }
+    out = run_job(
+        tmp_path, model, mode=mode, fns=TTL_COUNT, inputs={"events.jsonl": records}, parallelism=parallelism
+    )
+    counts: dict[str, int] = {}
+    last: dict[str, int] = {}
+    top, want, resets = None, [], 0
+    for r in records:
+        mark = MIN if top is None else top - delay
+        k = r["k"]
+        if k in last and last[k] + ttl <= mark:
+            del last[k], counts[k]
+            resets += 1
+        last[k] = max(last.get(k, r["ts"]), r["ts"])
+        counts[k] = counts.get(k, 0) + 1
+        want.append({"key": k, "id": r["id"], "n": counts[k]})
+        top = r["ts"] if top is None else max(top, r["ts"])
+    assert resets > 50, resets
+    assert multiset(out["out"]) == multiset(want)

@@ -310,3 +310,20 @@ def test_the_enrichment_example_gives_each_order_the_tier_of_its_time(tmp_path, 
     out = tmp_path / "out" / "enrichment"
     assert multiset(read_outputs(out / "enriched")) == multiset(want)
     assert multiset(read_outputs(out / "late")) == multiset(late)
+
+
+@pytest.mark.parametrize("parallelism", [1, 3])
+def test_a_temporal_join_with_a_ttl_joins_a_version_only_within_it(tmp_path, mode, parallelism):
+    ttl = 400
+    model = joins_job({"t": {"kind": "temporal", "how": "left"}})
+    model["operators"][0]["stateTtlMs"] = ttl
+    out = run_job(tmp_path, model, mode=mode, inputs=INPUTS, parallelism=parallelism)
+    want = [
+        row
+        if row["right"] is None or row["left"]["ts"] < row["right"]["ts"] + ttl
+        else {**row, "right": None}
+        for row in temporal("left")
+    ]
+    expired = sum(1 for row, kept in zip(temporal("left"), want, strict=True) if row != kept)
+    assert expired > 300, expired
+    assert multiset(out["t-out"]) == multiset(want)

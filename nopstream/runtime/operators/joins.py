@@ -208,7 +208,8 @@ class TemporalJoin(_Join):
     drops it when there is none; a left join emits it with None). Versions a later
     left record can no longer pick (older than the latest at or before the watermark)
     are dropped. Two versions of a key with equal timestamps apply in arrival order:
-    deterministic when they come from one split.
+    deterministic when they come from one split. With `stateTtlMs`, a version is valid for
+    at most that long after its timestamp, and dropped once the watermark is past that.
     """
 
     def __init__(self, ctx: Context) -> None:
@@ -216,6 +217,8 @@ class TemporalJoin(_Join):
         super().__init__(ctx)
         self.versions = ctx.keyed().table("versions")
         self.waiting = ctx.keyed().table("waiting")
+        ttl = ctx.node.spec.get("stateTtlMs")
+        self.ttl: int | None = int(ttl) if ttl is not None else None
 
     def add(
         self, side: int, key: Any, ts: int, mark: int, record: Any, out: list[Any], stamps: list[int]
@@ -231,6 +234,8 @@ class TemporalJoin(_Join):
             versions: list[list[Any]] = self.versions[shard].setdefault(key, [])
             versions.insert(bisect.bisect_right(versions, ts, key=lambda v: v[TS]), [ts, record])
             self._push(ts, PRUNE, key)
+            if self.ttl is not None:
+                self._push(ts + self.ttl, PRUNE, key)
         return True
 
     def due(self, watermark: int, out: list[Any], stamps: list[int]) -> None:
@@ -251,7 +256,7 @@ class TemporalJoin(_Join):
         versions = self.versions[shard].get(key, [])
         for ts, record in sorted((w for w in waiting if w[TS] <= watermark), key=lambda w: w[TS]):
             at = bisect.bisect_right(versions, ts, key=lambda v: v[TS])
-            if at:
+            if at and (self.ttl is None or versions[at - 1][TS] + self.ttl > ts):
                 out.append(self.row(key, record, versions[at - 1][RECORD]))
             elif self.how == "left":
                 out.append(self.row(key, record, None))
@@ -265,11 +270,16 @@ class TemporalJoin(_Join):
             del self.waiting[shard][key]
 
     def _prune(self, key: Any, watermark: int) -> None:
-        versions = self.versions[self.shard(key)].get(key)
+        d = self.versions[self.shard(key)]
+        versions = d.get(key)
         if versions:
             at = bisect.bisect_right(versions, watermark, key=lambda v: v[TS])
             if at > 1:
                 del versions[: at - 1]
+            if self.ttl is not None and versions[0][TS] + self.ttl <= watermark:
+                del versions[0]  # expired: no left record after the watermark may pick it
+            if not versions:
+                del d[key]
 
     def rebuild_timers(self) -> None:
         """A firing per waiting left record and a pruning per version, from the restored tables."""
@@ -280,6 +290,8 @@ class TemporalJoin(_Join):
         for key, versions in self.ctx.keyed().items("versions"):
             for v in versions:
                 self._push(v[TS], PRUNE, key)
+                if self.ttl is not None:
+                    self._push(v[TS] + self.ttl, PRUNE, key)
 
 
 class WindowJoin(_Join):

@@ -34,6 +34,11 @@ timers live in the keyed state of the key's shard, so snapshots hold both. Event
 timers fire when the watermark reaches them (all of them at end of input);
 processing timers when the wall clock does. Outputs carry the timestamp of the
 record or timer that produced them.
+
+`stateTtlMs` expires a key's state (not its timers) that long after its last record:
+in event time judged by each record's mark and each timer's timestamp, so the data
+alone decides when a key's records come from one split; in processing time by the wall
+clock. A snapshot leaves out the keys that have expired by the watermark.
 """
 
 from __future__ import annotations
@@ -156,6 +161,11 @@ class Process(KeyedOperator):
             )
         self.broadcast: dict[str, dict[str, Any]] = {}
         """The broadcast state: name -> {string key: JSON value}, the same in every subtask."""
+        ttl = ctx.node.spec.get("stateTtlMs")
+        self.ttl: int | None = int(ttl) if ttl is not None else None
+        self.ttl_event = ctx.node.spec.get("stateTtlTime") != "processing"
+        self.touched = ctx.keyed().table("touched")
+        """key -> when its last record came (its timestamp, or the wall clock), with a TTL only."""
         self.states = ctx.keyed().table("state")
         self.timer_table = ctx.keyed().table("timers")
         self.shard = ctx.shard_cache.shard
@@ -191,12 +201,44 @@ class Process(KeyedOperator):
         produced: list[list[Any]] = []
         for i, record in enumerate(batch.records):
             ts = timestamps[i] if timestamps is not None else None
+            mark = late_reference(marks, i, watermark)
             if broadcast:
-                ctx.bind_broadcast(ts, late_reference(marks, i, watermark))
+                ctx.bind_broadcast(ts, mark)
             else:
-                ctx.bind(key_fn(record), ts, late_reference(marks, i, watermark))
+                key = key_fn(record)
+                if self.ttl is not None:
+                    self._refresh(key, mark, ts)
+                ctx.bind(key, ts, mark)
             produced.append(list(call(record, ctx) or ()))
         return batch.spread(produced)
+
+    def _refresh(self, key: Any, mark: int, ts: int | None) -> None:
+        """A record of `key` came: forget the key's state if its TTL ran out by the record's mark (or the
+        wall clock), then count the TTL from the record's timestamp (or the wall clock)."""
+        now = self.ctx.clock()
+        self._expire(key, mark if self.ttl_event else now)
+        touched = self.touched[self.shard(key)]
+        at = ts if self.ttl_event and ts is not None else now
+        touched[key] = max(touched.get(key, at), at)
+
+    def _expire(self, key: Any, now: int) -> None:
+        """Forget `key`'s state (not its timers) when its TTL ran out by `now`."""
+        assert self.ttl is not None
+        shard = self.shard(key)
+        last = self.touched[shard].get(key)
+        if last is not None and last + self.ttl <= now:
+            del self.touched[shard][key]
+            self.states[shard].pop(key, None)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state, without the keys whose TTL ran out by the watermark (or the wall clock): every
+        later record of theirs would forget them (its mark is at least this watermark)."""
+        if self.ttl is not None:
+            now = self.watermark if self.ttl_event else self.ctx.clock()
+            for keys in self.touched.values():
+                for key in [k for k, last in keys.items() if last + self.ttl <= now]:
+                    self._expire(key, now)
+        return super().snapshot()
 
     def _fire(self, domain: str, until: int) -> Batch | None:
         heap = self._heaps[domain]
@@ -213,6 +255,9 @@ class Process(KeyedOperator):
             if not timers:
                 del d[key]
             if on_timer is not None:
+                if self.ttl is not None:
+                    event_now = ts if domain == EVENT else self.watermark
+                    self._expire(key, event_now if self.ttl_event else self.ctx.clock())
                 self.pctx.input = None
                 self.pctx.bind(key, ts, ts if domain == EVENT else self.watermark)
                 for record in on_timer(ts, self.pctx) or ():
