@@ -662,6 +662,9 @@ SHAPES: dict[str, Callable[..., dict[str, Any]]] = {
     "joins": joins,
     "broadcast-rules": broadcast_rules,
 }
+ETCD_SHAPES = ("joins", "broadcast-rules")
+"""The shapes also run with `--etcd`: two inputs' state, TTLs and broadcast state restored by task
+processes a new coordinator starts (Kafka to Kafka is the other `--etcd` cell)."""
 
 
 def _write(home: Path, inputs: dict[str, str]) -> None:

@@ -33,9 +33,10 @@ ETCD_KILLS = 2
 """With --etcd a dead coordinator leads again only once its lease ran out (`supervisor.LEASE_TTL`,
 4 s), while the tasks read on, and a recovery starts new task processes (not forks): at the
 pace of the other cells the job would end before its schedule. So the etcd cell goes slower
-with fewer random kills (its fault points are all armed), and it is one, since the coordination
-is the same code for every shape: Kafka to Kafka (a rolling count, keyed state restored, into a
-transactional sink fenced across coordinators)."""
+with fewer random kills (its fault points are all armed). The coordination is the same code for
+every shape, so three shapes run there: Kafka to Kafka (a rolling count, keyed state restored, into
+a transactional sink fenced across coordinators), the joins (two inputs' state and TTLs) and the
+broadcast rules (broadcast state), each restored by task processes a new coordinator starts."""
 FINAL_OUTPUT = "--allow-shallow"
 """A job that emits only at its end (final counts) stages, publishes and commits once, in its
 final epoch: after a sink's fault point there, the job is over, and the other sink points and the
@@ -81,8 +82,10 @@ def check(result, capsys, cell: str, *, final_output: bool = False) -> None:
     assert "shallow" not in result.out
 
 
-@pytest.mark.parametrize("mode", ["run"])
-@pytest.mark.parametrize("shape", sorted(jobs.SHAPES))
+@pytest.mark.parametrize(
+    ("shape", "mode"),
+    [(shape, "run") for shape in sorted(jobs.SHAPES)] + [(shape, "etcd") for shape in jobs.ETCD_SHAPES],
+)
 def test_chaos_cell(shape, mode, tmp_path, etcd_server, capsys):
     home = tmp_path / "job"
     job = jobs.prepare(home, jobs.SHAPES[shape](home))

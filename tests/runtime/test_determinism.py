@@ -5,8 +5,8 @@ windows (30 s gap) and tumbling windows (10 s), 5 s out of orderness, late recor
 side outputs. Each stripe is a split with its own watermark, and a record is late when
 it is behind its own stripe's watermark where it was read (docs/time.md): the test
 computes that, and the windows over what is not late, in plain Python from the files'
-bytes, and every run at source parallelism 1, 2 and 4, in one process and again, must
-give exactly it. Before per-split marks these runs gave different sessions and late
+bytes, and every run at source parallelism 1, 2 and 4, in one process, and three times at 2,
+must give exactly it. Before per-split marks these runs gave different sessions and late
 records at each parallelism (issue 31's finding).
 """
 
@@ -133,7 +133,8 @@ def inputs() -> dict[str, list[dict[str, Any]]]:
 
 @pytest.mark.parametrize(
     ("source_parallelism", "mode"),
-    [(1, "processes"), (2, "processes"), (4, "processes"), (2, "in-process"), (4, "in-process")],
+    [(1, "processes"), (2, "processes"), (4, "processes"), (2, "in-process"), (4, "in-process")]
+    + [pytest.param(2, "processes", id=f"2-processes-again-{n}") for n in (1, 2)],  # three runs at 2
 )
 def test_late_records_and_windows_depend_on_the_data_only(tmp_path, inputs, source_parallelism, mode):
     want = expected(inputs)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from nopstream.connectors.stripes import STRIPE_BYTES
 from tests.runtime.conftest import marked_stripes, multiset, read_outputs, run_example, run_job
 
 MIN = -(2**63)
@@ -327,3 +328,39 @@ def test_a_temporal_join_with_a_ttl_joins_a_version_only_within_it(tmp_path, mod
     expired = sum(1 for row, kept in zip(temporal("left"), want, strict=True) if row != kept)
     assert expired > 300, expired
     assert multiset(out["t-out"]) == multiset(want)
+
+
+def test_every_join_gives_the_same_rows_at_every_source_parallelism_and_in_every_run(tmp_path):
+    """Both files of several stripes (splits), read at source parallelism 1, 2 and 4, three times at 2
+    and once in one process: every run commits the same multiset of rows and late records."""
+    inputs = {
+        "orders.jsonl": stream(3, 12_000, 11, lambda rng: {"amount": rng.randrange(1, 500)}),
+        "tiers.jsonl": stream(4, 8000, 16, lambda rng: {"tier": rng.choice(["bronze", "silver", "gold"])}),
+    }
+    joins = {
+        "interval": {"kind": "interval", "how": "full", "lowerMs": LOWER, "upperMs": UPPER},
+        "temporal": {"kind": "temporal", "how": "left"},
+        "session": {"kind": "window", "how": "left", "window": {"kind": "session", "gapMs": GAP}},
+    }
+    runs: list[dict[str, list[Any]]] = []
+    for i, (source_parallelism, mode) in enumerate(
+        [
+            (1, "processes"),
+            (2, "processes"),
+            (2, "processes"),
+            (2, "processes"),
+            (4, "processes"),
+            (4, "in-process"),
+        ]
+    ):
+        model = joins_job(joins)
+        for source in model["sources"]:
+            source["parallelism"] = source_parallelism
+        (tmp_path / f"run{i}").mkdir()
+        runs.append(run_job(tmp_path / f"run{i}", model, mode=mode, inputs=inputs, parallelism=2))
+    assert all((tmp_path / "run0" / "in" / name).stat().st_size > 2 * STRIPE_BYTES for name in inputs)
+    first = {sink: multiset(records) for sink, records in runs[0].items()}
+    for i, run in enumerate(runs[1:], start=1):
+        for sink, records in run.items():
+            assert multiset(records) == first[sink], f"run {i}: {sink}"
+    assert all(len(first[f"{name}-out"]) > 1000 for name in joins) and len(first["interval-late"]) > 300
