@@ -116,7 +116,7 @@ BASE_RECIPE=2  # bump when build_base changes
 base_hash=$(printf '%s %s %s' "$SUITE" "$BASE_PACKAGES" "$BASE_RECIPE" | sha256sum | cut -c1-16)
 built base "$base_hash" build_base
 runtime_hash=$( (cat "$OUT/base.inputs"; cd "$TOP" && hash_of runtime-image pyproject.toml README.md \
-  nopstream operator tests/operator/e2efns.py) | sha256sum | cut -c1-16)
+  nopstream operator tests/operator/e2efns.py examples/enrichment.py) | sha256sum | cut -c1-16)
 built runtime "$runtime_hash" build_runtime
 built pause "$(cat "$OUT/base.inputs")" build_pause
 for server in etcd minio; do

@@ -22,3 +22,9 @@ def first_letter(w: str) -> str:
 def explode(line: str) -> list[str]:
     """A function that always fails: its task fails in every run."""
     raise ValueError(f"cannot split {line[:20]!r}")
+
+
+def pace(record: dict) -> dict:
+    """The record itself, after 5 ms: the enrichment job lasts long enough for its pods to be killed."""
+    time.sleep(0.005)
+    return record

@@ -46,7 +46,7 @@ import yaml
 from e2e import servers
 from e2e.cluster import Cluster
 from e2e.node import E2E_IMAGE, NODE_IP
-from tests.conftest import ROOT, s3_records
+from tests.conftest import EXAMPLES, ROOT, s3_records
 
 # the session's one cluster: under pytest-xdist these tests all run on one worker
 pytestmark = pytest.mark.xdist_group("kube")
@@ -80,16 +80,21 @@ class World:
     def job(self, name: str) -> dict:
         return json.loads(self.kubectl("get", "streamjob", name, "-o", "json"))
 
-    def wait(self, what: str, check, timeout: float = 120.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def wait(self, what: str, check, timeout: float = 120.0, job: str | None = None):
+        """`check()` once true; an AssertionError with the cluster's account after `timeout`, or as
+        soon as `job` (a StreamJob's name) has failed."""
+        deadline, failed = time.monotonic() + timeout, None
+        while time.monotonic() < deadline and failed is None:
             value = check()
             if value:
                 return value
+            if job is not None and (status := self.job(job).get("status", {})).get("phase") == "Failed":
+                failed = status
             time.sleep(0.25)
         events = self.kubectl("get", "events", "--sort-by=.lastTimestamp", check=False).splitlines()[-25:]
         raise AssertionError(
-            f"timed out waiting for {what}; events:\n"
+            (f"{job} failed: {json.dumps(failed)}" if failed else f"timed out waiting for {what}")
+            + "; events:\n"
             + "\n".join(events)
             + f"\noperator log:\n{self.operator_log()}"
             + f"\nunfinished job pods:\n{self.unfinished_pods_logs()}"
@@ -367,7 +372,7 @@ class CleanRun:
         (w.workdir / f"{name}.yaml").write_text(yaml.safe_dump(model))
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT), str(FNS_DIR)]),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(FNS_DIR), str(EXAMPLES)]),
             "NOPSTREAM_S3_ACCESS_KEY": w.access_key,
             "NOPSTREAM_S3_SECRET_KEY": w.secret_key,
         }
@@ -911,6 +916,60 @@ def test_a_kafka_job_on_the_cluster_counts_every_committed_line_once_through_pod
     got = kafka.committed(out)
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
     w.kubectl("delete", "streamjob", "kafka-wc", "--wait=true", "--timeout=60s")
+
+
+def enrichment(name: str, bucket: str, minio_url: str, out: str) -> dict:
+    """`examples/enrichment.yaml` on S3: its orders and tiers from objects under enrich/, each paced
+    5 ms a record (`e2efns:pace`), its enriched orders and late records to `out`/."""
+    example = yaml.safe_load((EXAMPLES / "enrichment.yaml").read_text())["spec"]["model"]
+    job = wordcount(name, bucket, minio_url, out, parallelism=2)
+    s3 = {"endpoint": minio_url, "bucket": bucket}
+    for source in example["sources"]:
+        source |= {"type": "s3", "config": s3 | {"prefix": f"enrich/{source['id']}/", "format": "jsonl"}}
+    (join,) = example["operators"]
+    join["inputs"] = [f"pace-{side}" for side in join["inputs"]]
+    paces = [
+        {"id": f"pace-{s['id']}", "type": "map", "inputs": [s["id"]], "fn": "e2efns:pace"}
+        for s in example["sources"]
+    ]
+    example["operators"] = [*paces, join]
+    for sink in example["sinks"]:
+        sink |= {"type": "s3", "config": s3 | {"prefix": f"{out}/{sink['id']}/"}}
+    job["spec"]["model"] = example
+    return job
+
+
+def test_the_enrichment_example_on_the_cluster_is_exact_through_pod_kills(
+    world, s3_client, bucket, clean_run
+):
+    w = world
+    for name in ("orders", "tiers"):
+        data = (EXAMPLES / "data" / "enrichment" / f"{name}.jsonl").read_bytes()
+        s3_client.put_object(bucket, f"enrich/{name}/{name}.jsonl", io.BytesIO(data), len(data))
+    clean = clean_run(s3_client, bucket, enrichment("enrich-clean", bucket, w.s3_url, "enrich-clean"))
+    w.kubectl("apply", "-f", "-", input=json.dumps(enrichment("enrichment", bucket, w.pod_s3_url, "enrich")))
+    w.wait(
+        "Running", lambda: w.job("enrichment").get("status", {}).get("phase") == "Running", job="enrichment"
+    )
+    kills = kill_tasks(w, random.Random(31), 2, first_nonce=300, job="enrichment")
+    w.wait("Succeeded", lambda: w.job("enrichment")["status"].get("phase") == "Succeeded", timeout=300)
+    assert kills == 2 and w.job("enrichment")["status"]["recoveries"] == 2
+    clean.output()
+    for sink in ("enriched", "late-records"):
+        got, expected = (
+            s3_records(s3_client, bucket, f"enrich/{sink}/"),
+            s3_records(s3_client, bucket, f"enrich-clean/{sink}/"),
+        )
+        assert expected and got == expected, (
+            f"{sink}: lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
+        )
+    orders = (EXAMPLES / "data" / "enrichment" / "orders.jsonl").read_text().count("\n")
+    assert (
+        sum(s3_records(s3_client, bucket, "enrich/enriched/").values())
+        + sum(1 for r in s3_records(s3_client, bucket, "enrich/late-records/").elements() if "amount" in r)
+        == orders
+    )  # every order enriched or late, once
+    w.kubectl("delete", "streamjob", "enrichment", "--wait=true", "--timeout=60s")
 
 
 def test_a_job_whose_sink_cannot_start_fails_at_once_naming_why(world, bucket, kafka, broker):
