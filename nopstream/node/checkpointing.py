@@ -106,7 +106,7 @@ def task_parts(task: Task) -> dict[str, Any]:
         "vertex_id": task.vertex.vertex_id,
         "subtask": task.subtask.index,
         "source_id": task.source_node.node_id if task.source_node else None,
-        "sink_ids": [op_id for op_id, op in zip(task.op_ids, task.ops, strict=True) if op in task.sinks],
+        "sink_ids": task.chain.sink_ids,
     }
 
 
@@ -136,7 +136,7 @@ def _restore(task: Task, storage: Storage, point: RestorePoint) -> TaskSnapshot 
     part = {
         **task_parts(task),
         "epoch": point.epoch,
-        "operator_ids": task.op_ids,
+        "operator_ids": task.chain.op_ids,
         "shards": task.subtask.shards,
         "rescaled": restore.rescaled(task.plan, point),
     }

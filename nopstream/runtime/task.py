@@ -1,13 +1,14 @@
 """The task executor: one subtask of one vertex of a PartitionedPlan.
 
-A task runs its vertex's chain of operators batch at a time. Input frames come from
-its gate (every input channel); output batches are split by each edge's partitioner
-and sent on the edge's channels, exactly as the plan says. Barriers: a source task
-injects barrier N from its own reading loop, between batches, after recording its
-split cursors; a task with several inputs aligns (blocks each channel that delivered
-barrier N until all open channels have, ignoring ended ones: `runtime.alignment`), then snapshots every
-operator of its chain and forwards the barrier. Watermarks are combined over input
-channels and forwarded when they advance.
+A task runs its vertex's chain of operators (`runtime.chain`) batch at a time. Input
+frames come from its gate (every input channel); output batches are split by each
+edge's partitioner and sent on the edge's channels, exactly as the plan says.
+Barriers: a source task injects barrier N from its own reading loop, between batches,
+after recording its split cursors; a task with several inputs aligns (blocks each
+channel that delivered barrier N until all open channels have, ignoring ended ones:
+`runtime.alignment`), then its sinks prepare (`runtime.sink_calls`), it snapshots
+every operator of its chain and forwards the barrier. Watermarks are combined over
+input channels and forwarded when they advance.
 WARNING: the task never re-derives routing; every channel and policy is the plan's.
 """
 
@@ -15,9 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import faulthandler
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -32,7 +31,6 @@ from nopstream.plan.partitioned import Edge, PartitionedPlan
 from nopstream.plan.streamgraph import StreamNode
 from nopstream.records import (
     MAX_TIMESTAMP,
-    MIN_TIMESTAMP,
     Batch,
     ConnectorFactory,
     SinkRecovery,
@@ -42,17 +40,15 @@ from nopstream.records import (
     TaskSnapshot,
 )
 from nopstream.runtime.alignment import Alignment, AlignmentError
+from nopstream.runtime.chain import Chain
 from nopstream.runtime.combiner import AnyCombiner, Drained, combined_edges, combiner_for
 from nopstream.runtime.frames import Barrier, EndOfInput, EndOfStream, Frame, Watermark
 from nopstream.runtime.gate import InputChannel, InputGate
 from nopstream.runtime.keyed import ShardCache
 from nopstream.runtime.metrics import TaskStats
-from nopstream.runtime.operators.aggregates import PerKey
-from nopstream.runtime.operators.base import Context, Operator
-from nopstream.runtime.operators.registry import build_operator
 from nopstream.runtime.operators.sinks import SinkOperator
-from nopstream.runtime.operators.windows import Window
 from nopstream.runtime.partitioners import Partitioner
+from nopstream.runtime.sink_calls import SinkCalls
 from nopstream.runtime.transport import OutputChannel
 from nopstream.runtime.watermarks import InputWatermarks, WatermarkGenerator, timestamp_function
 
@@ -81,10 +77,6 @@ class TaskSettings:
     """How long one sink call (prepare, commit, recover) may take before the task fails."""
     source_pause_ms: int = 0
     """A source's pause after each batch it read (`nopstream chaos --pace`)."""
-
-
-class SinkStuck(RuntimeError):
-    """A sink call did not return in time: the task fails (and its job recovers) rather than wait."""
 
 
 class TaskIO(Protocol):
@@ -188,12 +180,9 @@ class Task:
         self._data_ended = False  # operators flushed at end of data (kept in snapshots: never twice)
         self._read_size = self.settings.batch_size  # adapted to the chain's speed (`next_batch_size`)
         self._final_committed = asyncio.Event()
-        self._sink_io = asyncio.Lock()  # one sink call at a time: barriers and commit commands alike
         self._failure: BaseException | None = None  # a sink call or snapshot write failed outside the loop
         self._failed = asyncio.Event()
         self._written: asyncio.Future[None] | None = None  # the last snapshot handed over, until written
-        self._side: list[tuple[str, str, Batch]] = []
-        self._ended_inputs = False
         cache = ShardCache(plan.identity.state_shard_count)
         chain = list(self.vertex.operators)
         self.source: SourceReader | None = None
@@ -204,21 +193,20 @@ class Task:
             self.source = connectors.source(
                 self.source_node, splits, subtask=subtask, parallelism=self.vertex.parallelism
             )
-        self.op_ids = [n.node_id for n in chain]
-        self.ops: list[Operator] = []
-        self.sinks: list[SinkOperator] = []
-        for node in chain:
-            ctx = Context(
-                node, subtask, self.vertex.parallelism, self.subtask.shards, cache, self._collect_side, clock
-            )
-            if node.kind == "sink":
-                writer = connectors.sink(node, subtask=subtask, parallelism=self.vertex.parallelism)
-                sink = SinkOperator(writer)
-                self.sinks.append(sink)
-                self.ops.append(sink)
-            else:
-                self.ops.append(build_operator(ctx))
-        self.processing_time = any(_uses_processing_time(n) for n in chain)
+        self.chain = Chain(
+            chain,
+            subtask=subtask,
+            parallelism=self.vertex.parallelism,
+            shards=self.subtask.shards,
+            cache=cache,
+            connectors=connectors,
+            clock=clock,
+            emit=self._emit,
+            origin=self.source_node.node_id if self.source_node else "",
+        )
+        self.sink_calls = SinkCalls(
+            self.chain.sinks, task_id=self.task_id, limit_s=self.settings.sink_call_s, on_failure=self._fail
+        )
         self._timestamps: Callable[[Any], int] | None = None
         self._generator: WatermarkGenerator | None = None
         watermark_spec = self.source_node.spec.get("watermark") if self.source_node else None
@@ -275,7 +263,7 @@ class Task:
             "watermark": float(m.watermark) if m.watermark is not None else 0.0,
             "alignment_ms": m.alignment_ms,
             "snapshot_bytes": m.snapshot_bytes,
-            "pending_transactions": sum(len(s.writer.snapshot().get("pending", [])) for s in self.sinks),
+            "pending_transactions": self.sink_calls.pending_transactions(),
             "fenced_attempts": self.fenced_attempts(),
             "refused_commands": m.refused_commands,
         }
@@ -328,9 +316,7 @@ class Task:
 
     def restore(self, state: TaskSnapshot) -> None:
         """Load a task snapshot taken by `snapshot`."""
-        for op_id, op in zip(self.op_ids, self.ops, strict=True):
-            if op_id in state.operators:
-                op.restore(state.operators[op_id])
+        self.chain.restore(state.operators)
         if self.source is not None and state.source is not None:
             self.source.restore(state.source)
         if self._generator is not None and state.source_watermark is not None:
@@ -368,34 +354,9 @@ class Task:
 
     async def commit(self, upto: int) -> None:
         """Epoch `upto` is durable: the sinks publish their transactions up to it."""
-        await self._on_sinks(lambda sink: sink.commit(upto))
+        await self.sink_calls.each(lambda sink: sink.commit(upto))
         if self.final_epoch is not None and upto >= self.final_epoch:
             self._final_committed.set()
-
-    async def _on_sinks(self, call: Callable[[SinkOperator], None]) -> None:
-        """`call` on every sink, one at a time, since commit commands arrive while the record loop runs."""
-        if not self.sinks:
-            return
-        async with self._sink_io:
-            for sink in self.sinks:
-                await self._sink_call(call, sink)
-
-    async def _sink_call(self, call: Callable[[SinkOperator], None], sink: SinkOperator) -> None:
-        """`call(sink)` in a thread of its own: sink I/O (PUT, COPY, COMMIT PREPARED) never holds the
-        event loop. A call that fails or takes longer than `sink_call_s` fails the task: the job
-        recovers from its durable epoch rather than wait on a sink that cannot go on."""
-        limit = self.settings.sink_call_s
-        try:
-            async with asyncio.timeout(limit):
-                await in_daemon_thread(lambda: call(sink))
-        except TimeoutError:
-            faulthandler.dump_traceback(all_threads=True)  # where it hangs, into the task's log
-            stuck = SinkStuck(f"task {self.task_id}: a sink call did not return within {limit:g} s")
-            self._fail(stuck)
-            raise stuck from None
-        except Exception as exc:
-            self._fail(exc)
-            raise
 
     def _fail(self, failure: BaseException) -> None:
         if self._failure is None:
@@ -421,7 +382,7 @@ class Task:
         earlier run, and `run` does nothing (it would emit the final results again).
         """
         done: list[SinkRecovery] = []
-        await self._on_sinks(lambda sink: done.append(sink.recover(start)))
+        await self.sink_calls.each(lambda sink: done.append(sink.recover(start)))
         if final:
             self.finished_before = True
             self.final_epoch = start.durable
@@ -430,7 +391,7 @@ class Task:
 
     def timers(self) -> int:
         """How many timers the task's operators hold (after a restore: the ones rebuilt from its state)."""
-        return sum(op.timers() for op in self.ops)
+        return self.chain.timers()
 
     # --- the loops ---------------------------------------------------------------------
 
@@ -458,9 +419,9 @@ class Task:
         if self.source is not None:
             self.source.close()
         await self._snapshots_written()
-        if self.sinks and self.listener is None:  # no checkpointing: publish what is held
-            await self._on_sinks(SinkOperator.publish_held)
-        elif self.sinks:
+        if self.chain.sinks and self.listener is None:  # no checkpointing: publish what is held
+            await self.sink_calls.each(SinkOperator.publish_held)
+        elif self.chain.sinks:
             await self._final_committed.wait()
 
     async def _run_source(self) -> None:
@@ -493,7 +454,7 @@ class Task:
                 assert stamps is not None, "validation: a reader without timestamps needs a field or fn"
                 batch.marks = gen.observe(stamps, splits.split_highs(stamps) if splits is not None else None)
             held = _LoopHold()
-            await self._push(0, batch, 0)
+            await self.chain.push(0, batch, 0)
             self._read_size = next_batch_size(
                 self._read_size, len(batch.records), held.seconds(), self.settings
             )
@@ -522,12 +483,7 @@ class Task:
         if not self._data_ended:
             if event_time:
                 await self._advance_watermark(MAX_TIMESTAMP)
-            for i, op in enumerate(self.ops):
-                self._current_op = i
-                out = op.on_end()
-                await self._flush_side()
-                if out is not None and out.records:
-                    await self._push(i + 1, out, 0)
+            await self.chain.end()
             self._data_ended = True
         await self._flush_combiners()
         await self._send_all(EndOfInput())
@@ -551,7 +507,7 @@ class Task:
         tick = self.settings.tick_ms / 1000
         data_ended = False
         while self.gate.open_channels():
-            if self.processing_time and not data_ended:
+            if self.chain.processing_time and not data_ended:
                 try:
                     async with asyncio.timeout(tick):
                         ch, frame, units = await self._idle(self.gate.next())
@@ -564,10 +520,9 @@ class Task:
                 self.metrics.records_in += len(frame.records)
                 self.watermarks.activity(ch.channel_id)
                 if ch.edge_id in self._combined:  # the chain's head is a final aggregate or reduce
-                    self._current_op = 0
-                    self._head_merges_partials(frame)
+                    self.chain.merge_partials(frame)
                 else:
-                    await self._push(0, frame, ch.input_index)
+                    await self.chain.push(0, frame, ch.input_index)
                 await self._tick()
             elif isinstance(frame, Watermark):
                 advanced = self.watermarks.update(ch.channel_id, frame.timestamp, idle=frame.idle)
@@ -601,30 +556,10 @@ class Task:
         if not data_ended:
             await self._end_of_data(event_time=bool(self.watermarks.marks))
 
-    # --- pushing through the chain ---------------------------------------------------
-
-    def _collect_side(self, tag: str, batch: Batch) -> None:
-        self._side.append((self.op_ids[self._current_op], tag, batch))
-
-    async def _push(self, start: int, batch: Batch, input_index: int) -> None:
-        """Run `batch` through the chain from operator `start`, then emit the main output."""
-        ops = self.ops
-        for i in range(start, len(ops)):
-            self._current_op = i
-            batch = ops[i].on_batch(batch, input_index if i == start else 0)
-            if self._side:
-                await self._flush_side()
-            if not batch.records:
-                return
-        origin = self.op_ids[-1] if self.op_ids else (self.source_node.node_id if self.source_node else "")
-        await self._emit(origin, "main", batch)
-
-    async def _flush_side(self) -> None:
-        side, self._side = self._side, []
-        for op_id, tag, batch in side:
-            await self._emit(op_id, tag, batch)
+    # --- sending on ------------------------------------------------------------------
 
     async def _emit(self, op_id: str, output: str, batch: Batch) -> None:
+        """Send an output of the chain (operator `op_id`'s `output`) on every edge that carries it."""
         self.metrics.records_out += len(batch.records)
         for out in self._outputs:
             if out.edge.source_operator != op_id or out.edge.output != output:
@@ -637,11 +572,6 @@ class Task:
             channels = out.channels
             for downstream, part in out.partitioner.split(batch):
                 await channels[downstream].send(part)
-
-    def _head_merges_partials(self, batch: Batch) -> None:
-        head = self.ops[0]
-        assert isinstance(head, PerKey | Window), "combined edges end at a final aggregate, reduce or window"
-        head.merge_partials(batch)
 
     async def _send_partials(self, out: _OutputEdge, drained: Drained) -> None:
         """Send a combiner's partials, each to its key's owner."""
@@ -658,28 +588,16 @@ class Task:
                 await self._send_partials(out, c.drain() if closed_by is None else c.drain_closed(closed_by))
 
     async def _advance_watermark(self, watermark: int) -> None:
+        """Event time reached `watermark`: the chain fires what is due, then the watermark goes on
+        (behind by what the chain holds back)."""
         self.metrics.watermark = watermark
-        for i, op in enumerate(self.ops):
-            self._current_op = i
-            out = op.on_watermark(watermark)
-            await self._flush_side()
-            if out is not None and out.records:
-                await self._push(i + 1, out, 0)
-            if op.watermark_delay and watermark != MAX_TIMESTAMP:
-                watermark = max(MIN_TIMESTAMP, watermark - op.watermark_delay)
+        watermark = await self.chain.advance(watermark)
         await self._flush_combiners(closed_by=watermark)
         await self._send_all(Watermark(watermark))
 
     async def _tick(self) -> None:
-        if not self.processing_time:
-            return
-        now = self.clock()
-        for i, op in enumerate(self.ops):
-            self._current_op = i
-            out = op.on_processing_time(now)
-            await self._flush_side()
-            if out is not None and out.records:
-                await self._push(i + 1, out, 0)
+        if self.chain.processing_time:
+            await self.chain.tick(self.clock())
 
     async def _send_all(self, frame: Frame) -> None:
         for out in self._outputs:
@@ -691,7 +609,7 @@ class Task:
     def snapshot(self) -> TaskSnapshot:
         """A private copy of the task's state (JSON values, shared with nothing the task goes on changing)."""
         state = {
-            "operators": {op_id: op.snapshot() for op_id, op in zip(self.op_ids, self.ops, strict=True)},
+            "operators": self.chain.snapshot(),
             "source": self.source.snapshot() if self.source is not None else None,
             "watermarks": self.watermarks.snapshot(),
             "source_watermark": self._generator.snapshot() if self._generator is not None else None,
@@ -708,10 +626,8 @@ class Task:
             self.final_epoch = barrier.epoch
         elif barrier.kind == EpochKind.STOP:
             self._stopped = True
-        async with self._sink_io:  # a commit in flight changes the sinks' pending transactions
-            for sink in self.sinks:
-                await self._sink_call(lambda s: s.prepare(barrier.epoch), sink)
-            state = self.snapshot()
+        # under the sinks' lock: a commit in flight changes their pending transactions
+        state = await self.sink_calls.prepare(barrier.epoch, self.snapshot)
         self.metrics.barriers += 1
         if self.listener is not None:
             self._hand_over(barrier, state)
@@ -744,8 +660,6 @@ class Task:
         """Return once every snapshot handed over has been written and reported."""
         if self._written is not None:
             await self._written
-
-    _current_op: int = 0
 
 
 class _LoopHold:
@@ -783,36 +697,6 @@ async def run_until(work: Awaitable[T], event: asyncio.Event) -> asyncio.Future[
     return running
 
 
-def in_daemon_thread(fn: Callable[[], None]) -> asyncio.Future[None]:
-    """`fn()` in a daemon thread of its own, as a future of this loop.
-
-    Not the loop's executor: its threads are joined when the process exits, so a client
-    library call that never returns would keep a failed task's process alive.
-    """
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-
-    def settle(failure: BaseException | None) -> None:
-        if done.cancelled():
-            return
-        if failure is None:
-            done.set_result(None)
-        else:
-            done.set_exception(failure)
-
-    def target() -> None:
-        failure: BaseException | None = None
-        try:
-            fn()
-        except BaseException as exc:  # handed to the awaiting coroutine
-            failure = exc
-        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
-            loop.call_soon_threadsafe(settle, failure)
-
-    threading.Thread(target=target, name="sink-call", daemon=True).start()
-    return done
-
-
 def next_batch_size(size: int, records: int, seconds: float, settings: TaskSettings) -> int:
     """The next source read size: a batch should hold the event loop for about the target.
 
@@ -824,11 +708,3 @@ def next_batch_size(size: int, records: int, seconds: float, settings: TaskSetti
     if seconds > target and records:
         return max(1, int(records * target / seconds))
     return min(settings.batch_size, size * 2)
-
-
-def _uses_processing_time(node: StreamNode) -> bool:
-    spec = node.spec
-    for part in ("window", "pattern"):
-        if isinstance(spec.get(part), dict) and spec[part].get("time") == "processing":
-            return True
-    return node.type == "process"
