@@ -70,6 +70,15 @@ def late_reference(marks: list[int] | None, i: int, watermark: int) -> int:
 
 
 @dataclass(frozen=True)
+class Unreadable:
+    """In a batch of a source with `onError: dead-letter`, in place of a record it could not read: the
+    raw text (undecodable bytes replaced) and why, naming the split and where in it."""
+
+    text: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class TaskSnapshot:
     """A task's state at a barrier: each chained operator's, its source's, and its progress through time.
 

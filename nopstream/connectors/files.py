@@ -98,7 +98,14 @@ class LocalFiles:
 class FileSource(StripedSource):
     """Reads one source subtask's stripes of the files (`connectors.striped`)."""
 
-    def __init__(self, config: FileSourceConfig | dict[str, Any], *, subtask: int, parallelism: int) -> None:
+    def __init__(
+        self,
+        config: FileSourceConfig | dict[str, Any],
+        *,
+        subtask: int,
+        parallelism: int,
+        keep_unreadable: bool = False,
+    ) -> None:
         """Discover the files."""
         c = FileSourceConfig.model_validate(config)
         super().__init__(
@@ -107,6 +114,7 @@ class FileSource(StripedSource):
             subtask=subtask,
             parallelism=parallelism,
             discovery_ms=c.discovery_interval_ms,
+            keep_unreadable=keep_unreadable,
         )
 
 

@@ -6,6 +6,7 @@ Two formats: `jsonl` (one JSON value per line; blank lines skipped on reading) a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -28,21 +29,30 @@ class BadLine(ValueError):
         self.reason = reason
 
 
-def decode(lines: list[bytes], *, jsonl: bool) -> list[Any]:
-    """The records of whole lines (each with or without its line ending); BadLine naming the first bad one."""
+def decode(
+    lines: list[bytes], *, jsonl: bool, unreadable: Callable[[int, bytes, str], Any] | None = None
+) -> list[Any]:
+    """The records of whole lines (each with or without its line ending); BadLine naming the first bad
+    one, or, given `unreadable`, `unreadable(index, line, reason)` in place of each bad one."""
     try:
         if jsonl:
             return [orjson.loads(line) for line in lines if line.strip()]
         return [line.decode("utf-8").rstrip("\r\n") for line in lines]
     except ValueError:  # found again line by line, off the fast path
+        records = []
         for i, line in enumerate(lines):
             try:
                 if not jsonl:
-                    line.decode("utf-8")
+                    records.append(line.decode("utf-8").rstrip("\r\n"))
                 elif line.strip():
-                    orjson.loads(line)
+                    records.append(orjson.loads(line))
             except UnicodeDecodeError as err:
-                raise BadLine(i, f"is not UTF-8 ({err.reason} at byte {err.start} of the line)") from None
+                why = f"is not UTF-8 ({err.reason} at byte {err.start} of the line)"
             except orjson.JSONDecodeError as err:
-                raise BadLine(i, f"is not JSON ({err})") from None
-        raise
+                why = f"is not JSON ({err})"
+            else:
+                continue
+            if unreadable is None:
+                raise BadLine(i, why) from None
+            records.append(unreadable(i, line, why))
+        return records

@@ -47,12 +47,13 @@ class Connectors:
     ) -> SourceReader:
         """The reader of one source subtask."""
         config = node.spec.get("config", {})
+        keep = node.spec.get("onError") == "dead-letter"  # unreadable records are set aside, not refused
         if node.type == "file":
-            return FileSource(config, subtask=subtask, parallelism=parallelism)
+            return FileSource(config, subtask=subtask, parallelism=parallelism, keep_unreadable=keep)
         if node.type == "s3":  # imported when used, as each client library is: it costs every start
             from nopstream.connectors.s3 import S3Source
 
-            return S3Source(config, subtask=subtask, parallelism=parallelism)
+            return S3Source(config, subtask=subtask, parallelism=parallelism, keep_unreadable=keep)
         if node.type == "kafka":
             from nopstream.connectors.kafka import KafkaSource
 

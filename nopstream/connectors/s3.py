@@ -143,11 +143,21 @@ class BucketObjects:
 class S3Source(StripedSource):
     """Reads one source subtask's stripes of the objects (`connectors.striped`)."""
 
-    def __init__(self, config: S3SourceConfig | dict[str, Any], *, subtask: int, parallelism: int) -> None:
+    def __init__(
+        self,
+        config: S3SourceConfig | dict[str, Any],
+        *,
+        subtask: int,
+        parallelism: int,
+        keep_unreadable: bool = False,
+    ) -> None:
         """List the objects."""
         c = S3SourceConfig.model_validate(config)
         objects = BucketObjects(connect(c), c.prefix)
-        super().__init__(objects, jsonl=c.format == "jsonl", subtask=subtask, parallelism=parallelism)
+        jsonl = c.format == "jsonl"
+        super().__init__(
+            objects, jsonl=jsonl, subtask=subtask, parallelism=parallelism, keep_unreadable=keep_unreadable
+        )
 
 
 class S3Sink(ObjectSink):

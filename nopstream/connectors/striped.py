@@ -33,7 +33,7 @@ from nopstream.connectors import stripes
 from nopstream.connectors.event_time import SplitHighs
 from nopstream.errors import BadInput, RestoreRefused
 from nopstream.plan.keys import stable_hash
-from nopstream.records import MIN_TIMESTAMP, Batch
+from nopstream.records import MIN_TIMESTAMP, Batch, Unreadable
 
 _READ_HINT = 1 << 16
 
@@ -81,10 +81,13 @@ class StripedSource:
         subtask: int,
         parallelism: int,
         discovery_ms: int | None = None,
+        keep_unreadable: bool = False,
     ) -> None:
-        """Discover the objects (again every `discovery_ms`, and then never end)."""
+        """Discover the objects (again every `discovery_ms`, and then never end); with `keep_unreadable`
+        a line that is not a record of the format is an `Unreadable` instead of a refusal."""
         self.objects = objects
         self.jsonl = jsonl
+        self.keep_unreadable = keep_unreadable
         self.discovery_ms = discovery_ms
         self.subtask = subtask
         self.parallelism = parallelism
@@ -149,10 +152,21 @@ class StripedSource:
             start = self._pos
             self._note_stripes(lines, start)
             self._advance(sum(map(len, lines)))
-            try:
-                return Batch(line_format.decode(lines, jsonl=self.jsonl))
-            except line_format.BadLine as bad:
-                raise self._bad_line(start + sum(map(len, lines[: bad.index])), bad.reason) from None
+            return self._decode(lines, start)
+
+    def _decode(self, lines: list[bytes], start: int) -> Batch:
+        """The records of `lines`, read from byte `start` of the object; a bad line is refused (or,
+        keeping unreadable ones, an `Unreadable` naming its split and byte)."""
+
+        def unreadable(index: int, line: bytes, reason: str) -> Unreadable:
+            text = line.decode("utf-8", errors="replace").rstrip("\r\n")
+            return Unreadable(text, str(self._bad_line(start + sum(map(len, lines[:index])), reason)))
+
+        keep = unreadable if self.keep_unreadable else None
+        try:
+            return Batch(line_format.decode(lines, jsonl=self.jsonl, unreadable=keep))
+        except line_format.BadLine as bad:
+            raise self._bad_line(start + sum(map(len, lines[: bad.index])), bad.reason) from None
 
     def _note_stripes(self, lines: list[bytes], start: int) -> None:
         """Note the stripe of each line handed out (the one it starts in), for `split_highs`."""

@@ -36,6 +36,7 @@ OperatorType = Literal[
 BuiltinAggregate = Literal["count", "sum", "min", "max", "avg"]
 TimeCharacteristic = Literal["event", "processing"]
 Partitioning = Literal["forward", "rebalance", "broadcast"]
+OnError = Literal["fail", "dead-letter"]
 
 BUILTIN_AGGREGATES: tuple[str, ...] = ("count", "sum", "min", "max", "avg")
 KEYED_OPERATORS = frozenset({"reduce", "aggregate", "window", "process", "cep", "join"})
@@ -140,6 +141,11 @@ class SourceSpec(Spec):
     parallelism: StrictInt | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     watermark: WatermarkSpec | None = None
+    on_error: OnError | None = None
+    """A record that cannot be read (not UTF-8, not JSON) or timestamped: `fail` (the default) fails
+    the run naming it; `dead-letter` sets it aside on the side output `deadLetterOutput`."""
+    dead_letter_output: str | None = None
+    """The side output of records set aside (`dead-letter` unless named)."""
 
 
 class OperatorSpec(Spec):
@@ -152,10 +158,10 @@ class OperatorSpec(Spec):
     fn: str | None = None
     key: KeySpec | None = None
     keys: list[KeySpec] | None = None
+    """One key selector per input, in `inputs` order, into one key space (a process of several inputs)."""
     broadcast: list[str] | None = None
     """Inputs of a process (as `inputs` names them) whose records reach every subtask and write its
     broadcast state; the others are keyed and only read it (docs/runtime.md)."""
-    """One key selector per input, in `inputs` order, into one key space (a process of several inputs)."""
     aggregate: Annotated[AggregateSpec | None, WithJsonSchema(_AGGREGATE_SCHEMA)] = None
     window: WindowSpec | None = None
     pattern: PatternSpec | None = None
@@ -168,6 +174,12 @@ class OperatorSpec(Spec):
     partitioning: Partitioning | None = None
     emit: Literal["rolling", "final"] | None = None
     combine: StrictBool | None = None
+    on_error: OnError | None = None
+    """A record the operator's function or key selector fails on: `fail` (the default) fails the run
+    naming the operator, the error and the user's line; `dead-letter` sets it aside on the side output
+    `deadLetterOutput` and goes on (docs/runtime.md, errors)."""
+    dead_letter_output: str | None = None
+    """The side output of records set aside (`dead-letter` unless named)."""
     state_version: StrictInt = 1
 
 

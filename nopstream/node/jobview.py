@@ -240,6 +240,7 @@ def job_view(
                     "run": t.run,
                     "recordsIn": t.stats.records_in,
                     "recordsOut": t.stats.records_out,
+                    "deadLetters": t.stats.dead_letters,
                     "watermark": t.stats.watermark,
                     "idle": round(t.rates.idle, 3),
                     "backpressured": round(t.rates.backpressured, 3),

@@ -16,6 +16,9 @@ from nopstream.model.spec import KeySpec, OperatorSpec, SinkSpec, SourceSpec, St
 
 NodeKind = Literal["source", "operator", "sink"]
 MAIN_OUTPUT = "main"
+DEAD_LETTER = "dead-letter"
+"""The side output an operator or source with `onError: dead-letter` sets records aside on, unless its
+`deadLetterOutput` names another."""
 
 
 @dataclass(frozen=True)

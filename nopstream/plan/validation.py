@@ -20,7 +20,7 @@ from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES, ConnectorConfig
 from nopstream.model.errors import Issue
 from nopstream.model.load import LoadedModel, pydantic_issues
 from nopstream.model.spec import KEYED_OPERATORS, KeySpec, OperatorSpec, SinkSpec, SourceSpec, WindowSpec
-from nopstream.plan.nodes import MAIN_OUTPUT, ResolvedNode, input_keys, resolve_nodes
+from nopstream.plan.nodes import DEAD_LETTER, MAIN_OUTPUT, ResolvedNode, input_keys, resolve_nodes
 
 ID_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
 RESERVED_ID = "coordinator"
@@ -422,6 +422,24 @@ def _check_operator(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterato
         )
     if op.state_version < 1:
         yield Issue(ctx.path(n, "stateVersion"), f"must be at least 1, got {op.state_version}", "positive")
+    if op.on_error is not None and op.type in ("key_by", "union"):
+        yield Issue(
+            ctx.path(n, "onError"), f"an operator of type {op.type} runs no function", "field-applies"
+        )
+    yield from _check_dead_letters(ctx, n, op)
+
+
+def _check_dead_letters(ctx: _Context, n: ResolvedNode, spec: OperatorSpec | SourceSpec) -> Iterator[Issue]:
+    """`deadLetterOutput` only with `onError: dead-letter`, an id, not another output's name."""
+    tag = spec.dead_letter_output
+    if tag is None:
+        return
+    if spec.on_error != "dead-letter":
+        yield Issue(ctx.path(n, "deadLetterOutput"), "needs onError: dead-letter", "field-applies")
+    elif not ID_PATTERN.match(tag):
+        yield Issue(ctx.path(n, "deadLetterOutput"), _id_rule_text(tag), "id-format")
+    elif tag in _late_outputs(spec) or tag == MAIN_OUTPUT:
+        yield Issue(ctx.path(n, "deadLetterOutput"), f"'{tag}' names another output", "distinct-outputs")
 
 
 def _check_key(ctx: _Context, n: ResolvedNode, key: KeySpec, at: tuple[str | int, ...]) -> Iterator[Issue]:
@@ -737,6 +755,7 @@ def _check_sources(ctx: _Context) -> Iterator[Issue]:
         if not isinstance(n.spec, SourceSpec):
             continue
         yield from _check_connector(ctx, n, SOURCE_TYPES)
+        yield from _check_dead_letters(ctx, n, n.spec)
         wm = n.spec.watermark
         own = n.type in SOURCE_TYPES and SOURCE_TYPES[n.type].timestamps
         if wm is not None:
@@ -886,12 +905,18 @@ def _check_partitioning(ctx: _Context) -> Iterator[Issue]:
 
 
 def _outputs(node: ResolvedNode) -> set[str]:
+    spec = node.spec
     outputs = {MAIN_OUTPUT}
-    if isinstance(node.spec, OperatorSpec):
-        for part in (node.spec.window, node.spec.join):
-            if part is not None and part.late_output is not None:
-                outputs.add(part.late_output)
+    if isinstance(spec, OperatorSpec | SourceSpec):
+        outputs |= _late_outputs(spec)
+        if spec.on_error == "dead-letter":
+            outputs.add(spec.dead_letter_output or DEAD_LETTER)
     return outputs
+
+
+def _late_outputs(spec: OperatorSpec | SourceSpec) -> set[str]:
+    parts = (spec.window, spec.join) if isinstance(spec, OperatorSpec) else ()
+    return {p.late_output for p in parts if p is not None and p.late_output is not None}
 
 
 def _upstream_sources(ctx: _Context, node: ResolvedNode) -> list[ResolvedNode]:

@@ -4,6 +4,8 @@ What a task gets (a batch from a channel or its source, a watermark, a processin
 tick, the end of input) runs through the chain from one operator on: each operator's
 output goes to the next, its side outputs and the last one's output to `emit`, which
 sends them on the task's output edges. The chain knows no channel and no barrier.
+An operator's error reaches the task named after the operator (`errors.OperatorFailed`),
+with the user's file and line; records an operator set aside are counted.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from nopstream.errors import OperatorFailed, RestoreRefused
+from nopstream.plan.nodes import DEAD_LETTER
 from nopstream.plan.partitioned import ShardRange
 from nopstream.plan.streamgraph import StreamNode
 from nopstream.records import MAX_TIMESTAMP, MIN_TIMESTAMP, Batch, ConnectorFactory
@@ -43,13 +47,17 @@ class Chain:
     ) -> None:
         """Build each node's operator (a sink's writer from `connectors`); `origin` names the main
         output of an empty chain (its source's)."""
+        self.nodes = list(nodes)
         self.op_ids = [n.node_id for n in nodes]
+        self.dead_letters = 0  # records the operators set aside (`onError: dead-letter`)
+        self._dead_tags = [dead_letter_tag(n) for n in nodes]
         self.ops: list[Operator] = []
         self.sinks: list[SinkOperator] = []
         self.sink_ids: list[str] = []
         self._emit = emit
         self._side: list[tuple[str, str, Batch]] = []
-        self._current = 0  # the operator running now: its side outputs are named after it
+        self._current = 0  # the operator running now: its side outputs and errors are named after it
+        self._blame = _Blame(self)
         for node in nodes:
             if node.kind == "sink":
                 sink = SinkOperator(connectors.sink(node, subtask=subtask, parallelism=parallelism))
@@ -63,6 +71,8 @@ class Chain:
         self.processing_time = any(_uses_processing_time(n) for n in nodes)
 
     def _collect_side(self, tag: str, batch: Batch) -> None:
+        if tag == self._dead_tags[self._current]:
+            self.dead_letters += len(batch.records)
         self._side.append((self.op_ids[self._current], tag, batch))
 
     async def push(self, start: int, batch: Batch, input_index: int) -> None:
@@ -70,7 +80,8 @@ class Chain:
         ops = self.ops
         for i in range(start, len(ops)):
             self._current = i
-            batch = ops[i].on_batch(batch, input_index if i == start else 0)
+            with self._blame:
+                batch = ops[i].on_batch(batch, input_index if i == start else 0)
             if self._side:
                 await self._flush_side()
             if not batch.records:
@@ -86,7 +97,8 @@ class Chain:
         """`call` on every operator in order, what each returns pushed on from the next."""
         for i, op in enumerate(self.ops):
             self._current = i
-            out = call(op)
+            with self._blame:
+                out = call(op)
             await self._flush_side()
             if out is not None and out.records:
                 await self.push(i + 1, out, 0)
@@ -96,14 +108,16 @@ class Chain:
         self._current = 0
         head = self.ops[0]
         assert isinstance(head, PerKey | Window), "combined edges end at a final aggregate, reduce or window"
-        head.merge_partials(batch)
+        with self._blame:
+            head.merge_partials(batch)
 
     async def advance(self, watermark: int) -> int:
         """Event time reached `watermark`: every operator fires what is due. The watermark to send on:
         behind `watermark` by what the operators hold back (an outer interval join's rows)."""
         for i, op in enumerate(self.ops):
             self._current = i
-            out = op.on_watermark(watermark)
+            with self._blame:
+                out = op.on_watermark(watermark)
             await self._flush_side()
             if out is not None and out.records:
                 await self.push(i + 1, out, 0)
@@ -140,3 +154,26 @@ def _uses_processing_time(node: StreamNode) -> bool:
         if isinstance(spec.get(part), dict) and spec[part].get("time") == "processing":
             return True
     return node.type == "process"
+
+
+def dead_letter_tag(node: StreamNode) -> str | None:
+    """The side output `node` sets records aside on, when it dead-letters."""
+    if node.spec.get("onError") != "dead-letter":
+        return None
+    return str(node.spec.get("deadLetterOutput") or DEAD_LETTER)
+
+
+class _Blame:
+    """`with chain._blame:` around an operator's call: its error leaves as an `OperatorFailed` naming
+    the operator, the error and the user's frame, the error as its cause (a refusal as it is)."""
+
+    def __init__(self, chain: Chain) -> None:
+        self.chain = chain
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, Exception) and not isinstance(exc, RestoreRefused | OperatorFailed):
+            node = self.chain.nodes[self.chain._current]
+            raise OperatorFailed.of(f"{node.kind} '{node.node_id}' ({node.type})", exc) from exc

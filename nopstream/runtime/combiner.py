@@ -43,8 +43,8 @@ def combines(edge: Edge, target: StreamNode) -> bool:
     spec = target.spec
     if edge.policy is not EdgePolicy.HASH or edge.key is None or edge.key != target.key:
         return False
-    if spec.get("combine", True) is False:
-        return False
+    if spec.get("combine", True) is False or spec.get("onError") == "dead-letter":
+        return False  # (a record the operator sets aside must reach it whole)
     if target.type == "reduce":
         return spec.get("emit") == "final"
     if target.type == "aggregate":

@@ -26,7 +26,7 @@ class TaskView(Protocol):
 
     def metric_values(self) -> dict[str, float]:
         """Current values: records_in, records_out, barriers, watermark, alignment_ms, snapshot_bytes,
-        pending_transactions, fenced_attempts, refused_commands."""
+        pending_transactions, fenced_attempts, refused_commands, dead_letters."""
         ...
 
 
@@ -41,6 +41,7 @@ class TaskStats:
     idle_ms: int = 0
     backpressured_ms: int = 0
     channels: dict[str, dict[str, int]] = field(default_factory=dict)
+    dead_letters: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The body of POST /stats (beside the task id and run)."""
@@ -52,13 +53,14 @@ class TaskStats:
             "idleMs": self.idle_ms,
             "backpressuredMs": self.backpressured_ms,
             "channels": self.channels,
+            "deadLetters": self.dead_letters,
         }
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> TaskStats:
         """Stats from a POST /stats body; ValueError naming the first field of the wrong type."""
         counts = {}
-        for name in ("recordsIn", "recordsOut", "uptimeMs", "idleMs", "backpressuredMs"):
+        for name in ("recordsIn", "recordsOut", "uptimeMs", "idleMs", "backpressuredMs", "deadLetters"):
             value = body.get(name, 0)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a whole number >= 0, not {value!r}")
@@ -76,6 +78,7 @@ class TaskStats:
             counts["idleMs"],
             counts["backpressuredMs"],
             channels,
+            counts["deadLetters"],
         )
 
 
@@ -95,6 +98,7 @@ class TaskCollector(Collector):
             "barriers": "barriers the task snapshotted and forwarded",
             "fenced_attempts": "channels refused because they came from another run",
             "refused_commands": "coordinator commands refused (another run, or a deposed coordinator)",
+            "dead_letters": "records set aside on a dead-letter output (onError: dead-letter)",
         }
         gauges = {
             "watermark": "the task's current event time (ms)",

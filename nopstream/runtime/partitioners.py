@@ -6,17 +6,21 @@ round-robin), BROADCAST (every channel), UNION (pointwise when the plan gave one
 channel, else round-robin). Work is per batch: a HASH edge takes a batch's keys in one
 call (`keyed.batch_keys`: no Python call per record for a field key), looks their
 owners up in the cached key -> owner map in one more, and only then touches records.
+A record whose key cannot be taken fails the task naming the operator the edge leads to,
+or, when that operator dead-letters, goes to the owner of key None: the operator takes
+its key again and sets it aside.
 """
 
 from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from nopstream.errors import OperatorFailed
 from nopstream.plan.keys import owner_of_shard, shard_of
 from nopstream.plan.partitioned import Edge
-from nopstream.plan.streamgraph import EdgePolicy
+from nopstream.plan.streamgraph import EdgePolicy, StreamNode
 from nopstream.records import Batch
-from nopstream.runtime.keyed import batch_keys, cached_all
+from nopstream.runtime.keyed import batch_keys, cached_all, key_function
 
 _CACHE_LIMIT = 1 << 20
 T = TypeVar("T")
@@ -25,15 +29,18 @@ T = TypeVar("T")
 class Partitioner:
     """Splits batches of one edge over the downstream subtasks this subtask has channels to."""
 
-    def __init__(self, edge: Edge, downstream: list[int]) -> None:
-        """Route by `edge`'s policy to the `downstream` subtask indexes of our channels."""
+    def __init__(self, edge: Edge, downstream: list[int], target: StreamNode | None = None) -> None:
+        """Route by `edge`'s policy to the `downstream` subtask indexes of our channels; `target`, the
+        operator at the edge's end, says what a record whose key fails becomes."""
         self.policy = edge.policy
         self.downstream = downstream
         self._next = 0
+        self.target = target
         if edge.policy is EdgePolicy.HASH:
             if edge.key is None or edge.owners is None or edge.shard_count is None:
                 raise ValueError(f"HASH edge {edge.edge_id} has no key, owners or shard count in the plan")
             self.keys_of = batch_keys(edge.key)
+            self.key_fn = key_function(edge.key)
             self.shard_count = edge.shard_count
             self.parallelism = len(edge.owners)
             self._owner: dict[Any, int] = {}
@@ -83,7 +90,24 @@ class Partitioner:
     def _hash(self, batch: Batch) -> list[tuple[int, Batch]]:
         if self.parallelism == 1:
             return [(0, batch)]
-        return self.route(self.keys_of(batch.records), batch.records, batch.timestamps, batch.marks)
+        try:
+            keys = self.keys_of(batch.records)
+        except Exception:
+            keys = self._each_key(batch.records)
+        return self.route(keys, batch.records, batch.timestamps, batch.marks)
+
+    def _each_key(self, records: list[Any]) -> list[Any]:
+        """The keys of `records` one by one, None for one whose key fails when the target dead-letters."""
+        target, keys = self.target, []
+        for record in records:
+            try:
+                keys.append(self.key_fn(record))
+            except Exception as exc:
+                if target is None or target.spec.get("onError") != "dead-letter":
+                    what = f"operator '{target.node_id}' ({target.type})" if target else "a key selector"
+                    raise OperatorFailed.of(what, exc) from exc
+                keys.append(None)
+        return keys
 
 
 def _by_owner(values: list[T], owners: list[int], n: int) -> list[list[T]]:

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import orjson
 
@@ -44,6 +44,7 @@ from nopstream.runtime.chain import Chain
 from nopstream.runtime.combiner import AnyCombiner, Drained, combined_edges, combiner_for
 from nopstream.runtime.frames import Barrier, EndOfInput, EndOfStream, Frame, Watermark
 from nopstream.runtime.gate import InputChannel, InputGate
+from nopstream.runtime.intake import Intake
 from nopstream.runtime.keyed import ShardCache
 from nopstream.runtime.metrics import TaskStats
 from nopstream.runtime.operators.sinks import SinkOperator
@@ -207,12 +208,19 @@ class Task:
         self.sink_calls = SinkCalls(
             self.chain.sinks, task_id=self.task_id, limit_s=self.settings.sink_call_s, on_failure=self._fail
         )
-        self._timestamps: Callable[[Any], int] | None = None
         self._generator: WatermarkGenerator | None = None
-        watermark_spec = self.source_node.spec.get("watermark") if self.source_node else None
-        if watermark_spec:
-            self._timestamps = timestamp_function(watermark_spec)
-            self._generator = WatermarkGenerator(watermark_spec, clock)
+        self.intake: Intake | None = None  # a source task's: timestamps, marks, dead letters
+        self._source_side: list[tuple[str, Batch]] = []
+        if self.source_node is not None:
+            watermark_spec = self.source_node.spec.get("watermark")
+            timestamps = timestamp_function(watermark_spec) if watermark_spec else None
+            if watermark_spec:
+                self._generator = WatermarkGenerator(watermark_spec, clock)
+            # asked once: a protocol isinstance check is too slow for every batch
+            split_times = None
+            if self._generator is not None and isinstance(self.source, SplitEventTime):
+                split_times = self.source
+            self.intake = Intake(self.source_node, timestamps, self._generator, split_times, self._set_aside)
         inputs = []
         for edge in plan.edges:
             if edge.target_vertex != vertex_id:
@@ -248,10 +256,11 @@ class Task:
                     task = target.subtasks[ch.downstream].task_id
                     channels[ch.downstream] = await self.io.output(edge.channel_id(ch), task)
             combiner = None
+            target_op = self.plan.operators()[edge.target_operator]
             if edge.edge_id in self._combined:
-                target_op = self.plan.operators()[edge.target_operator]
                 combiner = combiner_for(edge, target_op, limit=self.settings.combiner_keys)
-            self._outputs.append(_OutputEdge(edge, Partitioner(edge, sorted(channels)), channels, combiner))
+            partitioner = Partitioner(edge, sorted(channels), target_op)
+            self._outputs.append(_OutputEdge(edge, partitioner, channels, combiner))
 
     def metric_values(self) -> dict[str, float]:
         """Current counters for metrics (see `runtime.metrics`)."""
@@ -266,7 +275,12 @@ class Task:
             "pending_transactions": self.sink_calls.pending_transactions(),
             "fenced_attempts": self.fenced_attempts(),
             "refused_commands": m.refused_commands,
+            "dead_letters": self.dead_letters(),
         }
+
+    def dead_letters(self) -> int:
+        """Records set aside so far by the source and the operators (`onError: dead-letter`)."""
+        return self.chain.dead_letters + (self.intake.set_aside if self.intake is not None else 0)
 
     def summary(self) -> str:
         """How the task ended, for the log of the process it ran in: records, and that process's CPU."""
@@ -286,6 +300,7 @@ class Task:
             int(m.idle_now() * 1000),
             int(blocked * 1000),
             self.channel_stats(),
+            self.dead_letters(),
         )
 
     async def _idle(self, waiting: Awaitable[T]) -> T:
@@ -426,10 +441,9 @@ class Task:
 
     async def _run_source(self) -> None:
         assert self.source is not None
-        reader, gen, ts_fn = self.source, self._generator, self._timestamps
-        # asked once: a protocol isinstance check is too slow for every batch
-        splits = reader if gen is not None and isinstance(reader, SplitEventTime) else None
-        floor = splits.event_time_floor if splits is not None else None
+        reader, gen, intake = self.source, self._generator, self.intake
+        assert intake is not None
+        floor = intake.splits.event_time_floor if intake.splits is not None else None
         idle, pause = self.settings.idle_poll_ms / 1000, self.settings.source_pause_ms / 1000
         while True:
             while self._pending_barriers:
@@ -447,12 +461,9 @@ class Task:
                 await self._idle(asyncio.sleep(idle))
                 continue
             self.metrics.records_in += len(batch.records)
-            if gen is not None:
-                if ts_fn is not None:
-                    batch.timestamps = [ts_fn(r) for r in batch.records]
-                stamps = batch.timestamps
-                assert stamps is not None, "validation: a reader without timestamps needs a field or fn"
-                batch.marks = gen.observe(stamps, splits.split_highs(stamps) if splits is not None else None)
+            batch = intake.take(batch)
+            if self._source_side:
+                await self._flush_source_side()
             held = _LoopHold()
             await self.chain.push(0, batch, 0)
             self._read_size = next_batch_size(
@@ -487,6 +498,16 @@ class Task:
             self._data_ended = True
         await self._flush_combiners()
         await self._send_all(EndOfInput())
+
+    def _set_aside(self, tag: str, batch: Batch) -> None:
+        self._source_side.append((tag, batch))
+
+    async def _flush_source_side(self) -> None:
+        """Send what the source set aside (its dead letters) on its side outputs."""
+        assert self.source_node is not None
+        side, self._source_side = self._source_side, []
+        for tag, batch in side:
+            await self._emit(self.source_node.node_id, tag, batch)
 
     async def _source_watermark(
         self, gen: WatermarkGenerator | None, floor: Callable[[], int | None] | None

@@ -615,12 +615,23 @@ def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) ->
         lost += [task_pod_name(t, run) + " (gone)" for t in deployment.tasks if t.name not in current]
     refused = next((p for p in current.values() if p.exit_code in recovery.REFUSALS), None)
     if refused is not None:  # the same in every run: not recovered
-        last = (refused.message.strip().splitlines() or [f"exit code {refused.exit_code}"])[-1]
+        last = _last_line(refused.message) or f"exit code {refused.exit_code}"
         reason = "BadInput" if refused.exit_code == recovery.EXIT_BAD_INPUT else "CannotStart"
         _fail(ctx, seen, deployment, reason, f"{refused.name}: {last.removeprefix('nopstream task: ')}")
         return
     if lost:
-        _recover(ctx, seen, deployment, run, f"{', '.join(sorted(lost))} failed", current)
+        # the last line of a failed task's log: its error, with the user's file and line
+        why = next(
+            (_last_line(p.message) for p in current.values() if p.phase == "Failed" and p.message.strip()), ""
+        )
+        _recover(
+            ctx,
+            seen,
+            deployment,
+            run,
+            f"{', '.join(sorted(lost))} failed" + (f": {why}" if why else ""),
+            current,
+        )
         return
     stored = ctx.etcd.run(_layout(deployment))
     if stored < run:  # lost coordination state: a new run past it, never a run reused
@@ -730,6 +741,12 @@ class _PodSteps:
             if standby is not None and (standby.phase not in ("Pending", "Running") or standby.deleting):
                 self.ctx.kube.delete_pod(ns, standby.name, grace=0)
             self.ctx.kube.create(task_pod(self.seen.job, self.deployment, task, run, self.ctx.pods))
+
+
+def _last_line(message: str) -> str:
+    """The last line of a container's termination message ('' for none)."""
+    lines = message.strip().splitlines()
+    return lines[-1] if lines else ""
 
 
 def _recover(

@@ -101,6 +101,18 @@ class Recent:
         ctx.set_value("n", ctx.value("n", 0) + 1)
         return [{"customer": ctx.key, "id": record["id"], "n": ctx.value("n")}]
 
+def parse(order):
+    return {**order, "amount": float(order["amount"])}
+
+class Check:
+    # refuses a negative amount; counts each customer's orders (state a restore must bring back)
+
+    def process(self, order, ctx):
+        if order["amount"] < 0:
+            raise ValueError(f"negative amount {order['amount']}")
+        ctx.set_value("n", ctx.value("n", 0) + 1)
+        return [{"id": order["id"], "customer": ctx.key, "n": ctx.value("n")}]
+
 class Reminders:
     # per key, a reminder at the end of each second of event time one of its events fell in
 
@@ -310,6 +322,59 @@ _PACES = [
     {"id": f"pace-{name}", "type": "map", "inputs": [name], "fn": "chaosfns:slow", "parallelism": 1}
     for name in ("orders", "tiers")
 ]
+
+
+def dead_letters(home: Path) -> dict[str, Any]:
+    """Orders of which one in a hundred is bad (not JSON, no timestamp, no customer, an amount that is
+    not a number, a negative amount) through a source, a map and a keyed process that all dead-letter:
+    each bad record set aside once by its node, the good ones counted per customer. Paced by its
+    source (`CHAOS_ARGS`): a source with a consumer of its dead letters is chained to nothing, so a
+    paced function after it would only fill its channel and hold every barrier back."""
+    rng, lines = random.Random(32), []
+    for i in range(3000):
+        customer, amount = f"c{rng.randrange(25)}", rng.randrange(1, 500)
+        order: dict[str, Any] = {"id": i, "customer": customer, "amount": amount, "ts": 1_000 + i * 5}
+        wrong = i % 100
+        if wrong == 7:
+            lines.append(f'{{"id": {i}, "customer": broken')
+            continue
+        if wrong == 19:
+            del order["ts"]
+        elif wrong == 41:
+            del order["customer"]
+        elif wrong == 63:
+            order["amount"] = "a lot"
+        elif wrong == 85:
+            order["amount"] = -order["amount"]
+        lines.append(json.dumps(order))
+    _write(home, {"orders.jsonl": "".join(line + "\n" for line in lines)})
+    source = _events("orders", f"{home}/in/orders.jsonl", out_of_order_ms=0)
+    dead = {"onError": "dead-letter"}
+
+    def sink(name: str, ref: str) -> dict[str, Any]:
+        return {"id": name, "type": "file", "inputs": [ref], "config": {"path": name}}
+
+    return _job(
+        "dead-letters",
+        {
+            "sources": [source | {"parallelism": 1} | dead],
+            "operators": [
+                # at the source's parallelism: each customer's orders reach `check` in file order
+                {"id": "parse", "type": "map", "inputs": ["orders"], "fn": "chaosfns:parse", "parallelism": 1}
+                | dead,
+                {"id": "check", "type": "process", "inputs": ["parse"], "key": {"field": "customer"}}
+                | {"fn": "chaosfns:Check"}
+                | dead,
+            ],
+            "sinks": [
+                sink("checked", "check"),
+                sink("bad-orders", "orders:dead-letter"),
+                sink("bad-parse", "parse:dead-letter"),
+                sink("bad-check", "check:dead-letter"),
+            ],
+        },
+        parallelism=2,
+    )
 
 
 def enrichment(home: Path) -> dict[str, Any]:
@@ -661,7 +726,10 @@ SHAPES: dict[str, Callable[..., dict[str, Any]]] = {
     "enrichment": enrichment,
     "joins": joins,
     "broadcast-rules": broadcast_rules,
+    "dead-letters": dead_letters,
 }
+CHAOS_ARGS: dict[str, tuple[str, ...]] = {"dead-letters": ("--pace", "200")}
+"""`nopstream chaos` arguments of a shape beyond the matrix's own."""
 ETCD_SHAPES = ("joins", "broadcast-rules")
 """The shapes also run with `--etcd`: two inputs' state, TTLs and broadcast state restored by task
 processes a new coordinator starts (Kafka to Kafka is the other `--etcd` cell)."""

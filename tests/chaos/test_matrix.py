@@ -90,7 +90,9 @@ def test_chaos_cell(shape, mode, tmp_path, etcd_server, capsys):
     home = tmp_path / "job"
     job = jobs.prepare(home, jobs.SHAPES[shape](home))
     seed = sorted(jobs.SHAPES).index(shape) * 2 + MODES.index(mode)
-    check(chaos(job, tmp_path, mode=mode, etcd_server=etcd_server, seed=seed), capsys, f"{shape} / {mode}")
+    extra = jobs.CHAOS_ARGS.get(shape, ())
+    result = chaos(job, tmp_path, mode=mode, etcd_server=etcd_server, seed=seed, extra=extra)
+    check(result, capsys, f"{shape} / {mode}")
 
 
 @pytest.mark.parametrize("mode", ["run"])

@@ -261,6 +261,9 @@ def test_a_failed_task_pod_is_a_global_recovery_recorded_before_its_pods_go(worl
     assert creates and all(w.endswith("-r2") for w in creates)
     assert [r for r, _ in events].count("Recovery") == 1
     assert all(n.endswith("-r2") for k, n in kube.objects if k == "Pod" and "coordinator" not in n)
+    # the failure's last line (the error, with the user's file and line) is in the condition and event
+    (message,) = [m for r, m in events if r == "Recovery"]
+    assert message.endswith("-r1 failed: ValueError: boom (run 1 -> 2): restoring the latest durable epoch")
 
 
 def test_a_task_lost_after_the_coordinators_completed_gets_its_recovery_led_by_new_ones(world):

@@ -248,3 +248,47 @@ def test_a_state_ttl_applies_to_a_process_and_a_temporal_join_only():
         " (rule: event-time-watermarks)",
         "model.operators[0].stateTtlMs: stateTtlTime needs stateTtlMs (rule: ttl-required)",
     ]
+
+
+def test_on_error_and_dead_letter_outputs_are_refused_where_they_do_not_apply():
+    def with_letters(*operators: dict, source: dict | None = None, reads: str = "m:dead-letter") -> dict:
+        data = linear(*operators)
+        data["model"]["sources"][0] |= source or {}
+        data["model"]["sinks"].append(
+            {"id": "bad", "type": "file", "inputs": [reads], "config": {"path": "bad"}}
+        )
+        return data
+
+    fine = {"id": "m", "type": "map", "fn": "m:f", "onError": "dead-letter"}
+    assert messages(with_letters(fine)) == []
+    assert messages(with_letters(fine | {"deadLetterOutput": "odd"}, reads="m:odd")) == []
+    assert messages(with_letters(fine, source={"onError": "dead-letter"}, reads="src:dead-letter")) == []
+    assert messages(
+        with_letters(
+            {"id": "m", "type": "map", "fn": "m:f", "onError": "fail", "deadLetterOutput": "odd"},
+            {"id": "u", "type": "union", "inputs": ["m", "src"], "onError": "dead-letter"},
+            {
+                "id": "w",
+                "type": "window",
+                "key": {"field": "k"},
+                "aggregate": {"kind": "count"},
+                "window": {"kind": "tumbling", "time": "processing", "sizeMs": 5, "lateOutput": "late"},
+                "onError": "dead-letter",
+                "deadLetterOutput": "late",
+            },
+            source={"onError": "dead-letter", "deadLetterOutput": "Bad!"},
+            reads="src:dead-letter",
+        )
+    ) == [
+        "model.operators[0].deadLetterOutput: needs onError: dead-letter (rule: field-applies)",
+        "model.operators[1].onError: an operator of type union runs no function (rule: field-applies)",
+        "model.operators[2].deadLetterOutput: 'late' names another output (rule: distinct-outputs)",
+        "model.sinks[1].inputs[0]: node 'src' has no output 'dead-letter' (outputs: Bad!, main)"
+        " (rule: inputs-exist)",
+        "model.sources[0].deadLetterOutput: 'Bad!' is not a valid id: lower-case letters, digits and '-',"
+        " 1 to 40 characters, starting and ending with a letter or digit (rule: id-format)",
+    ]
+    with pytest.raises(
+        ModelError, match=r"operators\[0\]\.onError: must be 'fail' or 'dead-letter' \(rule: schema\)"
+    ):
+        messages(with_letters({"id": "m", "type": "map", "fn": "m:f", "onError": "sometimes"}))

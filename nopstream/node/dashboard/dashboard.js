@@ -234,7 +234,7 @@ function show(view) {
     view.tasks.map((t) => ({
       attributes: { "data-task": t.id },
       cells: t.reported
-        ? [t.id, t.run, t.recordsIn, t.recordsOut, percent(t.busy), percent(t.backpressured), percent(t.idle), t.watermark]
+        ? [t.id, t.run, t.recordsIn, t.recordsOut, t.deadLetters, percent(t.busy), percent(t.backpressured), percent(t.idle), t.watermark]
         : [t.id, "not reported yet"],
     })),
   );

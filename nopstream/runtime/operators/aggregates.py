@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from nopstream.records import Batch
 from nopstream.runtime.functions import resolve
 from nopstream.runtime.keyed import batch_keys, hashable_keys, key_function
-from nopstream.runtime.operators.base import Context, KeyedOperator, empty_like
+from nopstream.runtime.operators.base import Context, DeadLetters, KeyedOperator, empty_like
 
 
 class Aggregator(Protocol):
@@ -112,6 +112,7 @@ class PerKey(KeyedOperator):
         """Prepare the key function and the state table."""
         self.ctx = ctx
         self.key_fn = key_function(ctx.node.key)  # type: ignore[arg-type]
+        self.dead = DeadLetters(ctx.node, ctx.side)
         self.final = ctx.node.spec.get("emit") == "final"
         self.table = ctx.keyed().table("acc")
         self.shard = ctx.shard_cache.shard
@@ -127,6 +128,16 @@ class PerKey(KeyedOperator):
         for k, s, (_, partial) in zip(keys, self.ctx.shard_cache.shards(keys), records, strict=True):
             d = table[s]
             d[k] = merge(d[k], partial) if k in d else partial
+
+    def rolling(self, batch: Batch, out: list[Any], kept: list[int]) -> Batch:
+        """The output of `batch`: `out`, made from its records at `kept`, with their timestamps and
+        marks (nothing with `emit: final`)."""
+        if self.final:
+            return empty_like(batch)
+        if len(kept) == len(batch.records):
+            return Batch(out, batch.timestamps, batch.marks)
+        picked = batch.pick(kept)
+        return Batch(out, picked.timestamps, picked.marks)
 
     def on_end(self) -> Batch | None:
         """With `emit: final`, one record per key."""
@@ -150,7 +161,7 @@ class Aggregate(PerKey):
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
         """Fold the batch into the per-key accumulators."""
         key_fn, table, shard = self.key_fn, self.table, self.shard
-        if self.final and self.count_fast:
+        if self.final and self.count_fast and not self.dead.on:
             # count each key of the batch once (Counter runs in C), then touch its state once
             counts = Counter(self.keys_of(batch.records))
             keys = list(counts)
@@ -158,16 +169,19 @@ class Aggregate(PerKey):
                 d = table[s]
                 d[k] = d.get(k, 0) + n
             return empty_like(batch)
-        agg, out = self.agg, []
-        for r in batch.records:
-            k = key_fn(r)
-            d = table[shard(k)]
-            acc = d[k] = agg.add(d[k] if k in d else agg.create(), r)
+        agg, out, kept = self.agg, [], []
+        for i, r in enumerate(batch.records):
+            try:
+                k = key_fn(r)
+                d = table[shard(k)]
+                acc = d[k] = agg.add(d[k] if k in d else agg.create(), r)
+            except Exception as exc:
+                self.dead.at(batch, i, exc)
+                continue
             if not self.final:
                 out.append({"key": output_key(k), "value": agg.result(acc)})
-        if self.final:
-            return empty_like(batch)
-        return Batch(out, batch.timestamps, batch.marks)
+                kept.append(i)
+        return self.rolling(batch, out, kept)
 
     def final_record(self, key: Any, value: Any) -> Any:
         """`{"key", "value"}` with the aggregate's result."""
@@ -186,16 +200,19 @@ class Reduce(PerKey):
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
         """Reduce the batch into the per-key values."""
         key_fn, table, shard, fn = self.key_fn, self.table, self.shard, self.fn
-        out = []
-        for r in batch.records:
-            k = key_fn(r)
-            d = table[shard(k)]
-            value = d[k] = fn(d[k], r) if k in d else r
+        out, kept = [], []
+        for i, r in enumerate(batch.records):
+            try:
+                k = key_fn(r)
+                d = table[shard(k)]
+                value = d[k] = fn(d[k], r) if k in d else r
+            except Exception as exc:
+                self.dead.at(batch, i, exc)
+                continue
             if not self.final:
                 out.append(value)
-        if self.final:
-            return empty_like(batch)
-        return Batch(out, batch.timestamps, batch.marks)
+                kept.append(i)
+        return self.rolling(batch, out, kept)
 
     def final_record(self, key: Any, value: Any) -> Any:
         """The reduced record itself."""

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from nopstream.errors import error_text, user_frame
+from nopstream.plan.nodes import DEAD_LETTER
 from nopstream.plan.partitioned import ShardRange
 from nopstream.plan.streamgraph import KeySelector, StreamNode
 from nopstream.records import MIN_TIMESTAMP, Batch
@@ -47,6 +49,62 @@ class Context:
         if keys:
             return [key_function(KeySelector(k.get("field"), k.get("fn"))) for k in keys]
         return [key_function(self.node.key)] * len(self.node.spec["inputs"])  # type: ignore[arg-type]
+
+
+class DeadLetters:
+    """Where an operator sets aside a record its function or key selector fails on (`onError:
+    dead-letter`): its side output `deadLetterOutput` gets the record with what went wrong.
+    Under `onError: fail` (the default) the error is raised: the chain names the operator."""
+
+    def __init__(self, node: StreamNode, side: Callable[[str, Batch], None]) -> None:
+        """Read `node`'s `onError` and `deadLetterOutput`; set records aside through `side(tag, batch)`."""
+        spec = node.spec
+        self.on = spec.get("onError") == "dead-letter"
+        self.tag = spec.get("deadLetterOutput") or DEAD_LETTER
+        self.node_id = node.node_id
+        self.side = side
+
+    def put(self, record: Any, exc: Exception, ts: int | None = None, mark: int | None = None) -> None:
+        """Set `record` aside (with its timestamp and mark) as `exc` went wrong on it; raise `exc` unless
+        the operator dead-letters."""
+        if not self.on:
+            raise exc
+        self.letter(dead_letter(self.node_id, error_text(exc), user_frame(exc), record), ts, mark)
+
+    def letter(self, letter: dict[str, Any], ts: int | None, mark: int | None) -> None:
+        """Send a dead letter on (with the timestamp and mark of the record it stands for)."""
+        stamps = None if ts is None else [ts]
+        self.side(self.tag, Batch([letter], stamps, None if stamps is None or mark is None else [mark]))
+
+    def at(self, batch: Batch, i: int, exc: Exception) -> None:
+        """`put` record `i` of `batch` with its timestamp and mark."""
+        stamps, marks = batch.timestamps, batch.marks
+        self.put(
+            batch.records[i], exc, None if stamps is None else stamps[i], None if marks is None else marks[i]
+        )
+
+    def guard(self, batch: Batch, whole: Callable[[], Batch], one: Callable[[Any], list[Any]]) -> Batch:
+        """`whole()` (the batch's output at once); when it fails and the operator dead-letters, the
+        batch again record by record: `one(record)` is what a record makes, a record it fails on makes
+        nothing and is set aside (`put`)."""
+        try:
+            return whole()
+        except Exception:
+            if not self.on:
+                raise
+        made: list[list[Any]] = []
+        for i, record in enumerate(batch.records):
+            try:
+                made.append(one(record))
+            except Exception as exc:
+                self.at(batch, i, exc)
+                made.append([])
+        return batch.spread(made)
+
+
+def dead_letter(operator_id: str, error: str, at: str | None, record: Any) -> dict[str, Any]:
+    """The record an operator (or source) sets aside: the record, what went wrong and the user's frame."""
+    return {"operator": operator_id, "error": error, "at": at, "record": record}
 
 
 class Operator(Protocol):

@@ -23,7 +23,7 @@ from typing import Any
 from nopstream.records import MIN_TIMESTAMP, Batch, late_reference
 from nopstream.runtime.functions import resolve
 from nopstream.runtime.keyed import key_function
-from nopstream.runtime.operators.base import Context, KeyedOperator
+from nopstream.runtime.operators.base import Context, DeadLetters, KeyedOperator
 
 NEXT, MATCHED, FIRST_TS, LOOPING = range(4)
 
@@ -42,6 +42,7 @@ class Cep(KeyedOperator):
         self.within = int(pattern["withinMs"])
         self.event_time = pattern["time"] == "event"
         self.key_fn = key_function(ctx.node.key)  # type: ignore[arg-type]
+        self.dead = DeadLetters(ctx.node, ctx.side)
         self.partials = ctx.keyed().table("partials")
         self.buffers = ctx.keyed().table("buffer")
         self.shard = ctx.shard_cache.shard
@@ -57,15 +58,23 @@ class Cep(KeyedOperator):
                 raise RuntimeError(f"event-time cep '{self.ctx.node.node_id}' got records without timestamps")
             marks, watermark = batch.marks, self.watermark
             for i, (record, ts) in enumerate(zip(batch.records, batch.timestamps, strict=True)):
-                if ts <= late_reference(marks, i, watermark):
+                mark = late_reference(marks, i, watermark)
+                if ts <= mark:
                     self.late_dropped += 1
                     continue
-                key = self.key_fn(record)
+                try:
+                    key = self.key_fn(record)
+                except Exception as exc:
+                    self.dead.put(record, exc, ts, mark)
+                    continue
                 self.buffers[self.shard(key)].setdefault(key, []).append([ts, record])
             return Batch(out, stamps)
         now = self.ctx.clock()
         for record in batch.records:
-            self._advance(self.key_fn(record), now, record, out, stamps)
+            try:
+                self._advance(self.key_fn(record), now, record, out, stamps)
+            except Exception as exc:
+                self.dead.put(record, exc)
         return Batch(out, stamps)
 
     def _advance(self, key: Any, ts: int, event: Any, out: list[Any], stamps: list[int]) -> None:

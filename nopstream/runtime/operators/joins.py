@@ -26,7 +26,7 @@ from typing import Any
 from nopstream.records import MIN_TIMESTAMP, Batch, late_reference
 from nopstream.runtime.functions import resolve
 from nopstream.runtime.operators.aggregates import output_key
-from nopstream.runtime.operators.base import Context, KeyedOperator
+from nopstream.runtime.operators.base import Context, DeadLetters, KeyedOperator
 from nopstream.runtime.operators.windows import assign
 
 LEFT, RIGHT = 0, 1
@@ -47,6 +47,7 @@ class _Join(KeyedOperator):
             resolve(ctx.node.spec["fn"]) if "fn" in ctx.node.spec else None
         )
         self.key_fns = ctx.key_fns()
+        self.dead = DeadLetters(ctx.node, ctx.side)
         self.shard = ctx.shard_cache.shard
         self.watermark = MIN_TIMESTAMP
         self._timers: list[tuple[Any, ...]] = []
@@ -61,9 +62,13 @@ class _Join(KeyedOperator):
         late: list[int] = []
         key_fn, marks, watermark = self.key_fns[input_index], batch.marks, self.watermark
         for i, (record, ts) in enumerate(zip(batch.records, batch.timestamps, strict=True)):
-            if not self.add(
-                input_index, key_fn(record), ts, late_reference(marks, i, watermark), record, out, stamps
-            ):
+            mark = late_reference(marks, i, watermark)
+            try:
+                added = self.add(input_index, key_fn(record), ts, mark, record, out, stamps)
+            except Exception as exc:
+                self.dead.put(record, exc, ts, mark)
+                continue
+            if not added:
                 late.append(i)
         if late and self.late_tag is not None:
             self.ctx.side(self.late_tag, batch.pick(late))

@@ -51,7 +51,7 @@ from typing import Any
 
 from nopstream.records import MIN_TIMESTAMP, Batch, late_reference
 from nopstream.runtime.functions import resolve
-from nopstream.runtime.operators.base import Context, KeyedOperator
+from nopstream.runtime.operators.base import Context, DeadLetters, KeyedOperator
 
 EVENT, PROCESSING = "event", "processing"
 
@@ -152,6 +152,7 @@ class Process(KeyedOperator):
         self.fn = target() if isinstance(target, type) else target
         self.inputs: list[str] = ctx.node.spec["inputs"]
         self.key_fns = ctx.key_fns()
+        self.dead = DeadLetters(ctx.node, ctx.side)
         broadcast = set(ctx.node.spec.get("broadcast") or ())
         self.broadcast_inputs = frozenset(i for i, name in enumerate(self.inputs) if name in broadcast)
         if self.broadcast_inputs and not callable(getattr(self.fn, "process_broadcast", None)):
@@ -202,14 +203,18 @@ class Process(KeyedOperator):
         for i, record in enumerate(batch.records):
             ts = timestamps[i] if timestamps is not None else None
             mark = late_reference(marks, i, watermark)
-            if broadcast:
-                ctx.bind_broadcast(ts, mark)
-            else:
-                key = key_fn(record)
-                if self.ttl is not None:
-                    self._refresh(key, mark, ts)
-                ctx.bind(key, ts, mark)
-            produced.append(list(call(record, ctx) or ()))
+            try:
+                if broadcast:
+                    ctx.bind_broadcast(ts, mark)
+                else:
+                    key = key_fn(record)
+                    if self.ttl is not None:
+                        self._refresh(key, mark, ts)
+                    ctx.bind(key, ts, mark)
+                produced.append(list(call(record, ctx) or ()))
+            except Exception as exc:
+                self.dead.put(record, exc, ts, mark)
+                produced.append([])
         return batch.spread(produced)
 
     def _refresh(self, key: Any, mark: int, ts: int | None) -> None:

@@ -1,4 +1,10 @@
-"""Stateless operators: map, filter, flat_map, and the pass-through key_by and union."""
+"""Stateless operators: map, filter, flat_map, and the pass-through key_by and union.
+
+A batch goes through the user function in one comprehension; when the function fails
+on a record of an operator that dead-letters, the batch is gone through again one
+record at a time, the failing records set aside (`DeadLetters.guard`): the function
+is called again on the records before the bad one, as a replay after a recovery does.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ from itertools import chain
 
 from nopstream.records import Batch
 from nopstream.runtime.functions import resolve
-from nopstream.runtime.operators.base import Context, StatelessOperator
+from nopstream.runtime.operators.base import Context, DeadLetters, StatelessOperator
 
 
 class Map(StatelessOperator):
@@ -15,11 +21,16 @@ class Map(StatelessOperator):
     def __init__(self, ctx: Context) -> None:
         """Resolve the user function."""
         self.fn = resolve(ctx.node.spec["fn"])
+        self.dead = DeadLetters(ctx.node, ctx.side)
 
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
         """Apply `fn` to every record; timestamps and marks are kept."""
         fn = self.fn
-        return Batch([fn(r) for r in batch.records], batch.timestamps, batch.marks)
+        return self.dead.guard(
+            batch,
+            lambda: Batch([fn(r) for r in batch.records], batch.timestamps, batch.marks),
+            lambda r: [fn(r)],
+        )
 
 
 class Filter(StatelessOperator):
@@ -28,13 +39,18 @@ class Filter(StatelessOperator):
     def __init__(self, ctx: Context) -> None:
         """Resolve the user function."""
         self.fn = resolve(ctx.node.spec["fn"])
+        self.dead = DeadLetters(ctx.node, ctx.side)
 
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
         """Keep the records (and their timestamps and marks) that pass."""
         fn = self.fn
-        if batch.timestamps is None:
-            return Batch([r for r in batch.records if fn(r)])
-        return batch.pick([i for i, r in enumerate(batch.records) if fn(r)])
+
+        def passing() -> Batch:
+            if batch.timestamps is None:
+                return Batch([r for r in batch.records if fn(r)])
+            return batch.pick([i for i, r in enumerate(batch.records) if fn(r)])
+
+        return self.dead.guard(batch, passing, lambda r: [r] if fn(r) else [])
 
 
 class FlatMap(StatelessOperator):
@@ -43,13 +59,18 @@ class FlatMap(StatelessOperator):
     def __init__(self, ctx: Context) -> None:
         """Resolve the user function."""
         self.fn = resolve(ctx.node.spec["fn"])
+        self.dead = DeadLetters(ctx.node, ctx.side)
 
     def on_batch(self, batch: Batch, input_index: int) -> Batch:
         """Concatenate `fn(record)` for every record; each output keeps its input's timestamp and mark."""
         fn = self.fn
-        if batch.timestamps is None:
-            return Batch(list(chain.from_iterable(map(fn, batch.records))))
-        return batch.spread([list(fn(r)) for r in batch.records])
+
+        def made() -> Batch:
+            if batch.timestamps is None:
+                return Batch(list(chain.from_iterable(map(fn, batch.records))))
+            return batch.spread([list(fn(r)) for r in batch.records])
+
+        return self.dead.guard(batch, made, lambda r: list(fn(r)))
 
 
 class PassThrough(StatelessOperator):

@@ -28,7 +28,7 @@ from nopstream.records import MIN_TIMESTAMP, Batch, late_reference
 from nopstream.runtime.functions import resolve
 from nopstream.runtime.keyed import hashable_key, key_function
 from nopstream.runtime.operators.aggregates import aggregator, output_key
-from nopstream.runtime.operators.base import Context, KeyedOperator
+from nopstream.runtime.operators.base import Context, DeadLetters, KeyedOperator
 
 START, END, ACC, FIRED = range(4)
 
@@ -87,6 +87,7 @@ class Window(KeyedOperator):
         self.records = _Records(resolve(spec["fn"])) if "fn" in spec else None
         self.agg = aggregator(spec["aggregate"]) if "aggregate" in spec else None
         self.key_fn = key_function(ctx.node.key)  # type: ignore[arg-type]
+        self.dead = DeadLetters(ctx.node, ctx.side)
         self.table = ctx.keyed().table("windows")
         self.shard = ctx.shard_cache.shard
         self.watermark = MIN_TIMESTAMP
@@ -122,8 +123,13 @@ class Window(KeyedOperator):
         marks, watermark = batch.marks, self.watermark
         for i, record in enumerate(batch.records):
             ts = timestamps[i] if timestamps is not None else now
-            key = self.key_fn(record)
-            if not self._add(key, ts, late_reference(marks, i, watermark), record, out, stamps):
+            mark = late_reference(marks, i, watermark)
+            try:
+                added = self._add(self.key_fn(record), ts, mark, record, out, stamps)
+            except Exception as exc:
+                self.dead.put(record, exc, ts, mark)
+                continue
+            if not added:
                 late.append(i)
         if late and self.late_tag is not None:
             self.ctx.side(self.late_tag, batch.pick(late))
