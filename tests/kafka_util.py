@@ -61,8 +61,10 @@ class Topics:
         transactional: str | None = None,
         abort: bool = False,
         timestamp: int | list[int] | None = None,
+        raw: bool = False,
     ) -> None:
-        """JSON values to a topic; in one transaction (aborted when `abort`) when `transactional` names it."""
+        """JSON values (with `raw`, bytes as they are) to a topic; in one transaction (aborted when `abort`)
+        when `transactional` names it."""
         config: dict[str, Any] = {"bootstrap.servers": self.bootstrap, **QUIET}
         if transactional:
             config["transactional.id"] = transactional
@@ -84,7 +86,7 @@ class Topics:
                 extra["timestamp"] = timestamp[i] if isinstance(timestamp, list) else timestamp
             while True:
                 try:
-                    producer.produce(topic, value=json.dumps(v).encode(), **extra)
+                    producer.produce(topic, value=v if raw else json.dumps(v).encode(), **extra)
                     break
                 except BufferError:  # the local queue is full: let it send
                     producer.poll(0.05)

@@ -49,10 +49,10 @@ from confluent_kafka import (
 
 from nopstream.connectors.event_time import SplitHighs
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
-from nopstream.errors import StartRefused
+from nopstream.errors import BadInput, StartRefused
 from nopstream.model.connectors import KafkaSinkConfig, KafkaSourceConfig
 from nopstream.plan.keys import stable_hash
-from nopstream.records import MIN_TIMESTAMP, Batch, SinkRecovery, SinkStart
+from nopstream.records import MIN_TIMESTAMP, Batch, SinkRecovery, SinkStart, Unreadable
 
 _TIMEOUT = 30.0  # seconds for a metadata request, init_transactions or a commit
 _QUIET = {"log_level": 3}  # librdkafka logs errors only; they come back as exceptions too
@@ -102,10 +102,13 @@ class KafkaSource:
         parallelism: int,
         idle_timeout_ms: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        keep_unreadable: bool = False,
     ) -> None:
         """Find this subtask's partitions and where a fresh job starts on them; a partition with no
-        record for `idle_timeout_ms` (the watermark's) by `clock` no longer holds event time back."""
+        record for `idle_timeout_ms` (the watermark's) by `clock` no longer holds event time back.
+        With `keep_unreadable` a value that does not decode is an `Unreadable`, not a failure."""
         self.config = KafkaSourceConfig.model_validate(config)
+        self.keep_unreadable = keep_unreadable
         self.idle_timeout_ms = idle_timeout_ms
         self._clock = clock
         self.subtask = subtask
@@ -182,6 +185,21 @@ class KafkaSource:
         if new:
             self._assign()
 
+    def _record(self, value: bytes | None, split: Split, offset: int) -> Any:
+        """The record of a message value; one that does not decode is refused naming its partition and
+        offset (`BadInput`), or, when the source keeps unreadable records, an `Unreadable` saying so."""
+        try:
+            return _decode(value, self.config.format)
+        except ValueError as err:  # not UTF-8 (UnicodeDecodeError), not JSON (JSONDecodeError)
+            assert value is not None
+            fmt = self.config.format
+            form = "JSON" if fmt == "json" else "UTF-8 text"
+            why = f"partition {split[1]} of topic '{split[0]}': the value at offset {offset} is not {form}"
+            why += f" ({err}) (rule: a source of format {fmt} reads {form} values)"
+            if not self.keep_unreadable:
+                raise BadInput(why) from None  # the same in every run: refused, never retried
+            return Unreadable(value.decode("utf-8", errors="replace"), why)
+
     def read(self, max_records: int) -> Batch | None:
         """Up to `max_records` committed records; None once every partition reached its end (bounded)."""
         if self.ends is not None and all(self._done(s) for s in self.cursors):
@@ -199,7 +217,7 @@ class KafkaSource:
             split, offset = (str(m.topic()), int(m.partition() or 0)), int(m.offset() or 0)
             if self.ends is not None and offset >= self.ends[split]:
                 continue  # past the bounded end
-            records.append(_decode(m.value(), self.config.format))
+            records.append(self._record(m.value(), split, offset))
             stamps.append(_timestamp(m))
             self.cursors[split] = offset + 1
             self.event_times.note(split)

@@ -58,7 +58,9 @@ class Connectors:
             from nopstream.connectors.kafka import KafkaSource
 
             idle = (node.spec.get("watermark") or {}).get("idleTimeoutMs")
-            return KafkaSource(config, subtask=subtask, parallelism=parallelism, idle_timeout_ms=idle)
+            return KafkaSource(
+                config, subtask=subtask, parallelism=parallelism, idle_timeout_ms=idle, keep_unreadable=keep
+            )
         if node.type == "generator":
             assignment = splits.assignment or ()
             total = sum(len(a) for a in assignment)

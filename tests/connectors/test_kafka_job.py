@@ -218,3 +218,51 @@ def test_one_job_run_from_two_directories_into_one_topic_the_second_is_refused(t
     assert held in refused.err
     assert code == 0, err
     assert kafka.committed(out) == expected
+
+
+def test_values_that_do_not_decode_are_refused_or_set_aside(tmp_path, kafka):
+    """A value that is not JSON refuses the run at once naming its partition and offset; with
+    `onError: dead-letter` it is set aside with that reason and the job reads on."""
+    topic = kafka.create("mixed", partitions=1)
+    kafka.produce(topic, [{"n": n} for n in range(100)], partition=0)
+    kafka.produce(topic, [b"{not json", b"\xff\xfe"], partition=0, raw=True)
+    kafka.produce(topic, [{"n": n} for n in range(100, 150)], partition=0)
+    out = kafka.create("good")
+
+    def job(on_error: str) -> dict:
+        source = {"bootstrapServers": kafka.bootstrap, "topic": topic, "bounded": True}
+        sink = {"bootstrapServers": kafka.bootstrap, "topic": out}
+        return {
+            "jobId": f"mixed-{on_error}",
+            "checkpoint": {"intervalMs": 150, "storage": {"local": {"path": "cp"}}},
+            "model": {
+                "sources": [{"id": "values", "type": "kafka", "config": source, "onError": on_error}],
+                "operators": [],
+                "sinks": [{"id": "out", "type": "kafka", "inputs": ["values"], "config": sink}]
+                + [{"id": "bad", "type": "file", "inputs": ["values:dead-letter"], "config": {"path": "bad"}}]
+                * (on_error == "dead-letter"),
+            },
+        }
+
+    prepare(tmp_path / "fail", job("fail"), {})
+    result = run_job(tmp_path / "fail")
+    assert result.returncode == 3, result.stderr  # bad input: the same in every run, never retried
+    assert f"partition 0 of topic '{topic}': the value at offset 100 is not JSON (" in result.stderr
+    assert "recovering:" not in result.stderr and "Traceback" not in result.stderr
+    assert kafka.committed(out) == Counter()
+    prepare(tmp_path / "dead", job("dead-letter"), {})
+    result = run_job(tmp_path / "dead")
+    assert result.returncode == 0, result.stderr
+    assert kafka.committed(out) == Counter(json.dumps({"n": n}) for n in range(150))
+    letters = [
+        json.loads(line)
+        for f in sorted((tmp_path / "dead" / "bad").glob("*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
+    assert [(r["operator"], r["at"], r["record"]) for r in letters] == [
+        ("values", None, "{not json"),
+        ("values", None, "\ufffd\ufffd"),
+    ]
+    assert [r["error"].split(" (", 1)[0] for r in letters] == [
+        f"partition 0 of topic '{topic}': the value at offset {n} is not JSON" for n in (100, 101)
+    ]
