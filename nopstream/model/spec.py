@@ -24,6 +24,8 @@ OperatorType = Literal[
     "map",
     "filter",
     "flat_map",
+    "async_map",
+    "async_flat_map",
     "key_by",
     "reduce",
     "aggregate",
@@ -112,6 +114,26 @@ JoinKind = Literal["interval", "window", "temporal"]
 JoinHow = Literal["inner", "left", "right", "full", "semi", "anti"]
 
 
+class AsyncSpec(Spec):
+    """How an async operator calls its coroutine: concurrency, time limit and retries (docs/enrichment.md)."""
+
+    capacity: StrictInt = 10
+    """Records in flight at once per subtask; the operator takes no more until one completes."""
+    timeout_ms: StrictInt = 10_000
+    """How long one attempt may take."""
+    retries: StrictInt = 0
+    """Attempts after the first, for a failure `retryOn` accepts (every failure without it)."""
+    backoff_ms: StrictInt = 100
+    """The wait before the first retry, doubled before each next one."""
+    retry_on: str | None = None
+    """`module:attr` of `predicate(exception) -> bool`: whether a failure is worth another attempt."""
+    on_timeout: str | None = None
+    """`module:attr` of `fallback(record)`: the result of a record whose every attempt timed out
+    (without it, the time-out is the record's error: `onError`)."""
+    ordered: StrictBool = True
+    """Results in input order; false: as they complete (never across a watermark or barrier)."""
+
+
 class JoinSpec(Spec):
     """A join of an operator's two inputs, left and right, on their keys, in event time (docs/joins.md)."""
 
@@ -166,6 +188,7 @@ class OperatorSpec(Spec):
     window: WindowSpec | None = None
     pattern: PatternSpec | None = None
     join: JoinSpec | None = None
+    async_: AsyncSpec | None = Field(default=None, alias="async")
     state_ttl_ms: StrictInt | None = None
     """A key's state expires this long after the last record of the key (a process), or a version of
     a temporal join's table this long after its timestamp (docs/runtime.md, state TTL)."""

@@ -19,7 +19,15 @@ from nopstream.model.capabilities import ALLOWED
 from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES, ConnectorConfig, SinkType, SourceType
 from nopstream.model.errors import Issue
 from nopstream.model.load import LoadedModel, pydantic_issues
-from nopstream.model.spec import KEYED_OPERATORS, KeySpec, OperatorSpec, SinkSpec, SourceSpec, WindowSpec
+from nopstream.model.spec import (
+    KEYED_OPERATORS,
+    AsyncSpec,
+    KeySpec,
+    OperatorSpec,
+    SinkSpec,
+    SourceSpec,
+    WindowSpec,
+)
 from nopstream.plan.nodes import DEAD_LETTER, MAIN_OUTPUT, ResolvedNode, input_keys, resolve_nodes
 
 ID_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
@@ -53,12 +61,15 @@ MAX_DURATION_MS = 10 * 365 * 86_400_000
 MAX_CHECKPOINT_MS = 86_400_000
 """A day: checkpoint.intervalMs and timeoutMs."""
 MAX_WINDOWS_PER_RECORD = 1000
+MAX_ASYNC_CAPACITY = 10_000
 """sizeMs / slideMs of a sliding window: each record is in that many windows."""
 
 _FIELDS_BY_TYPE: dict[str, frozenset[str]] = {
     "map": frozenset({"fn"}),
     "filter": frozenset({"fn"}),
     "flat_map": frozenset({"fn"}),
+    "async_map": frozenset({"fn", "async_"}),
+    "async_flat_map": frozenset({"fn", "async_"}),
     "key_by": frozenset({"key"}),
     "reduce": frozenset({"fn", "key", "emit", "combine"}),
     "aggregate": frozenset({"aggregate", "key", "emit", "combine"}),
@@ -79,8 +90,9 @@ _OPTIONAL_FIELDS = (
     "join",
     "emit",
     "combine",
+    "async_",
 )
-_NEEDS_FN = frozenset({"map", "filter", "flat_map", "reduce", "process"})
+_NEEDS_FN = frozenset({"map", "filter", "flat_map", "async_map", "async_flat_map", "reduce", "process"})
 
 
 @dataclass
@@ -384,7 +396,8 @@ def _check_operator(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterato
     allowed = _FIELDS_BY_TYPE[op.type]
     for field in _OPTIONAL_FIELDS:
         if getattr(op, field) is not None and field not in allowed:
-            yield Issue(ctx.path(n, field), f"not used by an operator of type {op.type}", "field-applies")
+            name = field.rstrip("_")  # `async_` is `async` in the model
+            yield Issue(ctx.path(n, name), f"not used by an operator of type {op.type}", "field-applies")
     if op.type in _NEEDS_FN and op.fn is None:
         yield Issue(ctx.path(n, "fn"), f"an operator of type {op.type} needs 'fn'", "fn-required")
     if op.fn is not None and not FN_PATTERN.match(op.fn):
@@ -412,6 +425,8 @@ def _check_operator(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterato
         yield from _check_pattern(ctx, n, op)
     if op.type == "join":
         yield from _check_join(ctx, n, op)
+    if op.async_ is not None:
+        yield from _check_async(ctx, n, op.async_)
     if op.state_ttl_ms is not None or op.state_ttl_time is not None:
         yield from _check_ttl(ctx, n, op)
     if op.partitioning is not None and op.type in KEYED_OPERATORS | {"union"}:
@@ -427,6 +442,30 @@ def _check_operator(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterato
             ctx.path(n, "onError"), f"an operator of type {op.type} runs no function", "field-applies"
         )
     yield from _check_dead_letters(ctx, n, op)
+
+
+def _check_async(ctx: _Context, n: ResolvedNode, a: AsyncSpec) -> Iterator[Issue]:
+    """Capacity, time-out and retries within bounds; the retry predicate and fallback are references."""
+    for field, value, least in (
+        ("capacity", a.capacity, 1),
+        ("timeoutMs", a.timeout_ms, 1),
+        ("retries", a.retries, 0),
+        ("backoffMs", a.backoff_ms, 0),
+    ):
+        if value < least:
+            rule = "positive" if least else "non-negative"
+            yield Issue(ctx.path(n, "async", field), f"must be at least {least}, got {value}", rule)
+    if a.capacity > MAX_ASYNC_CAPACITY:
+        yield Issue(
+            ctx.path(n, "async", "capacity"),
+            f"must be at most {MAX_ASYNC_CAPACITY}, got {a.capacity}",
+            "bounds",
+        )
+    for field, value in (("timeoutMs", a.timeout_ms), ("backoffMs", a.backoff_ms)):
+        yield from _at_most(ctx.path(n, "async", field), value, MAX_DURATION_MS)
+    for field, ref in (("retryOn", a.retry_on), ("onTimeout", a.on_timeout)):
+        if ref is not None and not FN_PATTERN.match(ref):
+            yield Issue(ctx.path(n, "async", field), _fn_rule_text(ref), "fn-format")
 
 
 def _check_dead_letters(ctx: _Context, n: ResolvedNode, spec: OperatorSpec | SourceSpec) -> Iterator[Issue]:

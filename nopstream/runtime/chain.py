@@ -67,6 +67,7 @@ class Chain:
             else:
                 ctx = Context(node, subtask, parallelism, shards, cache, self._collect_side, clock)
                 self.ops.append(build_operator(ctx))
+        self._awaited = [getattr(op, "is_async", False) for op in self.ops]  # `on_batch_async` operators
         self.origin = self.op_ids[-1] if self.op_ids else origin
         self.processing_time = any(_uses_processing_time(n) for n in nodes)
 
@@ -81,7 +82,10 @@ class Chain:
         for i in range(start, len(ops)):
             self._current = i
             with self._blame:
-                batch = ops[i].on_batch(batch, input_index if i == start else 0)
+                if self._awaited[i]:
+                    batch = await ops[i].on_batch_async(batch, input_index if i == start else 0)  # type: ignore[attr-defined]
+                else:
+                    batch = ops[i].on_batch(batch, input_index if i == start else 0)
             if self._side:
                 await self._flush_side()
             if not batch.records:
