@@ -377,6 +377,38 @@ def dead_letters(home: Path) -> dict[str, Any]:
     )
 
 
+def async_lookup(home: Path, *, url: str) -> dict[str, Any]:
+    """Records given a score by an HTTP service (`tests/lookup_server.py`, 20 ms a request) through an
+    `async_map` of capacity 20 at parallelism 2, then counted per score (rolling): kills land while
+    requests are in flight, and a restore must neither lose nor repeat a result."""
+    from tests.lookup_server import FNS as LOOKUP_FNS
+
+    (home / "lookupfns.py").parent.mkdir(parents=True, exist_ok=True)
+    (home / "lookupfns.py").write_text(LOOKUP_FNS.format(url=url))
+    _write_jsonl(home, {"records.jsonl": [{"id": n} for n in range(3000)]})
+    return _job(
+        "async-lookup",
+        {
+            "sources": [
+                {
+                    "id": "records",
+                    "type": "file",
+                    "config": {"path": f"{home}/in/records.jsonl", "format": "jsonl"},
+                }
+            ],
+            "operators": [
+                {"id": "scored", "type": "async_map", "fn": "lookupfns:score", "async": {"capacity": 20}},
+                {"id": "per-score", "type": "aggregate", "key": {"field": "score"}, "aggregate": "count"},
+            ],
+            "sinks": [
+                {"id": "out", "type": "file", "inputs": ["scored"], "config": {"path": "out"}},
+                {"id": "counts", "type": "file", "inputs": ["per-score"], "config": {"path": "counts"}},
+            ],
+        },
+        parallelism=2,
+    )
+
+
 def enrichment(home: Path) -> dict[str, Any]:
     """Orders and customer tier updates into a keyed process of two inputs, each keyed by its own
     field: every order with the tier valid at its time (timers and two inputs' state restored)."""

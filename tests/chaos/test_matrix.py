@@ -24,6 +24,7 @@ import pytest
 
 from tests.chaos import jobs
 from tests.conftest import run_nopstream
+from tests.lookup_server import LookupServer, lookup_server
 
 KILLS = 4
 MODES = ["run", "etcd"]
@@ -159,6 +160,20 @@ def test_chaos_cell_files_to_postgres(mode, tmp_path, etcd_server, postgres_serv
         }  # the runs' dropped
         assert conn.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM nopstream_staged_rows").fetchone() == (0,)
+
+
+def test_chaos_cell_async_lookup(tmp_path, etcd_server, capsys):
+    """Kills while requests to a real HTTP service are in flight (its data fixed): exact, and every
+    record looked up at least once (a recovery asks again for what its epoch had not seen)."""
+    server = LookupServer(latency=lambda n: 0.02)
+    with lookup_server(server):
+        home = tmp_path / "job"
+        job = jobs.prepare(home, jobs.async_lookup(home, url=server.url))
+        result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=50, extra=("--pace", "200"))
+    check(result, capsys, "async-lookup / run")
+    assert set(server.requests) == set(range(3000)) and server.most_in_flight <= 2 * 20
+    # both runs asked for every record, and the recoveries asked again for what was not durable
+    assert sum(server.requests.values()) > 2 * 3000
 
 
 @pytest.mark.parametrize(

@@ -292,3 +292,29 @@ def test_on_error_and_dead_letter_outputs_are_refused_where_they_do_not_apply():
         ModelError, match=r"operators\[0\]\.onError: must be 'fail' or 'dead-letter' \(rule: schema\)"
     ):
         messages(with_letters({"id": "m", "type": "map", "fn": "m:f", "onError": "sometimes"}))
+
+
+def test_an_async_operator_is_refused_with_the_field_and_the_rule():
+    def async_map(**op) -> dict:
+        return linear({"id": "a", "type": "async_map", "fn": "m:f", **op})
+
+    assert messages(async_map(**{"async": {"capacity": 100, "retries": 3, "retryOn": "m:p"}})) == []
+    assert messages(async_map()) == []  # the defaults: capacity 10, 10 s, no retry
+    spec = {"capacity": 0, "timeoutMs": 0, "retries": -1, "backoffMs": -5, "onTimeout": "nocolon"}
+    assert messages(async_map(**{"async": spec})) == [
+        "model.operators[0].async.backoffMs: must be at least 0, got -5 (rule: non-negative)",
+        "model.operators[0].async.capacity: must be at least 1, got 0 (rule: positive)",
+        "model.operators[0].async.onTimeout: 'nocolon' is not a function reference of the form"
+        " 'module:attribute' (rule: fn-format)",
+        "model.operators[0].async.retries: must be at least 0, got -1 (rule: non-negative)",
+        "model.operators[0].async.timeoutMs: must be at least 1, got 0 (rule: positive)",
+    ]
+    assert messages(async_map(**{"async": {"capacity": 20_000}})) == [
+        "model.operators[0].async.capacity: must be at most 10000, got 20000 (rule: bounds)"
+    ]
+    assert messages(linear({"id": "m", "type": "map", "fn": "m:f", "async": {}})) == [
+        "model.operators[0].async: not used by an operator of type map (rule: field-applies)"
+    ]
+    assert messages(linear({"id": "a", "type": "async_flat_map"})) == [
+        "model.operators[0].fn: an operator of type async_flat_map needs 'fn' (rule: fn-required)"
+    ]
