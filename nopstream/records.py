@@ -222,8 +222,21 @@ class SinkWriter(Protocol):
         ...
 
 
+class LookupClient(Protocol):
+    """The client of a built-in lookup (`type: lookup`): what a record's result depends on, and the
+    call that fetches it."""
+
+    def key(self, record: Any) -> Any:
+        """The values the record's result depends on (hashable: the cache's key)."""
+        ...
+
+    async def fetch(self, key: Any) -> Any:
+        """The result for `key` (None when there is none); raises when the call fails."""
+        ...
+
+
 class ConnectorFactory(Protocol):
-    """Builds source readers and sink writers by connector type."""
+    """Builds source readers, sink writers and lookup clients by connector type."""
 
     def source(
         self, node: StreamNode, splits: SourceSplits, *, subtask: int, parallelism: int
@@ -233,4 +246,8 @@ class ConnectorFactory(Protocol):
 
     def sink(self, node: StreamNode, *, subtask: int, parallelism: int) -> SinkWriter:
         """The writer of one sink subtask."""
+        ...
+
+    def lookup(self, node: StreamNode, *, capacity: int) -> LookupClient:
+        """The client of a lookup operator's subtask, for up to `capacity` calls at once."""
         ...

@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 import psycopg
 from psycopg import sql
+from psycopg.rows import dict_row
 
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
 from nopstream.errors import StartRefused
@@ -306,10 +307,10 @@ def _row_json(columns: list[str], row: tuple[Any, ...]) -> str:
     return orjson.dumps(dict(zip(columns, row, strict=True))).decode()
 
 
-def password_of(config: PostgresSinkConfig) -> str:
-    """The mounted Secret's `password` when `secretRef` names one that is mounted, else the environment's."""
-    if config.secret_ref is not None:
-        mounted = Path(SECRETS_DIR) / config.secret_ref / "password"
+def password_of(secret_ref: str | None) -> str:
+    """The mounted Secret's `password` when `secret_ref` names one that is mounted, else the environment's."""
+    if secret_ref is not None:
+        mounted = Path(SECRETS_DIR) / secret_ref / "password"
         if mounted.is_file():
             return mounted.read_text().rstrip("\n")
     return os.environ.get(PASSWORD_ENV, "")
@@ -325,7 +326,7 @@ def connect(
         port=c.port,
         dbname=c.database,
         user=c.user,
-        password=password_of(c),
+        password=password_of(c.secret_ref),
         autocommit=autocommit,
         connect_timeout=10,
         **extra,
@@ -355,3 +356,46 @@ def drop_table(config: dict[str, Any]) -> None:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(_identifier(c.table)))
         suffix = f":{c.table}"  # a sink id ends with its table
         conn.execute("DELETE FROM nopstream_commits WHERE right(sink, %s) = %s", (len(suffix), suffix))
+
+
+_PARAMETER = re.compile(r"%\((\w+)\)s")
+
+
+class PostgresLookup:
+    """A query with the record's fields as parameters; its first row by column name."""
+
+    def __init__(self, spec: dict[str, Any], capacity: int) -> None:
+        """Read the query and the connection settings; the pool holds `capacity` connections."""
+        self.spec = spec
+        self.query: str = spec["query"]
+        self.parameters = _PARAMETER.findall(self.query)
+        self.capacity = capacity
+        self._pool: Any = None
+
+    def key(self, record: Any) -> tuple[Any, ...]:
+        """The query's parameter values of `record`."""
+        return tuple(record[name] for name in self.parameters)
+
+    async def fetch(self, key: tuple[Any, ...]) -> Any:
+        """The first row of the query for these parameter values, or None."""
+        from psycopg_pool import AsyncConnectionPool  # imported by the jobs that look things up
+
+        if self._pool is None:  # opened on the task's loop, at its first call
+            s = self.spec
+            conninfo = {
+                "host": s.get("host", "127.0.0.1"),
+                "port": s.get("port", 5432),
+                "dbname": s["database"],
+                "user": s["user"],
+                "password": password_of(s.get("secretRef")),
+            }
+            self._pool = AsyncConnectionPool(
+                kwargs={**conninfo, "autocommit": True, "row_factory": dict_row},
+                min_size=1,
+                max_size=self.capacity,
+                open=False,
+            )
+            await self._pool.open(wait=True, timeout=30)
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(self.query, dict(zip(self.parameters, key, strict=True)))
+            return await cursor.fetchone()

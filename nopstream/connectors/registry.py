@@ -18,7 +18,7 @@ from nopstream.connectors.stdout import StdoutSink
 from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES
 from nopstream.plan.partitioned import SourceSplits
 from nopstream.plan.streamgraph import JobIdentity, StreamNode
-from nopstream.records import SinkWriter, SourceReader
+from nopstream.records import LookupClient, SinkWriter, SourceReader
 
 _IMPORTED_WHEN_USED = {
     "s3": "nopstream.connectors.s3",
@@ -96,3 +96,14 @@ class Connectors:
         raise NotImplementedError(
             f"sink type '{node.type}' ({SINK_TYPES[node.type].capability}) is not implemented by this build"
         )
+
+    def lookup(self, node: StreamNode, *, capacity: int) -> LookupClient:
+        """The client of a lookup operator's subtask (`lookup.kind`), for up to `capacity` calls at once."""
+        spec = node.spec["lookup"]
+        if spec["kind"] == "http":
+            from nopstream.connectors.http import HttpLookup
+
+            return HttpLookup(spec)
+        from nopstream.connectors.postgres import PostgresLookup
+
+        return PostgresLookup(spec, capacity)

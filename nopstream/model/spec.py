@@ -26,6 +26,7 @@ OperatorType = Literal[
     "flat_map",
     "async_map",
     "async_flat_map",
+    "lookup",
     "key_by",
     "reduce",
     "aggregate",
@@ -134,6 +135,35 @@ class AsyncSpec(Spec):
     """Results in input order; false: as they complete (never across a watermark or barrier)."""
 
 
+class LookupCacheSpec(Spec):
+    """The results a lookup keeps per subtask: the most recently used, each for a while."""
+
+    max_entries: StrictInt = 10_000
+    ttl_ms: StrictInt = 60_000
+
+
+class LookupSpec(Spec):
+    """A built-in lookup (`type: lookup`): each record's result from an HTTP service or a PostgreSQL
+    query goes into the record's field `into` (docs/enrichment.md)."""
+
+    kind: Literal["http", "postgres"]
+    into: str
+    url: str | None = None
+    """http: the URL, `{field}` replaced by the record's field (URL-quoted); GET, the JSON body is
+    the result (a 404 gives null)."""
+    query: str | None = None
+    """postgres: a query with `%(field)s` parameters from the record; its first row (columns by name)
+    is the result (none: null)."""
+    host: str = "127.0.0.1"
+    port: StrictInt = Field(5432, ge=1, le=65535)
+    database: str | None = None
+    user: str | None = None
+    secret_ref: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+    """postgres: the password is this Secret's `password` (mounted on a cluster), else
+    NOPSTREAM_POSTGRES_PASSWORD, as the PostgreSQL sink's."""
+    cache: LookupCacheSpec | None = None
+
+
 class JoinSpec(Spec):
     """A join of an operator's two inputs, left and right, on their keys, in event time (docs/joins.md)."""
 
@@ -189,6 +219,7 @@ class OperatorSpec(Spec):
     pattern: PatternSpec | None = None
     join: JoinSpec | None = None
     async_: AsyncSpec | None = Field(default=None, alias="async")
+    lookup: LookupSpec | None = None
     state_ttl_ms: StrictInt | None = None
     """A key's state expires this long after the last record of the key (a process), or a version of
     a temporal join's table this long after its timestamp (docs/runtime.md, state TTL)."""

@@ -241,6 +241,7 @@ def job_view(
                     "recordsIn": t.stats.records_in,
                     "recordsOut": t.stats.records_out,
                     "deadLetters": t.stats.dead_letters,
+                    "lookups": t.stats.lookups,
                     "watermark": t.stats.watermark,
                     "idle": round(t.rates.idle, 3),
                     "backpressured": round(t.rates.backpressured, 3),

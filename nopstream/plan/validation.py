@@ -23,6 +23,7 @@ from nopstream.model.spec import (
     KEYED_OPERATORS,
     AsyncSpec,
     KeySpec,
+    LookupSpec,
     OperatorSpec,
     SinkSpec,
     SourceSpec,
@@ -70,6 +71,7 @@ _FIELDS_BY_TYPE: dict[str, frozenset[str]] = {
     "flat_map": frozenset({"fn"}),
     "async_map": frozenset({"fn", "async_"}),
     "async_flat_map": frozenset({"fn", "async_"}),
+    "lookup": frozenset({"lookup", "async_"}),
     "key_by": frozenset({"key"}),
     "reduce": frozenset({"fn", "key", "emit", "combine"}),
     "aggregate": frozenset({"aggregate", "key", "emit", "combine"}),
@@ -91,6 +93,7 @@ _OPTIONAL_FIELDS = (
     "emit",
     "combine",
     "async_",
+    "lookup",
 )
 _NEEDS_FN = frozenset({"map", "filter", "flat_map", "async_map", "async_flat_map", "reduce", "process"})
 
@@ -427,6 +430,8 @@ def _check_operator(ctx: _Context, n: ResolvedNode, op: OperatorSpec) -> Iterato
         yield from _check_join(ctx, n, op)
     if op.async_ is not None:
         yield from _check_async(ctx, n, op.async_)
+    if op.type == "lookup":
+        yield from _check_lookup(ctx, n, op.lookup)
     if op.state_ttl_ms is not None or op.state_ttl_time is not None:
         yield from _check_ttl(ctx, n, op)
     if op.partitioning is not None and op.type in KEYED_OPERATORS | {"union"}:
@@ -466,6 +471,35 @@ def _check_async(ctx: _Context, n: ResolvedNode, a: AsyncSpec) -> Iterator[Issue
     for field, ref in (("retryOn", a.retry_on), ("onTimeout", a.on_timeout)):
         if ref is not None and not FN_PATTERN.match(ref):
             yield Issue(ctx.path(n, "async", field), _fn_rule_text(ref), "fn-format")
+
+
+def _check_lookup(ctx: _Context, n: ResolvedNode, lookup: LookupSpec | None) -> Iterator[Issue]:
+    """What a lookup of its kind needs, and only that; a cache of positive size and TTL."""
+    if lookup is None:
+        yield Issue(ctx.path(n, "lookup"), "a lookup needs 'lookup'", "lookup-required")
+        return
+    needed = {"http": ("url",), "postgres": ("query", "database", "user")}[lookup.kind]
+    for field, value in (
+        ("url", lookup.url),
+        ("query", lookup.query),
+        ("database", lookup.database),
+        ("user", lookup.user),
+    ):
+        if field in needed and not value:
+            yield Issue(
+                ctx.path(n, "lookup", field), f"a {lookup.kind} lookup needs {field}", "lookup-required"
+            )
+        elif field not in needed and value is not None:
+            yield Issue(ctx.path(n, "lookup", field), f"not used by a {lookup.kind} lookup", "field-applies")
+    if not lookup.into:
+        yield Issue(ctx.path(n, "lookup", "into"), "names the field the result goes into", "lookup-required")
+    if lookup.cache is not None:
+        for name, size in (("maxEntries", lookup.cache.max_entries), ("ttlMs", lookup.cache.ttl_ms)):
+            if size < 1:
+                yield Issue(
+                    ctx.path(n, "lookup", "cache", name), f"must be at least 1, got {size}", "positive"
+                )
+        yield from _at_most(ctx.path(n, "lookup", "cache", "ttlMs"), lookup.cache.ttl_ms, MAX_DURATION_MS)
 
 
 def _check_dead_letters(ctx: _Context, n: ResolvedNode, spec: OperatorSpec | SourceSpec) -> Iterator[Issue]:

@@ -21,6 +21,7 @@ from nopstream.records import MAX_TIMESTAMP, MIN_TIMESTAMP, Batch, ConnectorFact
 from nopstream.runtime.keyed import ShardCache
 from nopstream.runtime.operators.aggregates import PerKey
 from nopstream.runtime.operators.base import Context, Operator
+from nopstream.runtime.operators.lookups import Lookup
 from nopstream.runtime.operators.registry import build_operator
 from nopstream.runtime.operators.sinks import SinkOperator
 from nopstream.runtime.operators.windows import Window
@@ -66,8 +67,10 @@ class Chain:
                 self.ops.append(sink)
             else:
                 ctx = Context(node, subtask, parallelism, shards, cache, self._collect_side, clock)
+                ctx.connectors = connectors
                 self.ops.append(build_operator(ctx))
-        self._awaited = [getattr(op, "is_async", False) for op in self.ops]  # `on_batch_async` operators
+        self._awaited = [getattr(op, "is_async", False) for op in self.ops]
+        self.has_lookups = any(isinstance(op, Lookup) for op in self.ops)  # `on_batch_async` operators
         self.origin = self.op_ids[-1] if self.op_ids else origin
         self.processing_time = any(_uses_processing_time(n) for n in nodes)
 
@@ -136,6 +139,17 @@ class Chain:
     async def end(self) -> None:
         """No more input: every operator flushes what it holds (final aggregates, open windows)."""
         await self._each(lambda op: op.on_end())
+
+    def lookups(self) -> dict[str, float]:
+        """The lookup operators' figures, summed: `hits`, `misses`, `in_flight`, `latency_ms` (mean)."""
+        found = [op.stats() for op in self.ops if isinstance(op, Lookup)]
+        misses = sum(f["misses"] for f in found)
+        return {
+            "hits": sum(f["hits"] for f in found),
+            "misses": misses,
+            "in_flight": sum(f["in_flight"] for f in found),
+            "latency_ms": sum(f["seconds"] for f in found) * 1000 / misses if misses else 0.0,
+        }
 
     def timers(self) -> int:
         """How many timers the operators hold."""

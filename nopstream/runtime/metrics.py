@@ -42,6 +42,8 @@ class TaskStats:
     backpressured_ms: int = 0
     channels: dict[str, dict[str, int]] = field(default_factory=dict)
     dead_letters: int = 0
+    lookups: dict[str, float] = field(default_factory=dict)
+    """A task with lookups: `hits`, `misses`, `in_flight`, `latency_ms` (`runtime.chain.Chain.lookups`)."""
 
     def to_json(self) -> dict[str, Any]:
         """The body of POST /stats (beside the task id and run)."""
@@ -54,6 +56,7 @@ class TaskStats:
             "backpressuredMs": self.backpressured_ms,
             "channels": self.channels,
             "deadLetters": self.dead_letters,
+            "lookups": self.lookups,
         }
 
     @classmethod
@@ -65,7 +68,15 @@ class TaskStats:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a whole number >= 0, not {value!r}")
             counts[name] = value
-        watermark, channels = body.get("watermark"), body.get("channels", {})
+        watermark, channels, lookups = (
+            body.get("watermark"),
+            body.get("channels", {}),
+            body.get("lookups", {}),
+        )
+        if not isinstance(lookups, dict) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in lookups.values()
+        ):
+            raise ValueError("lookups must be an object of numbers")
         if watermark is not None and (not isinstance(watermark, int) or isinstance(watermark, bool)):
             raise ValueError(f"watermark must be a whole number or null, not {watermark!r}")
         if not isinstance(channels, dict):
@@ -79,6 +90,7 @@ class TaskStats:
             counts["backpressuredMs"],
             channels,
             counts["deadLetters"],
+            lookups,
         )
 
 
@@ -99,12 +111,16 @@ class TaskCollector(Collector):
             "fenced_attempts": "channels refused because they came from another run",
             "refused_commands": "coordinator commands refused (another run, or a deposed coordinator)",
             "dead_letters": "records set aside on a dead-letter output (onError: dead-letter)",
+            "lookup_hits": "lookups answered from the cache",
+            "lookup_misses": "lookups that called the looked-up system",
         }
         gauges = {
             "watermark": "the task's current event time (ms)",
             "alignment_ms": "duration of the last barrier alignment (ms)",
             "snapshot_bytes": "bytes of the last snapshot's segments",
             "pending_transactions": "sink transactions pre-committed and not yet committed",
+            "lookup_in_flight": "lookup calls in flight",
+            "lookup_latency_ms": "mean duration of the lookup calls made (ms)",
         }
         values = [(t.task_id, t.metric_values()) for t in self.tasks()]
         for name, doc in counters.items():

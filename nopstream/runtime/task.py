@@ -276,6 +276,7 @@ class Task:
             "fenced_attempts": self.fenced_attempts(),
             "refused_commands": m.refused_commands,
             "dead_letters": self.dead_letters(),
+            **{f"lookup_{name}": value for name, value in self.chain.lookups().items()},
         }
 
     def dead_letters(self) -> int:
@@ -301,6 +302,7 @@ class Task:
             int(blocked * 1000),
             self.channel_stats(),
             self.dead_letters(),
+            self.chain.lookups() if self.chain.has_lookups else {},
         )
 
     async def _idle(self, waiting: Awaitable[T]) -> T:

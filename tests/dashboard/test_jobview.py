@@ -82,6 +82,7 @@ def test_rates_come_from_two_stats_of_one_run_and_a_vertex_shows_its_worst_subta
         "recordsIn": 1500,
         "recordsOut": 0,
         "deadLetters": 0,
+        "lookups": {},
         "watermark": 44,
         "idle": 0.6,
         "backpressured": 0.0,

@@ -318,3 +318,23 @@ def test_an_async_operator_is_refused_with_the_field_and_the_rule():
     assert messages(linear({"id": "a", "type": "async_flat_map"})) == [
         "model.operators[0].fn: an operator of type async_flat_map needs 'fn' (rule: fn-required)"
     ]
+
+
+def test_a_lookup_needs_what_its_kind_needs_and_nothing_else():
+    def lookup(**spec) -> dict:
+        return linear({"id": "l", "type": "lookup", "lookup": {"into": "r", **spec}})
+
+    assert messages(lookup(kind="http", url="http://svc/{id}", cache={"maxEntries": 10})) == []
+    assert messages(lookup(kind="postgres", query="SELECT 1 WHERE %(id)s", database="d", user="u")) == []
+    assert messages(lookup(kind="postgres", url="http://x", database="d", cache={"ttlMs": 0})) == [
+        "model.operators[0].lookup.cache.ttlMs: must be at least 1, got 0 (rule: positive)",
+        "model.operators[0].lookup.query: a postgres lookup needs query (rule: lookup-required)",
+        "model.operators[0].lookup.url: not used by a postgres lookup (rule: field-applies)",
+        "model.operators[0].lookup.user: a postgres lookup needs user (rule: lookup-required)",
+    ]
+    assert messages(linear({"id": "l", "type": "lookup"})) == [
+        "model.operators[0].lookup: a lookup needs 'lookup' (rule: lookup-required)"
+    ]
+    assert messages(
+        linear({"id": "m", "type": "map", "fn": "m:f", "lookup": {"kind": "http", "into": "r"}})
+    ) == ["model.operators[0].lookup: not used by an operator of type map (rule: field-applies)"]

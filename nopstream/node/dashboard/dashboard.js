@@ -31,6 +31,13 @@ function rate(value) {
   return value.toLocaleString("en", { maximumFractionDigits: 0 });
 }
 
+function lookups(figures) {
+  // a task with lookups: cache hits and calls made, calls in flight, the calls' mean duration
+  if (!figures || figures.misses === undefined) return "";
+  const ms = figures.latency_ms.toLocaleString("en", { maximumFractionDigits: 1 });
+  return `${rate(figures.hits)} hits, ${rate(figures.misses)} calls, ${figures.in_flight} in flight, ${ms} ms`;
+}
+
 function time(ms) {
   return ms ? new Date(ms).toLocaleTimeString("en-GB") : "–";
 }
@@ -234,7 +241,7 @@ function show(view) {
     view.tasks.map((t) => ({
       attributes: { "data-task": t.id },
       cells: t.reported
-        ? [t.id, t.run, t.recordsIn, t.recordsOut, t.deadLetters, percent(t.busy), percent(t.backpressured), percent(t.idle), t.watermark]
+        ? [t.id, t.run, t.recordsIn, t.recordsOut, t.deadLetters, lookups(t.lookups), percent(t.busy), percent(t.backpressured), percent(t.idle), t.watermark]
         : [t.id, "not reported yet"],
     })),
   );

@@ -34,12 +34,16 @@ class AsyncMap(StatelessOperator):
 
     is_async = True
 
-    def __init__(self, ctx: Context, *, flat: bool = False) -> None:
-        """Resolve the coroutine function (a class is instantiated: its instances are awaited) and the
-        retry predicate and time-out fallback."""
+    def __init__(
+        self, ctx: Context, *, flat: bool = False, fn: Callable[[Any], Awaitable[Any]] | None = None
+    ) -> None:
+        """Resolve the coroutine function (a class is instantiated: its instances are awaited), unless
+        `fn` is given (a built-in lookup's), and the retry predicate and time-out fallback."""
         node = ctx.node
-        target = resolve(node.spec["fn"])
-        self.fn: Callable[[Any], Awaitable[Any]] = target() if isinstance(target, type) else target
+        if fn is None:
+            target = resolve(node.spec["fn"])
+            fn = target() if isinstance(target, type) else target
+        self.fn: Callable[[Any], Awaitable[Any]] = fn
         if not (inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(type(self.fn).__call__)):
             raise StartRefused(
                 f"operator '{node.node_id}' ({node.type}): '{node.spec['fn']}' is not a coroutine function"

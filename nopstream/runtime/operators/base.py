@@ -16,7 +16,7 @@ from nopstream.errors import error_text, user_frame
 from nopstream.plan.nodes import DEAD_LETTER
 from nopstream.plan.partitioned import ShardRange
 from nopstream.plan.streamgraph import KeySelector, StreamNode
-from nopstream.records import MIN_TIMESTAMP, Batch
+from nopstream.records import MIN_TIMESTAMP, Batch, ConnectorFactory
 from nopstream.runtime.keyed import KeyedState, KeyFn, ShardCache, key_function
 
 STATE_SCHEMA_VERSION = 1
@@ -34,6 +34,7 @@ class Context:
     side: Callable[[str, Batch], None]
     clock: Callable[[], int]
     keyed_state: KeyedState | None = field(default=None)
+    connectors: ConnectorFactory | None = None  # a lookup's client comes from them
 
     def keyed(self) -> KeyedState:
         """The operator's keyed state (created on first use; keyed vertices only)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from nopstream.runtime.operators import aggregates, async_io, cep, joins, process, stateless, windows
+from nopstream.runtime.operators import aggregates, async_io, cep, joins, lookups, process, stateless, windows
 from nopstream.runtime.operators.base import Context, Operator
 
 OPERATORS: dict[str, Callable[[Context], Operator]] = {
@@ -13,6 +13,7 @@ OPERATORS: dict[str, Callable[[Context], Operator]] = {
     "flat_map": stateless.FlatMap,
     "async_map": async_io.AsyncMap,
     "async_flat_map": async_io.async_flat_map,
+    "lookup": lookups.Lookup,
     "key_by": stateless.PassThrough,
     "union": stateless.PassThrough,
     "aggregate": aggregates.Aggregate,
