@@ -17,9 +17,11 @@ from typing import Any
 
 from nopstream.model.spec import (
     AggregateSpec,
+    AsyncSpec,
     GraphSpec,
     JoinSpec,
     KeySpec,
+    LookupSpec,
     OperatorSpec,
     PatternSpec,
     PatternStep,
@@ -90,6 +92,30 @@ class Stream:
     def flat_map(self, fn: str, *, id: str | None = None, parallelism: int | None = None) -> Stream:
         """Zero or more records out for each record in."""
         return self._op("flat_map", fn=fn, id=id, parallelism=parallelism)
+
+    def async_map(
+        self,
+        fn: str,
+        *,
+        settings: AsyncSpec | None = None,
+        flat: bool = False,
+        id: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """`await fn(record)` for each record, many at once (`async_flat_map` with `flat`)."""
+        kind = "async_flat_map" if flat else "async_map"
+        return self._op(kind, fn=fn, id=id, parallelism=parallelism, **{"async": settings})
+
+    def lookup(
+        self,
+        lookup: LookupSpec,
+        *,
+        settings: AsyncSpec | None = None,
+        id: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """Each record's result from an HTTP service or a PostgreSQL query, into its field `lookup.into`."""
+        return self._op("lookup", lookup=lookup, id=id, parallelism=parallelism, **{"async": settings})
 
     def key_by(self, *, field: str | None = None, fn: str | None = None, id: str | None = None) -> Stream:
         """Partition by a key; the next keyed operator keeps its state per key."""
@@ -200,7 +226,7 @@ class Stream:
         )
 
     def side_output(self, name: str) -> Stream:
-        """A named side output of this node (a window's or a join's late records)."""
+        """A named side output of this node (a window's or a join's late records, a node's dead letters)."""
         return Stream(self.job, f"{self.ref}:{name}")
 
     def sink(

@@ -122,3 +122,43 @@ def test_rules_both_ways():
     )
     checked.sink("alerts", "file", config={"path": "out/rules/alerts"})
     same_as_example(job.build(), "rules")
+
+
+def test_async_operators_and_lookups_both_ways():
+    from nopstream.model.load import load_data
+    from nopstream.model.spec import AsyncSpec, LookupSpec
+
+    job = JobBuilder("lookups", parallelism=2)
+    orders = job.source("orders", "file", config={"path": "in/orders.jsonl", "format": "jsonl"})
+    scored = orders.async_map("fns:score", settings=AsyncSpec(capacity=50, timeout_ms=500), id="scored")
+    tiers = scored.lookup(
+        LookupSpec(kind="http", url="http://tiers/{customer}", into="tier"),
+        settings=AsyncSpec(retries=2),
+        id="tiers",
+    )
+    tiers.sink("out", "file", config={"path": "out"})
+    async_op = {"type": "async_map", "fn": "fns:score", "async": {"capacity": 50, "timeoutMs": 500}}
+    lookup = {"kind": "http", "url": "http://tiers/{customer}", "into": "tier"}
+    yaml_model = load_data(
+        {
+            "jobId": "lookups",
+            "parallelism": 2,
+            "model": {
+                "sources": [
+                    {"id": "orders", "type": "file", "config": {"path": "in/orders.jsonl", "format": "jsonl"}}
+                ],
+                "operators": [
+                    {"id": "scored", "inputs": ["orders"], **async_op},
+                    {
+                        "id": "tiers",
+                        "type": "lookup",
+                        "inputs": ["scored"],
+                        "lookup": lookup,
+                        "async": {"retries": 2},
+                    },
+                ],
+                "sinks": [{"id": "out", "type": "file", "inputs": ["tiers"], "config": {"path": "out"}}],
+            },
+        }
+    )
+    assert canonical_model(job.build()) == canonical_model(yaml_model.model)
