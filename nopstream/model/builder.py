@@ -104,7 +104,8 @@ class Stream:
     ) -> Stream:
         """`await fn(record)` for each record, many at once (`async_flat_map` with `flat`)."""
         kind = "async_flat_map" if flat else "async_map"
-        return self._op(kind, fn=fn, id=id, parallelism=parallelism, **{"async": settings})
+        fields: dict[str, Any] = {"async": settings}  # a keyword of Python's: passed by name
+        return self._op(kind, fn=fn, id=id, parallelism=parallelism, **fields)
 
     def lookup(
         self,
@@ -115,7 +116,8 @@ class Stream:
         parallelism: int | None = None,
     ) -> Stream:
         """Each record's result from an HTTP service or a PostgreSQL query, into its field `lookup.into`."""
-        return self._op("lookup", lookup=lookup, id=id, parallelism=parallelism, **{"async": settings})
+        fields: dict[str, Any] = {"async": settings}
+        return self._op("lookup", lookup=lookup, id=id, parallelism=parallelism, **fields)
 
     def key_by(self, *, field: str | None = None, fn: str | None = None, id: str | None = None) -> Stream:
         """Partition by a key; the next keyed operator keeps its state per key."""
