@@ -42,7 +42,7 @@ bench: setup
 	$(PY) bench/throughput.py
 	$(PY) bench/checkpoint.py
 	$(PY) bench/joins.py
-	$(PY) bench/async_io.py
+	$(PY) bench/async.py
 	@scripts/install-servers.sh kafka
 	$(PY) bench/kafka.py
 	@scripts/install-servers.sh kube helm node image

@@ -69,8 +69,8 @@ class Chain:
                 ctx = Context(node, subtask, parallelism, shards, cache, self._collect_side, clock)
                 ctx.connectors = connectors
                 self.ops.append(build_operator(ctx))
-        self._awaited = [getattr(op, "is_async", False) for op in self.ops]
-        self.has_lookups = any(isinstance(op, Lookup) for op in self.ops)  # `on_batch_async` operators
+        self._awaited = [getattr(op, "is_async", False) for op in self.ops]  # `on_batch_async` operators
+        self.has_lookups = any(isinstance(op, Lookup) for op in self.ops)
         self.origin = self.op_ids[-1] if self.op_ids else origin
         self.processing_time = any(_uses_processing_time(n) for n in nodes)
 

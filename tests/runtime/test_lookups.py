@@ -136,3 +136,31 @@ def test_a_lookups_figures_reach_the_tasks_metrics():
     assert 10 <= figures["latency_ms"] < 200
     assert TaskStats.from_json(TaskStats(lookups=figures).to_json()).lookups == figures
     assert [r["r"] for r in emitted] == [{"c": c % 3} for c in range(9)]
+
+
+def test_a_postgres_lookup_that_runs_past_its_time_out_falls_back(tmp_path, postgres_server, database):
+    with psycopg.connect(
+        postgres_server.conninfo.replace("dbname=postgres", f"dbname={database}"), autocommit=True
+    ) as conn:
+        conn.execute("CREATE TABLE customers (id integer PRIMARY KEY, tier text)")
+        conn.execute("INSERT INTO customers SELECT i, 'tier-' || i FROM generate_series(0, 9) i")
+    lookup = {
+        "kind": "postgres",
+        "port": postgres_server.port,
+        "user": postgres_server.user,
+        "database": database,
+        # customer 3's query sleeps 3 s: past the time-out, every time
+        "query": "SELECT tier FROM customers,"
+        " LATERAL (SELECT pg_sleep(CASE WHEN %(customer)s = 3 THEN 3 ELSE 0 END)) AS s"
+        " WHERE id = %(customer)s",
+        "into": "row",
+    }
+    model = lookup_job(lookup, capacity=2)
+    model["operators"][0]["async"] |= {"timeoutMs": 1000, "onTimeout": "jobfns:unknown"}
+    fns = "def unknown(record):\n    return {**record, 'row': 'unknown'}\n"
+    given = [{"order": i, "customer": i % 10} for i in range(40)]
+    out = run_job(tmp_path, model, mode="processes", fns=fns, inputs={"orders.jsonl": given}, parallelism=1)
+    want = [
+        {**o, "row": "unknown" if o["customer"] == 3 else {"tier": f"tier-{o['customer']}"}} for o in given
+    ]
+    assert out["out"] == want  # in order, the slow ones by the fallback, the pool still serving the rest

@@ -11,8 +11,8 @@ request; records per second, each as a ratio to the baseline measured in the sam
 for c = 1, 10 and 100. Each row runs `--repeat` times, the rows taking turns, and shows its
 median with its lowest and highest ratio. Target (issue 32): >= 0.7 at capacity 100. Every
 run's output is checked: N records, each with its score.
-Run: `python bench/async_io.py [--records N] [--repeat 3]` (`async` is a Python keyword,
-so the module is named for what it measures: async I/O).
+Run: `python bench/async.py [--records N] [--repeat 3]` (a script: `async` is a keyword, so it
+is never imported by that name).
 """
 
 from __future__ import annotations
