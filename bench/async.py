@@ -28,11 +28,8 @@ import time
 from pathlib import Path
 
 import aiohttp
-import yaml
+from runs import processing_seconds, write_job  # bench/runs.py: run as a script, bench/ is on the path
 
-from nopstream.local import runner
-from nopstream.model.load import load_file
-from nopstream.plan import compiler
 from tests.lookup_server import FNS, LookupServer, lookup_server
 
 LATENCY = 0.005
@@ -82,16 +79,7 @@ def job(workdir: Path, name: str, capacity: int, records: Path) -> Path:
             "sinks": [{"id": "out", "type": "file", "config": {"path": str(workdir / f"out-{name}")}}],
         },
     }
-    path = workdir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(model, sort_keys=False))
-    return path
-
-
-def run(workdir: Path, path: Path) -> float:
-    """Processing seconds of one run in task processes."""
-    plans = compiler.compile_model(load_file(path), backend="local")
-    options = runner.RunOptions(quiet=True, workdir=workdir / ".nopstream", python_path=(str(workdir),))
-    return runner.run_job(plans, options).processing_seconds
+    return write_job(workdir, name, model)
 
 
 def checked(directory: Path, records: int) -> None:
@@ -136,7 +124,7 @@ def main() -> None:
                 base = records / baseline(server.url, records, c)
                 name = f"c{c}-{turn}"
                 path = job(workdir, name, c, inputs[records])
-                rate = records / run(workdir, path)
+                rate = records / processing_seconds(workdir, path)
                 checked(workdir / f"out-{name}", records)
                 rates[f"baseline {c}"].append(base)
                 rates[f"async_map {c}"].append(rate)

@@ -25,13 +25,8 @@ import threading
 import time
 from pathlib import Path
 
-import yaml
-
-from nopstream.local import runner
-from nopstream.model.load import load_file
-from nopstream.plan import compiler
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runs import processing_seconds, write_job
 from throughput import prepared  # the same corpus and functions as bench/throughput.py
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,16 +53,7 @@ def job(workdir: Path, name: str, interval_ms: int) -> Path:
             "sinks": [{"id": "out", "type": "file", "config": {"path": str(workdir / f"out-{name}")}}],
         },
     }
-    path = workdir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
-
-
-def processing(workdir: Path, path: Path) -> float:
-    """Processing seconds of one run through the local runner."""
-    plans = compiler.compile_model(load_file(path), backend="local")
-    options = runner.RunOptions(quiet=True, workdir=workdir / ".nopstream", python_path=(str(workdir),))
-    return runner.run_job(plans, options).processing_seconds
+    return write_job(workdir, name, spec)
 
 
 def recovery(workdir: Path, path: Path) -> float | None:
@@ -138,8 +124,8 @@ def main() -> None:
     with prepared(args.words) as workdir:
         offs, ons = [], []  # each run starts from empty storage
         for i in range(args.repeat):
-            offs.append(processing(workdir, job(workdir, f"off-{i}", 3_600_000)))
-            ons.append(processing(workdir, job(workdir, f"on-{i}", 1_000)))
+            offs.append(processing_seconds(workdir, job(workdir, f"off-{i}", 3_600_000)))
+            ons.append(processing_seconds(workdir, job(workdir, f"on-{i}", 1_000)))
         seconds = recovery(workdir, job(workdir, "recovery", 500))
         per_epoch = bytes_per_epoch(workdir, "on-0")
     off, on = statistics.median(offs), statistics.median(ons)

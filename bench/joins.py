@@ -32,11 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from nopstream.local import runner
-from nopstream.model.load import load_file
-from nopstream.plan import compiler
+from runs import processing_seconds, write_job  # bench/runs.py: run as a script, bench/ is on the path
 
 KEYS = 2000
 LOWER, UPPER = -300, 200
@@ -151,16 +147,7 @@ def job(
             "sinks": [{"id": "out", "type": "file", "config": {"path": str(workdir / f"out-{name}")}}],
         },
     }
-    path = workdir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(model, sort_keys=False))
-    return path
-
-
-def run(workdir: Path, path: Path) -> float:
-    """Processing seconds of one run in task processes."""
-    plans = compiler.compile_model(load_file(path), backend="local")
-    options = runner.RunOptions(quiet=True, workdir=workdir / ".nopstream", python_path=(str(workdir),))
-    return runner.run_job(plans, options).processing_seconds
+    return write_job(workdir, name, model)
 
 
 def rows_written(directory: Path) -> int:
@@ -202,7 +189,7 @@ def main() -> None:
                 base[kind].append(total / seconds)
                 for p in (1, 2):
                     name = f"{kind}-p{p}-{turn}"
-                    elapsed = run(workdir, job(workdir, name, kind, p, args.records))
+                    elapsed = processing_seconds(workdir, job(workdir, name, kind, p, args.records))
                     written = rows_written(workdir / f"out-{name}")
                     assert written == expected, f"{name}: {written} rows, the baseline has {expected}"
                     rows[(kind, p)].append(total / elapsed)
@@ -227,7 +214,7 @@ def main() -> None:
         ):
             name = f"state-{kind}"
             started = time.monotonic()
-            run(workdir, job(workdir, name, kind, 2, rate * args.seconds, rate=rate))
+            processing_seconds(workdir, job(workdir, name, kind, 2, rate * args.seconds, rate=rate))
             sizes = state_bytes(workdir, name)
             quarter = max(1, len(sizes) // 4)
             first, last = statistics.median(sizes[:quarter]), statistics.median(sizes[-quarter:])
