@@ -183,7 +183,8 @@ def dead_letter_tag(node: StreamNode) -> str | None:
 
 class _Blame:
     """`with chain._blame:` around an operator's call: its error leaves as an `OperatorFailed` naming
-    the operator, the error and the user's frame, the error as its cause (a refusal as it is)."""
+    the operator, the error and the user's frame, the error as its cause (a refusal, and a sink's
+    error, as they are)."""
 
     def __init__(self, chain: Chain) -> None:
         self.chain = chain
@@ -194,4 +195,6 @@ class _Blame:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         if isinstance(exc, Exception) and not isinstance(exc, RestoreRefused | OperatorFailed):
             node = self.chain.nodes[self.chain._current]
+            if node.kind == "sink":  # a connector's error (a full disk): as it is, in one line
+                return
             raise OperatorFailed.of(f"{node.kind} '{node.node_id}' ({node.type})", exc) from exc

@@ -44,8 +44,9 @@ FAMILIES = {
         " (rule: connector-type)",
     ],
     "shape": [
-        "spec.model.operators[0].type: must be 'map', 'filter', 'flat_map', 'key_by', 'reduce',"
-        " 'aggregate', 'union', 'window', 'process', 'cep' or 'join' (rule: schema)",
+        "spec.model.operators[0].type: must be 'map', 'filter', 'flat_map', 'async_map', 'async_flat_map',"
+        " 'lookup', 'key_by', 'reduce', 'aggregate', 'union', 'window', 'process', 'cep' or 'join'"
+        " (rule: schema)",
         "spec.model.sources[0].paralelism: unknown field (rule: known-fields)",
         "spec.stateShardCount: must be a valid integer (rule: schema)",
     ],
