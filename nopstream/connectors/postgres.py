@@ -27,6 +27,7 @@ table and its columns exist and that the server allows prepared transactions
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import re
@@ -370,7 +371,7 @@ class PostgresLookup:
         self.query: str = spec["query"]
         self.parameters = _PARAMETER.findall(self.query)
         self.capacity = capacity
-        self._pool: Any = None
+        self._pool: asyncio.Future[Any] | None = None
 
     def key(self, record: Any) -> tuple[Any, ...]:
         """The query's parameter values of `record`."""
@@ -378,24 +379,29 @@ class PostgresLookup:
 
     async def fetch(self, key: tuple[Any, ...]) -> Any:
         """The first row of the query for these parameter values, or None."""
-        from psycopg_pool import AsyncConnectionPool  # imported by the jobs that look things up
-
-        if self._pool is None:  # opened on the task's loop, at its first call
-            s = self.spec
-            conninfo = {
-                "host": s.get("host", "127.0.0.1"),
-                "port": s.get("port", 5432),
-                "dbname": s["database"],
-                "user": s["user"],
-                "password": password_of(s.get("secretRef")),
-            }
-            self._pool = AsyncConnectionPool(
-                kwargs={**conninfo, "autocommit": True, "row_factory": dict_row},
-                min_size=1,
-                max_size=self.capacity,
-                open=False,
-            )
-            await self._pool.open(wait=True, timeout=30)
-        async with self._pool.connection() as conn:
+        if self._pool is None:  # opened once, on the task's loop, by the first call; the others wait
+            self._pool = asyncio.ensure_future(self._open())
+        pool = await self._pool
+        async with pool.connection() as conn:
             cursor = await conn.execute(self.query, dict(zip(self.parameters, key, strict=True)))
             return await cursor.fetchone()
+
+    async def _open(self) -> Any:
+        from psycopg_pool import AsyncConnectionPool  # imported by the jobs that look things up
+
+        s = self.spec
+        conninfo = {
+            "host": s.get("host", "127.0.0.1"),
+            "port": s.get("port", 5432),
+            "dbname": s["database"],
+            "user": s["user"],
+            "password": password_of(s.get("secretRef")),
+        }
+        pool = AsyncConnectionPool(
+            kwargs={**conninfo, "autocommit": True, "row_factory": dict_row},
+            min_size=1,
+            max_size=self.capacity,
+            open=False,
+        )
+        await pool.open(wait=True, timeout=30)
+        return pool
