@@ -7,14 +7,19 @@
     model = job.build()
 
 Every operator records its inputs explicitly, so the built model compiles to the
-same plan (and fingerprint) as the equivalent YAML.
+same plan (and fingerprint) as the equivalent YAML. A user function is given by its
+`module:attribute` name or as the function (or class) itself, which is recorded by its
+importable name; one that task processes could not import by name (a lambda, a function
+defined inside another or in the script being run) is refused with what to do instead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nopstream.model.functions import reference
 from nopstream.model.spec import (
     AggregateSpec,
     AsyncSpec,
@@ -69,6 +74,10 @@ class JobBuilder:
         return Stream(self, op.id or f"operators-{len(self._operators) - 1}")
 
 
+Fn = str | Callable[..., Any]
+"""A user function: its `module:attribute` name, or the function or class itself."""
+
+
 @dataclass(frozen=True)
 class Stream:
     """The output of one node (or one of its side outputs), to chain operators on."""
@@ -77,25 +86,27 @@ class Stream:
     ref: str
 
     def _op(self, type: str, inputs: list[str] | None = None, **fields: Any) -> Stream:
+        if fields.get("fn") is not None:  # a function given itself: its name, or one clear error
+            fields["fn"] = reference(fields["fn"])
         return self.job._add(
             OperatorSpec.model_validate({"type": type, "inputs": inputs or [self.ref], **fields})
         )
 
-    def map(self, fn: str, *, id: str | None = None, parallelism: int | None = None) -> Stream:
+    def map(self, fn: Fn, *, id: str | None = None, parallelism: int | None = None) -> Stream:
         """One record out for each record in."""
         return self._op("map", fn=fn, id=id, parallelism=parallelism)
 
-    def filter(self, fn: str, *, id: str | None = None, parallelism: int | None = None) -> Stream:
+    def filter(self, fn: Fn, *, id: str | None = None, parallelism: int | None = None) -> Stream:
         """Keep the records for which `fn` is true."""
         return self._op("filter", fn=fn, id=id, parallelism=parallelism)
 
-    def flat_map(self, fn: str, *, id: str | None = None, parallelism: int | None = None) -> Stream:
+    def flat_map(self, fn: Fn, *, id: str | None = None, parallelism: int | None = None) -> Stream:
         """Zero or more records out for each record in."""
         return self._op("flat_map", fn=fn, id=id, parallelism=parallelism)
 
     def async_map(
         self,
-        fn: str,
+        fn: Fn,
         *,
         settings: AsyncSpec | None = None,
         flat: bool = False,
@@ -119,13 +130,13 @@ class Stream:
         fields: dict[str, Any] = {"async": settings}
         return self._op("lookup", lookup=lookup, id=id, parallelism=parallelism, **fields)
 
-    def key_by(self, *, field: str | None = None, fn: str | None = None, id: str | None = None) -> Stream:
+    def key_by(self, *, field: str | None = None, fn: Fn | None = None, id: str | None = None) -> Stream:
         """Partition by a key; the next keyed operator keeps its state per key."""
-        return self._op("key_by", key=KeySpec(field=field, fn=fn), id=id)
+        return self._op("key_by", key=KeySpec(field=field, fn=reference(fn)), id=id)
 
     def reduce(
         self,
-        fn: str,
+        fn: Fn,
         *,
         id: str,
         key: KeySpec | None = None,
@@ -157,7 +168,7 @@ class Stream:
         *,
         id: str,
         aggregate: str | AggregateSpec | None = None,
-        fn: str | None = None,
+        fn: Fn | None = None,
         key: KeySpec | None = None,
         parallelism: int | None = None,
     ) -> Stream:
@@ -168,7 +179,7 @@ class Stream:
 
     def process(
         self,
-        fn: str,
+        fn: Fn,
         *,
         id: str,
         key: KeySpec | None = None,
@@ -212,7 +223,7 @@ class Stream:
         id: str,
         key: KeySpec | None = None,
         keys: tuple[KeySpec, KeySpec] | None = None,
-        fn: str | None = None,
+        fn: Fn | None = None,
         parallelism: int | None = None,
     ) -> Stream:
         """Join this stream (left) with `right` on their keys (`key` for both, or `keys`, left then right)."""

@@ -10,10 +10,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, WithJsonSchema, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from nopstream.model.capabilities import SemanticMode
+from nopstream.model.functions import reference
+
+FunctionRef = Annotated[str, BeforeValidator(reference)]
+"""A user function: `module:attribute`, or (from the builder) the function or class itself, recorded
+by its importable name (`model.functions.reference`)."""
 
 DEFAULT_IMAGE = "nopstream/runtime:0.1.0"
 DEFAULT_PIPELINE_ID = "main"
@@ -56,7 +70,7 @@ class KeySpec(Spec):
     """A key selector: a record field, or a user function `module:attribute`."""
 
     field: str | None = None
-    fn: str | None = None
+    fn: FunctionRef | None = None
 
 
 class AggregateSpec(Spec):
@@ -64,7 +78,7 @@ class AggregateSpec(Spec):
 
     kind: BuiltinAggregate | None = None
     field: str | None = None
-    fn: str | None = None
+    fn: FunctionRef | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -98,7 +112,7 @@ class PatternStep(Spec):
     """One step of a CEP pattern: a named condition and how it follows the previous."""
 
     name: str
-    where: str
+    where: FunctionRef
     contiguity: Literal["strict", "relaxed"] = "relaxed"
     quantifier: Literal["one", "oneOrMore"] = "one"
 
@@ -126,9 +140,9 @@ class AsyncSpec(Spec):
     """Attempts after the first, for a failure `retryOn` accepts (every failure without it)."""
     backoff_ms: StrictInt = 100
     """The wait before the first retry, doubled before each next one."""
-    retry_on: str | None = None
+    retry_on: FunctionRef | None = None
     """`module:attr` of `predicate(exception) -> bool`: whether a failure is worth another attempt."""
-    on_timeout: str | None = None
+    on_timeout: FunctionRef | None = None
     """`module:attr` of `fallback(record)`: the result of a record whose every attempt timed out
     (without it, the time-out is the record's error: `onError`)."""
     ordered: StrictBool = True
@@ -180,7 +194,7 @@ class WatermarkSpec(Spec):
     """Event time at a source: where the timestamp is and how late records may be."""
 
     timestamp_field: str | None = None
-    timestamp_fn: str | None = None
+    timestamp_fn: FunctionRef | None = None
     max_out_of_orderness_ms: StrictInt = 0
     idle_timeout_ms: StrictInt | None = None
 
@@ -207,7 +221,7 @@ class OperatorSpec(Spec):
     type: OperatorType
     inputs: list[str] | None = None
     parallelism: StrictInt | None = None
-    fn: str | None = None
+    fn: FunctionRef | None = None
     key: KeySpec | None = None
     keys: list[KeySpec] | None = None
     """One key selector per input, in `inputs` order, into one key space (a process of several inputs)."""
