@@ -72,6 +72,6 @@ def test_a_function_task_processes_could_not_import_by_name_is_refused_saying_wh
     renamed = functools.wraps(reference)(lambda r: r)  # claims reference's name, is not it
     with pytest.raises(NotImportable, match=r"^'nopstream\.model\.functions:reference' does not import back"):
         job.map(renamed)
-    with pytest.raises(ValidationError, match="a lambda .* has no name to import it by"):
+    with pytest.raises(ValidationError, match=r"a lambda .* has no name to import it by"):
         KeySpec(fn=lambda r: r)
     assert reference("module:attr") == "module:attr"  # names as they are: validation judges them
