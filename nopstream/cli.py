@@ -114,6 +114,11 @@ def _parser() -> argparse.ArgumentParser:
         "savepoint", help="make the next epoch of a running job a savepoint (kept by retention)"
     )
     p.add_argument("file", help="the job's file")
+    p.add_argument(
+        "--stop",
+        action="store_true",
+        help="stop the job at the savepoint, its output committed (then run a changed version from it)",
+    )
     _coordinator_arguments(p)
     p = sub.add_parser("operator", help="run the Kubernetes operator (kopf) in this process, cluster-wide")
     p.add_argument(
@@ -297,6 +302,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         fresh=args.fresh,
         max_restarts=args.max_restarts,
         restart_backoff=args.restart_backoff,
+        drop_state=tuple(loaded.model.drop_state),
     )
     if args.etcd and args.in_process:
         print("nopstream run: --etcd and --in-process exclude each other", file=sys.stderr)
@@ -348,6 +354,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(
             f"job '{job}' already finished at epoch {result.finished_before}"
             " (nothing emitted; --fresh starts it over)",
+            file=sys.stderr,
+        )
+        return EXIT_OK
+    if result.stopped_at is not None:
+        print(
+            f"job '{job}' stopped at savepoint epoch {result.stopped_at}, its output committed (running it"
+            " again, or a changed version of it, resumes from there)",
             file=sys.stderr,
         )
         return EXIT_OK
@@ -472,11 +485,14 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
     """Ask a running job's coordinator for a savepoint; exit 1 when no coordinator answers."""
     plans = compiler.compile_model(load_file(args.file))
     job = plans.partitioned.identity.job_id
-    answer = _ask_coordinator(plans, args, "POST", "/savepoint")
+    answer = _ask_coordinator(plans, args, "POST", "/savepoint?stop=true" if args.stop else "/savepoint")
     if answer is None:
         return EXIT_INVALID
     done = ", ".join(map(str, answer.get("savepoints", []))) or "none yet"
-    print(f"savepoint requested: the next epoch of job '{job}' is a savepoint (savepoints so far: {done})")
+    then = " and the job stops at it" if args.stop else ""
+    print(
+        f"savepoint requested: the next epoch of job '{job}' is a savepoint{then} (savepoints so far: {done})"
+    )
     return EXIT_OK
 
 

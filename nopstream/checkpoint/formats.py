@@ -221,6 +221,7 @@ def check_plan(manifest: Manifest, *, fingerprint: str, epoch: int) -> None:
     recorded = manifest.plan_fingerprint
     if recorded != fingerprint:
         raise RestoreRefused(
-            f"epoch {epoch} was taken with plan {recorded}; the plan to restore is {fingerprint}"
-            " (a changed plan is restored from a savepoint through the compatibility check)"
+            f"epoch {epoch} was taken with plan {recorded[:19]}, the plan to restore is {fingerprint[:19]}: a"
+            " changed job starts from a stop savepoint (run the version that took the epoch, `nopstream"
+            " savepoint --stop FILE` while it runs, then run the changed one; or start over with --fresh)"
         )

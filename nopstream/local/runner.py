@@ -18,14 +18,15 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import aiohttp
 
 from nopstream import errors, faults, safefiles
+from nopstream.checkpoint import plans as plans_store
 from nopstream.checkpoint import restore
 from nopstream.checkpoint.restore import NewLineage, RestorePoint
 from nopstream.checkpoint.storage import Storage
@@ -103,6 +104,8 @@ class RunOptions:
     fresh: bool = False
     max_restarts: int = 10
     restart_backoff: float = recovery.RestartPolicy.backoff_s
+    drop_state: tuple[str, ...] = ()
+    """Operators whose state a changed job may leave behind (the model's `dropState`)."""
 
     @property
     def restart_policy(self) -> recovery.RestartPolicy:
@@ -129,6 +132,10 @@ class RunResult:
     channels: dict[str, dict[str, int]]
     runs: int = 1
     finished_before: int | None = None  # the final epoch, when the job had finished in an earlier run
+    resumed_from: int | None = None
+    """The durable epoch the first run restored (None: it started from nothing)."""
+    stopped_at: int | None = None
+    """The stop savepoint the job stopped at (`nopstream savepoint --stop`), its output committed."""
 
 
 def new_lineage(options: RunOptions) -> NewLineage | None:
@@ -136,6 +143,36 @@ def new_lineage(options: RunOptions) -> NewLineage | None:
     if not options.fresh and options.restore_from is None:
         return None
     return NewLineage(uuid.uuid4().hex, base=options.restore_from)
+
+
+def starting_point(
+    storage: Storage, plans: compiler.CompiledPlans, options: RunOptions, lineage: NewLineage | None
+) -> RestorePoint:
+    """The first run's restore point, a changed plan's change checked (`checkpoint.plans`) and said."""
+    plan = plans.partitioned
+    point = restore.choose(storage, plan, new_lineage=lineage)
+    verdict = plans_store.check_change(storage, plan, point, drop_state=options.drop_state)
+    if not options.quiet and verdict is not None:
+        reasons = "; ".join(str(r) for r in verdict.reasons)
+        print(
+            f"job '{plan.identity.job_id}': {verdict.change.name} from savepoint epoch {point.epoch}:"
+            f" {reasons}",
+            file=sys.stderr,
+        )
+    elif not options.quiet and point.epoch is not None and not point.finished:
+        print(f"job '{plan.identity.job_id}': resuming from epoch {point.epoch}", file=sys.stderr)
+    return point
+
+
+async def lead(coordinator: EpochCoordinator, work: Coroutine[Any, Any, None]) -> None:
+    """Run the coordinator beside `work` (the tasks, or their supervision) until both end; when the
+    coordinator stopped the job at a savepoint (its output committed), `work` is cancelled: its tasks
+    wait for nothing more."""
+    async with asyncio.TaskGroup() as group:
+        working = group.create_task(work, name="tasks")
+        await coordinator.run()
+        if coordinator.stopped:
+            working.cancel()
 
 
 def run_job(plans: compiler.CompiledPlans, options: RunOptions) -> RunResult:
@@ -169,7 +206,7 @@ class _InProcessListener:
 async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions, storage: Storage) -> RunResult:
     started = time.monotonic()
     plan = plans.partitioned
-    point = await asyncio.to_thread(restore.choose, storage, plan, new_lineage=new_lineage(options))
+    point = await asyncio.to_thread(starting_point, storage, plans, options, new_lineage(options))
     backend = LocalBackend()
     layout = Layout("local", plan.identity.job_id, plan.identity.pipeline_id)
     try:
@@ -209,9 +246,7 @@ async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions, st
             )
             ticker = asyncio.create_task(progress.loop(), name="progress")
             try:
-                async with asyncio.TaskGroup() as group:
-                    group.create_task(inprocess.run_tasks(tasks), name="tasks")
-                    group.create_task(coordinator.run(), name="coordinator")
+                await lead(coordinator, inprocess.run_tasks(tasks))
             except* inprocess.TaskFailed as failures:
                 raise JobFailed(str(failures.exceptions[0])) from failures.exceptions[0]
             except* RestoreRefused as refused:  # a bad record: not retried, its own line
@@ -225,7 +260,7 @@ async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions, st
     counts = {t.task_id: (t.metrics.records_in, t.metrics.records_out) for t in tasks}
     channels = [t.channel_stats() for t in tasks]
     result = _result(plan, started, time.monotonic() - processing_started, counts, channels)
-    return dataclasses.replace(result, finished_before=point.epoch if point.finished else None)
+    return _ended(result, point, coordinator)
 
 
 def _coordinator(
@@ -270,14 +305,12 @@ def _run_processes(plans: compiler.CompiledPlans, options: RunOptions, storage: 
     history = JobHistory(plan)
     run, recoveries, cause = 1, 0, "start"
     failures: tuple[float, ...] = ()
-    first: RestorePoint | None = None
+    first = point = starting_point(storage, plans, options, lineage)
     with socket.create_server(("127.0.0.1", 0)) as sock:
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         if not options.quiet:
             print(f"dashboard: {url}{DASHBOARD_PATH}#token={secret}", file=sys.stderr)
         while True:
-            point = restore.choose(storage, plan, new_lineage=lineage)
-            first = first or point
             history.run_started(run, point.epoch, cause)
             try:
                 control = _attempt(plans, options, _Run(run, point, secret, sock, url, history))
@@ -296,12 +329,14 @@ def _run_processes(plans: compiler.CompiledPlans, options: RunOptions, storage: 
                     raise JobFailed(f"{failed}:\n{death.detail}") from death
                 run, recoveries, cause = recovered.run, recovered.recoveries, death.short
                 failures = recovered.failures
+                point = restore.choose(storage, plan, new_lineage=lineage)
                 continue
             stats = {t: history.tasks[t].stats for t in control.tasks if t in history.tasks}
             counts = {t: (s.records_in, s.records_out) for t, s in stats.items()}
             channels = [s.channels for s in stats.values()]
             result = _result(plan, started, control.processing_seconds(), counts, channels, runs=run)
-            return dataclasses.replace(result, finished_before=first.epoch if first.finished else None)
+            assert control.routes.current is not None  # the run ended: it was led
+            return _ended(result, first, control.routes.current)
 
 
 @dataclass(frozen=True)
@@ -414,9 +449,7 @@ async def _control_run(
             )
             coordinator.on_fault = lambda: _kill_a_task(procs)
             control.routes.lead(coordinator, run, recoveries=run - 1)
-            async with asyncio.TaskGroup() as group:
-                group.create_task(coordinator.run(), name="coordinator")
-                group.create_task(_supervise(procs, control), name="supervisor")
+            await lead(coordinator, _supervise(procs, control))
     except BaseExceptionGroup as group:
         raise _run_failure(group) from None
     finally:
@@ -426,6 +459,16 @@ async def _control_run(
         await control.stop()
         await backend.close()
     return control
+
+
+def _ended(result: RunResult, first: RestorePoint, coordinator: EpochCoordinator) -> RunResult:
+    """A run's result with where it began and how it ended."""
+    return dataclasses.replace(
+        result,
+        finished_before=first.epoch if first.finished else None,
+        resumed_from=first.epoch,
+        stopped_at=coordinator.savepoints[-1] if coordinator.stopped else None,
+    )
 
 
 def _run_failure(group: BaseExceptionGroup) -> BaseException:

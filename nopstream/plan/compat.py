@@ -74,11 +74,39 @@ def check_compatibility(
             reasons.append(Reason(ChangeKind.UPGRADE, "operator-added", op_id, f"{_name(op)} is added"))
         elif before != op:
             reasons.extend(_operator_reasons(before, op, dropped))
+    reasons.extend(_split_reasons(old, new))
     if {e.edge_id for e in old.edges} != {e.edge_id for e in new.edges} and not reasons:
         reasons.append(Reason(ChangeKind.UPGRADE, "topology", None, "the vertex edges change"))
     if not reasons:
         reasons.append(Reason(ChangeKind.UPGRADE, "plan-changed", None, "the plan changes"))
     return Verdict(max(r.kind for r in reasons), tuple(reasons))
+
+
+def _split_reasons(old: PartitionedPlan, new: PartitionedPlan) -> list[Reason]:
+    """A source whose splits are fixed at compile time keeps the same splits: each split's cursor is its
+    position in its own sequence, which another set of splits numbers differently."""
+    before = {s.operator_id: s for s in old.sources if s.assignment is not None}
+    reasons = []
+    for now in new.sources:
+        was = before.get(now.operator_id)
+        if was is None or now.assignment is None:
+            continue
+        old_splits, new_splits = (
+            sum(len(a) for a in was.assignment or ()),
+            sum(len(a) for a in now.assignment),
+        )
+        if old_splits != new_splits:
+            reasons.append(
+                Reason(
+                    ChangeKind.REFUSED,
+                    "source-splits",
+                    now.operator_id,
+                    f"source '{now.operator_id}' would read {new_splits} splits instead of {old_splits}:"
+                    f" its cursors belong to those {old_splits} (set config.splits to {old_splits} to"
+                    " rescale it)",
+                )
+            )
+    return reasons
 
 
 def _name(op: StreamNode) -> str:

@@ -126,8 +126,9 @@ def test_plan_fingerprint_mismatch_is_refused(storage):
     with pytest.raises(RestoreRefused) as refused:
         load_checkpoint(storage, NS, 7, plan_fingerprint=other)
     assert str(refused.value) == (
-        f"epoch 7 was taken with plan {PLAN}; the plan to restore is {other}"
-        " (a changed plan is restored from a savepoint through the compatibility check)"
+        f"epoch 7 was taken with plan {PLAN[:19]}, the plan to restore is {other[:19]}: a changed job"
+        " starts from a stop savepoint (run the version that took the epoch, `nopstream savepoint --stop"
+        " FILE` while it runs, then run the changed one; or start over with --fresh)"
     )
 
 

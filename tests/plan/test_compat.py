@@ -58,6 +58,35 @@ def test_parallelism_change_is_a_rescale_with_shard_moves():
     ]
 
 
+def test_a_generator_rescaled_keeps_its_splits_or_is_refused():
+    def generated(splits):
+        def change(m):
+            m["model"]["sources"][0] = {"id": "lines", "type": "generator", "config": {"splits": splits}}
+
+        return change
+
+    def rescaled(splits):
+        def change(m):
+            generated(splits)(m)
+            m["parallelism"] = 3
+
+        return change
+
+    old, new = wordcount(), wordcount()
+    generated(None)(old)
+    rescaled(None)(new)
+    v = check_compatibility(compile_data(old).partitioned, compile_data(new).partitioned)
+    assert v.change is ChangeKind.REFUSED
+    assert [str(r) for r in v.reasons if r.kind is ChangeKind.REFUSED] == [
+        "REFUSED [source-splits] source 'lines' would read 3 splits instead of 2: its cursors belong to"
+        " those 2 (set config.splits to 2 to rescale it)"
+    ]
+    generated(4)(old)
+    rescaled(4)(new)
+    v = check_compatibility(compile_data(old).partitioned, compile_data(new).partitioned)
+    assert v.change is ChangeKind.RESCALE
+
+
 def test_new_stateless_operator_is_an_upgrade():
     def change(m):
         ops(m).insert(1, {"id": "lower", "type": "map", "inputs": ["split"], "fn": "text:lower"})
