@@ -285,19 +285,15 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a job to completion on this machine; exit 3 with the task's error when it fails."""
-    from nopstream.errors import BadInput, RestoreRefused, StartRefused, StorageError
-    from nopstream.local import preflight, runner
-    from nopstream.local.ownership import NamespaceHeld
+    from nopstream.local import launch, runner
 
     loaded = load_file(args.file)
-    plans = compiler.compile_model(loaded)
     _unwind_on_sigterm()
-    job_dir = str(Path(args.file).resolve().parent)
     options = runner.RunOptions(
         in_process=args.in_process,
         quiet=args.quiet,
         workdir=Path(args.workdir),
-        python_path=(job_dir,),
+        python_path=(str(Path(args.file).resolve().parent),),
         restore_from=args.restore_from,
         fresh=args.fresh,
         max_restarts=args.max_restarts,
@@ -307,49 +303,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.etcd and args.in_process:
         print("nopstream run: --etcd and --in-process exclude each other", file=sys.stderr)
         return EXIT_USAGE
-    from nopstream.node.settings import SettingsError
-    from nopstream.node.taskserver import task_settings
-
-    try:  # read by every task process: refused here once, rather than failing every task's start
-        task_settings()
-    except SettingsError as err:
-        print(f"nopstream run: {err}", file=sys.stderr)
-        return EXIT_USAGE
     if args.fresh and args.restore_from is not None:
         print("nopstream run: --fresh and --restore-from exclude each other", file=sys.stderr)
         return EXIT_USAGE
-    job = plans.partitioned.identity.job_id
-    issues = preflight.function_issues(loaded, options.python_path) + preflight.machine_issues(loaded)
-    if issues:
-        print(f"job '{job}' cannot start:", file=sys.stderr)
-        for issue in issues:
-            print(f"  {issue}", file=sys.stderr)
-        return EXIT_JOB_FAILED
     try:
-        if args.etcd:
-            from nopstream.local.supervisor import Supervisor
-
-            result = Supervisor(plans, options, args.etcd).run()
-        else:
-            result = runner.run_job(plans, options)
-    except BadInput as bad:  # a record no run can take: not retried
-        print(f"job '{job}' failed: {bad}", file=sys.stderr)
-        return EXIT_JOB_FAILED
-    except StartRefused as refused:
-        print(f"job '{job}' cannot start: {refused}", file=sys.stderr)
-        return EXIT_JOB_FAILED
-    except RestoreRefused as refused:
-        print(f"job '{job}' cannot restore: {refused}", file=sys.stderr)
-        return EXIT_INVALID
-    except NamespaceHeld as held:
-        print(f"job '{job}' cannot run: {held}", file=sys.stderr)
-        return EXIT_INVALID
-    except (StorageError, safefiles.UnsafePath) as err:
-        print(f"job '{job}' cannot start: {err}", file=sys.stderr)
-        return EXIT_JOB_FAILED
-    except runner.JobFailed as failure:
-        print(f"job '{job}' failed: {failure}", file=sys.stderr)
-        return EXIT_JOB_FAILED
+        launched = launch.launch(loaded, options, etcd=args.etcd)
+    except launch.RunError as err:
+        print(err, file=sys.stderr)
+        return err.exit_code
+    plans, result = launched.plans, launched.result
+    job = plans.partitioned.identity.job_id
     if result.finished_before is not None:
         print(
             f"job '{job}' already finished at epoch {result.finished_before}"

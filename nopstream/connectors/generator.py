@@ -1,12 +1,14 @@
-"""The `generator` source (REPLAYABLE): deterministic records from a seed.
+"""The `generator` and `collection` sources (REPLAYABLE): records by index, deterministic.
 
 Split `split-n` of S produces the record indexes n, n+S, n+2S, ... below `count`
-(forever when `count` is unset). A record depends only on its index and the seed, so
-a replay from a cursor (the next index) gives the same records. Kinds: `sequence`
-(the index), `words` (a line of `wordsPerLine` words from a `vocabulary` of
-`w0`..`wN`), `events` (`{"key": "k{i mod keys}", "value": i, "ts": 10 * i}`).
-`ratePerSecond` paces the whole source (each split takes its share). Each split has
-its own event time (`SplitEventTime`).
+(forever when `count` is unset). A record depends only on its index, so a replay
+from a cursor (the next index) gives the same records. Each split has its own event
+time (`SplitEventTime`).
+
+`generator` makes records from a seed: kinds `sequence` (the index), `words` (a line
+of `wordsPerLine` words from a `vocabulary` of `w0`..`wN`), `events` (`{"key": "k{i mod
+keys}", "value": i, "ts": 10 * i}`); `ratePerSecond` paces the whole source (each split
+takes its share). `collection` reads the records its config lists (`nopstream.testing`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from typing import Any
 
 from nopstream.connectors.event_time import SplitHighs
-from nopstream.model.connectors import GeneratorSourceConfig
+from nopstream.model.connectors import CollectionSourceConfig, GeneratorSourceConfig
 from nopstream.records import MIN_TIMESTAMP, Batch
 
 _MASK = (1 << 64) - 1
@@ -29,17 +31,20 @@ def mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
-class GeneratorSource:
-    """Generates the records of the splits assigned to one subtask."""
+class IndexedSource:
+    """Reads the records of the splits assigned to one subtask, by index (`record`)."""
 
     def __init__(
-        self, config: GeneratorSourceConfig | dict[str, Any], splits: tuple[str, ...], *, total_splits: int
+        self,
+        count: int | None,
+        splits: tuple[str, ...],
+        *,
+        total_splits: int,
+        rate_per_second: float | None = None,
     ) -> None:
-        """Prepare the cursors of `splits` (`split-n` names)."""
-        c = GeneratorSourceConfig.model_validate(config)
-        self.kind, self.count, self.seed = c.kind, c.count, c.seed
-        self.vocabulary, self.words_per_line, self.keys = c.vocabulary, c.words_per_line, c.keys
-        rate = c.rate_per_second
+        """Prepare the cursors of `splits` (`split-n` names) over indexes below `count` (None: no end)."""
+        self.count = count
+        rate = rate_per_second
         self.rate = None if rate is None else float(rate) * len(splits) / max(total_splits, 1)
         self.stride = total_splits
         self.cursors = {s: int(s.rsplit("-", 1)[1]) for s in splits}
@@ -49,12 +54,7 @@ class GeneratorSource:
 
     def record(self, index: int) -> Any:
         """The record at an index."""
-        if self.kind == "sequence":
-            return index
-        if self.kind == "events":
-            return {"key": f"k{index % self.keys}", "value": index, "ts": 10 * index}
-        base = mix(self.seed ^ (index * 0x100000001B3))
-        return " ".join(f"w{mix(base + j) % self.vocabulary}" for j in range(self.words_per_line))
+        raise NotImplementedError
 
     def _live(self) -> list[str]:
         return [s for s, i in self.cursors.items() if self.count is None or i < self.count]
@@ -106,3 +106,41 @@ class GeneratorSource:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+class GeneratorSource(IndexedSource):
+    """Generates the records of the splits assigned to one subtask."""
+
+    def __init__(
+        self, config: GeneratorSourceConfig | dict[str, Any], splits: tuple[str, ...], *, total_splits: int
+    ) -> None:
+        """Prepare the cursors of `splits` (`split-n` names)."""
+        c = GeneratorSourceConfig.model_validate(config)
+        super().__init__(c.count, splits, total_splits=total_splits, rate_per_second=c.rate_per_second)
+        self.kind, self.seed = c.kind, c.seed
+        self.vocabulary, self.words_per_line, self.keys = c.vocabulary, c.words_per_line, c.keys
+
+    def record(self, index: int) -> Any:
+        """The record at an index."""
+        if self.kind == "sequence":
+            return index
+        if self.kind == "events":
+            return {"key": f"k{index % self.keys}", "value": index, "ts": 10 * index}
+        base = mix(self.seed ^ (index * 0x100000001B3))
+        return " ".join(f"w{mix(base + j) % self.vocabulary}" for j in range(self.words_per_line))
+
+
+class CollectionSource(IndexedSource):
+    """Reads the listed records of the splits assigned to one subtask."""
+
+    def __init__(
+        self, config: CollectionSourceConfig | dict[str, Any], splits: tuple[str, ...], *, total_splits: int
+    ) -> None:
+        """Prepare the cursors of `splits` (`split-n` names)."""
+        c = CollectionSourceConfig.model_validate(config)
+        super().__init__(len(c.records), splits, total_splits=total_splits)
+        self.records = c.records
+
+    def record(self, index: int) -> Any:
+        """The listed record at an index."""
+        return self.records[index]

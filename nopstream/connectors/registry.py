@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Iterable
 
 from nopstream.connectors.files import FileSink, FileSource
-from nopstream.connectors.generator import GeneratorSource
+from nopstream.connectors.generator import CollectionSource, GeneratorSource
 from nopstream.connectors.staged import SinkName
 from nopstream.connectors.stdout import StdoutSink
 from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES
@@ -61,10 +61,11 @@ class Connectors:
             return KafkaSource(
                 config, subtask=subtask, parallelism=parallelism, idle_timeout_ms=idle, keep_unreadable=keep
             )
-        if node.type == "generator":
+        if node.type in ("generator", "collection"):
             assignment = splits.assignment or ()
             total = sum(len(a) for a in assignment)
-            return GeneratorSource(config, assignment[subtask], total_splits=total)
+            indexed = GeneratorSource if node.type == "generator" else CollectionSource
+            return indexed(config, assignment[subtask], total_splits=total)
         raise NotImplementedError(
             f"source type '{node.type}' ({SOURCE_TYPES[node.type].capability}) is not"
             " implemented by this build"

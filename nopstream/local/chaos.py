@@ -30,7 +30,6 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -38,9 +37,8 @@ from typing import Any, TextIO
 import yaml
 
 from nopstream import faults, safefiles, stacks
-from nopstream.connectors import files, kafka, postgres
-from nopstream.connectors import s3 as s3_connector
-from nopstream.local import kills
+from nopstream.connectors import kafka, postgres
+from nopstream.local import kills, outputs
 from nopstream.model.load import load_data
 from nopstream.node.checkpointing import RestoreReport
 from nopstream.plan.timing import timing_dependence
@@ -71,6 +69,8 @@ class ChaosSettings:
     between_kills: tuple[float, float] = (0.2, 1.2)
     fault_wait: float = 30.0
     """Seconds an armed fault point may wait for a process to reach it."""
+    python_path: tuple[str, ...] = ()
+    """Where the runs import user functions from, besides the job file's directory (`Job.chaos`)."""
 
 
 @dataclass
@@ -216,7 +216,7 @@ def _run(
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     fault_dir = home / "faults"
     fault_dir.mkdir()
-    env = _env(job_file, fault_dir, settings.pace_ms)
+    env = _env(job_file, fault_dir, settings)
     progress = kills.Progress(job)
     deadline = time.monotonic() + settings.timeout
 
@@ -283,13 +283,18 @@ def _read_restores(home: Path, outcome: Outcome) -> None:
 PACED_BATCH = 100
 
 
-def _env(job_file: Path, fault_dir: Path, pace_ms: int) -> dict[str, str]:
-    """The environment of the runs: the job's directory importable, fault points armed from `fault_dir`,
-    sources paced when `pace_ms` (`node.settings`)."""
-    python_path = [str(job_file.resolve().parent), _PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")]
+def _env(job_file: Path, fault_dir: Path, settings: ChaosSettings) -> dict[str, str]:
+    """The environment of the runs: the job's directory (and the settings' path) importable, fault points
+    armed from `fault_dir`, sources paced when asked (`node.settings`)."""
+    python_path = [
+        str(job_file.resolve().parent),
+        *settings.python_path,
+        _PACKAGE_ROOT,
+        os.environ.get("PYTHONPATH", ""),
+    ]
     paced = (
-        {"NOPSTREAM_SOURCE_PAUSE_MS": str(pace_ms), "NOPSTREAM_BATCH_SIZE": str(PACED_BATCH)}
-        if pace_ms
+        {"NOPSTREAM_SOURCE_PAUSE_MS": str(settings.pace_ms), "NOPSTREAM_BATCH_SIZE": str(PACED_BATCH)}
+        if settings.pace_ms
         else {}
     )
     return {
@@ -425,22 +430,12 @@ def _sinks(job: dict[str, Any]) -> list[dict[str, Any]]:
     return sinks
 
 
-_COMMITTED: dict[str, Callable[[dict[str, Any]], list[Any]]] = {
-    "file": files.committed_records,
-    "s3": s3_connector.committed_records,
-    "postgres": postgres.table_records,
-    "kafka": kafka.topic_records,
-}
-"""What each sink type that commits can read back of its committed output."""
-
-
 def committed(job: dict[str, Any]) -> Counter[str]:
     """Every record the job's committing sinks committed, as a multiset (strings as is, others as JSON)."""
     records: Counter[str] = Counter()
     for sink in _sinks(job):
-        read = _COMMITTED.get(sink.get("type", ""))
-        if read is not None:
-            records.update(_canonical(r) for r in read(sink.get("config", {})))
+        found = outputs.committed_records(sink.get("type", ""), sink.get("config", {}))
+        records.update(_canonical(r) for r in found or ())
     return records
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from nopstream import safefiles
 from nopstream.model.errors import Issue
 from nopstream.model.load import LoadedModel
+from nopstream.model.functions import arity_issue
 from nopstream.model.spec import canonical_model
 from nopstream.runtime.functions import FunctionError, resolve
 
@@ -40,28 +41,48 @@ def function_issues(
         if entry not in sys.path:
             sys.path.insert(0, entry)
     issues = []
-    for path, ref in _function_refs(canonical_model(loaded.model), ()):
+    model = canonical_model(loaded.model)
+    for path, ref in function_refs(model, ()):
         if absent_ok and importlib.util.find_spec(ref.partition(":")[0].split(".")[0]) is None:
             continue
         try:
-            resolve(ref)
+            fn = resolve(ref)
         except FunctionError as exc:
             issues.append(Issue(loaded.path(*path), str(exc), "fn-importable"))
+            continue
         except Exception as exc:  # importing user code may raise anything; it is the user's
             issues.append(Issue(loaded.path(*path), f"importing '{ref}' raised {exc!r}", "fn-importable"))
+            continue
+        problem = arity_issue(fn, _kind(model, path))
+        if problem is not None:
+            issues.append(Issue(loaded.path(*path), f"'{ref}': {problem}", "fn-arity"))
     return issues
 
 
-def _function_refs(value: Any, at: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], str]]:
+def _kind(model: dict[str, Any], path: tuple[str | int, ...]) -> str:
+    """The kind of function at `path` (`functions.CALLED_WITH`): a key selector, the owning operator's
+    type for its `fn`, or the field itself (`where`, `timestampFn`)."""
+    if "key" in path or "keys" in path:
+        return "key"
+    if path[-1] != "fn":
+        return str(path[-1])
+    owner: Any = model
+    for part in path[:-1]:
+        owner = owner[part]
+    return str(owner.get("type", "")) if isinstance(owner, dict) else ""
+
+
+def function_refs(value: Any, at: tuple[str | int, ...] = ()) -> Iterator[tuple[tuple[str | int, ...], str]]:
+    """The path and reference of every user function named in a canonical model."""
     if isinstance(value, dict):
         for key, item in value.items():
             if key in FUNCTION_KEYS and isinstance(item, str):
                 yield (*at, key), item
             else:
-                yield from _function_refs(item, (*at, key))
+                yield from function_refs(item, (*at, key))
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            yield from _function_refs(item, (*at, i))
+            yield from function_refs(item, (*at, i))
 
 
 def machine_issues(loaded: LoadedModel) -> list[Issue]:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nopstream.model.functions import reference
+from nopstream.model.functions import NotImportable, arity_issue, reference
 from nopstream.model.spec import (
     AggregateSpec,
     AsyncSpec,
@@ -78,6 +78,25 @@ Fn = str | Callable[..., Any]
 """A user function: its `module:attribute` name, or the function or class itself."""
 
 
+def _function(fn: Fn, kind: str, op_id: str | None) -> Any:
+    """A function given by name as it is; one given itself by its name, or a one-line error naming the
+    operator (NotImportable, or WrongArity when it cannot take what a `kind` function is called with)."""
+    if isinstance(fn, str):
+        return fn
+    where = f"operator '{op_id}' ({kind})" if op_id else f"a {kind} operator"
+    problem = arity_issue(fn, kind)
+    if problem is not None:
+        raise WrongArity(f"{where}: {problem}: give it exactly those parameters")
+    try:
+        return reference(fn)
+    except NotImportable as err:
+        raise NotImportable(f"{where}: {err}") from None
+
+
+class WrongArity(ValueError):
+    """A function given to the builder that cannot take the arguments its operator calls it with."""
+
+
 @dataclass(frozen=True)
 class Stream:
     """The output of one node (or one of its side outputs), to chain operators on."""
@@ -87,7 +106,7 @@ class Stream:
 
     def _op(self, type: str, inputs: list[str] | None = None, **fields: Any) -> Stream:
         if fields.get("fn") is not None:  # a function given itself: its name, or one clear error
-            fields["fn"] = reference(fields["fn"])
+            fields["fn"] = _function(fields["fn"], type, fields.get("id"))
         return self.job._add(
             OperatorSpec.model_validate({"type": type, "inputs": inputs or [self.ref], **fields})
         )
@@ -132,7 +151,8 @@ class Stream:
 
     def key_by(self, *, field: str | None = None, fn: Fn | None = None, id: str | None = None) -> Stream:
         """Partition by a key; the next keyed operator keeps its state per key."""
-        return self._op("key_by", key=KeySpec(field=field, fn=reference(fn)), id=id)
+        key_fn = _function(fn, "key", id) if fn is not None else None
+        return self._op("key_by", key=KeySpec(field=field, fn=key_fn), id=id)
 
     def reduce(
         self,

@@ -11,7 +11,16 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from nopstream.model.capabilities import SinkCapability, SourceCapability
@@ -39,17 +48,33 @@ class FileSourceConfig(ConnectorConfig):
     discovery_interval_ms: StrictInt | None = Field(None, ge=1, le=86_400_000)
 
 
-class GeneratorSourceConfig(ConnectorConfig):
+class IndexedSourceConfig(ConnectorConfig):
+    """A source of records by index, in `splits` splits numbered at compile time (None: one per subtask)."""
+
+    splits: StrictInt | None = Field(None, ge=1, le=1024)
+
+
+class GeneratorSourceConfig(IndexedSourceConfig):
     """A deterministic generator: the same config always yields the same records."""
 
     kind: Literal["sequence", "words", "events"] = "sequence"
     count: StrictInt | None = Field(None, ge=0, le=10**12)
-    splits: StrictInt | None = Field(None, ge=1, le=1024)
     seed: StrictInt = Field(0, ge=-(2**63), le=2**63 - 1)
     rate_per_second: StrictFloat | None = Field(None, gt=0, le=1e9)
     vocabulary: StrictInt = Field(10_000, ge=1, le=10**7)
     words_per_line: StrictInt = Field(10, ge=1, le=1000)
     keys: StrictInt = Field(100, ge=1, le=10**9)
+
+
+MAX_COLLECTION = 100_000
+"""The most records a `collection` source lists: they travel inside the plan to every task."""
+
+
+class CollectionSourceConfig(IndexedSourceConfig):
+    """Records listed in the model (JSON values), read in `splits` splits: a job's tests' input."""
+
+    records: list[JsonValue] = Field(max_length=MAX_COLLECTION)
+    splits: StrictInt | None = Field(1, ge=1, le=1024)
 
 
 class S3SourceConfig(ConnectorConfig):
@@ -224,6 +249,7 @@ SOURCE_TYPES: dict[str, SourceType] = {
     for s in (
         SourceType("file", SourceCapability.REPLAYABLE, FileSourceConfig),
         SourceType("generator", SourceCapability.REPLAYABLE, GeneratorSourceConfig),
+        SourceType("collection", SourceCapability.REPLAYABLE, CollectionSourceConfig),
         SourceType("s3", SourceCapability.REPLAYABLE, S3SourceConfig),
         SourceType("kafka", SourceCapability.REPLAYABLE, KafkaSourceConfig, timestamps=True),
     )

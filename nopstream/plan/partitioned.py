@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from nopstream.model.connectors import GeneratorSourceConfig
+from nopstream.model.connectors import SOURCE_TYPES, IndexedSourceConfig
 from nopstream.plan.jobgraph import JobEdge, JobGraph, JobVertex
 from nopstream.plan.keys import shard_range
 from nopstream.plan.streamgraph import (
@@ -206,8 +206,10 @@ def _channels(policy: EdgePolicy, up: int, down: int) -> tuple[Channel, ...]:
 
 
 def _splits(ident: JobIdentity, v: Vertex, op: StreamNode) -> SourceSplits:
-    if op.type == "generator":
-        count = GeneratorSourceConfig.model_validate(op.spec.get("config", {})).splits or v.parallelism
+    config_type = SOURCE_TYPES[op.type].config if op.type in SOURCE_TYPES else None
+    if config_type is not None and issubclass(config_type, IndexedSourceConfig):  # `split-n` of `count`
+        config = config_type.model_validate(op.spec.get("config", {}))
+        count = config.splits or v.parallelism
         assignment = tuple(
             tuple(f"split-{s}" for s in range(count) if s % v.parallelism == i) for i in range(v.parallelism)
         )

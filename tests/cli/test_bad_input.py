@@ -36,7 +36,9 @@ def job(**spec) -> dict:
 def write(tmp_path: Path, model: dict | str) -> Path:
     (tmp_path / "in").mkdir(exist_ok=True)
     (tmp_path / "in" / "a.txt").write_text("one line\nanother line\n")
-    (tmp_path / "badfns.py").write_text("def upper(line):\n    return line.upper()\n")
+    (tmp_path / "badfns.py").write_text(
+        "def upper(line):\n    return line.upper()\n\n\ndef both(a, b):\n    return a + b\n"
+    )
     path = tmp_path / "job.yaml"
     path.write_text(model if isinstance(model, str) else yaml.safe_dump(model, sort_keys=False))
     return path
@@ -229,6 +231,17 @@ def test_a_function_that_is_here_but_wrong_is_found_by_validate(tmp_path):
         "model.operators[0].fn: cannot import user function 'badfns:nope': module 'badfns' has no attribute"
         " 'nope' (rule: fn-importable)",
     )
+
+
+def test_a_function_that_cannot_take_its_arguments_is_found_before_the_run(tmp_path):
+    model = job()
+    model["model"]["operators"][0]["fn"] = "badfns:both"
+    line = (
+        "model.operators[0].fn: 'badfns:both': both(a, b) cannot be called as a map function, which is"
+        " called with (record) (rule: fn-arity)"
+    )
+    one_issue(validate(tmp_path, model), line)
+    cannot_start(tmp_path, model, line)
 
 
 def cannot_start(tmp_path: Path, model: dict, *lines: str, args: tuple[str, ...] = ()) -> None:

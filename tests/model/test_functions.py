@@ -8,7 +8,7 @@ import functools
 import pytest
 from pydantic import ValidationError
 
-from nopstream.model.builder import JobBuilder
+from nopstream.model.builder import JobBuilder, WrongArity
 from nopstream.model.functions import NotImportable, reference
 from nopstream.model.spec import KeySpec
 from tests.conftest import EXAMPLES
@@ -49,29 +49,51 @@ def test_a_function_task_processes_could_not_import_by_name_is_refused_saying_wh
     with pytest.raises(NotImportable) as lam:
         job.map(lambda r: r)
     assert str(lam.value) == (
-        f"a lambda ({__name__}) has no name to import it by: define it with def at the top level of a module"
+        f"a map operator: a lambda ({__name__}) has no name to import it by: define it with def at the top"
+        " level of a module"
     )
     with pytest.raises(NotImportable) as inner:
-        job.map(local_function())
+        job.map(local_function(), id="m")
     assert str(inner.value) == (
-        f"'local_function.<locals>.inner' ({__name__}) is defined inside a function: task processes"
-        " import functions by name, so define it at the top level of a module"
+        f"operator 'm' (map): 'local_function.<locals>.inner' ({__name__}) is defined inside a function:"
+        " task processes import functions by name, so define it at the top level of a module"
     )
 
-    def script_level(record):
-        return record
-
-    script_level.__module__, script_level.__qualname__ = "__main__", "script_level"
-    with pytest.raises(
-        NotImportable, match=r"^'script_level' is defined in the script being run \(__main__\)"
-    ):
-        job.filter(script_level)
     wrapped = functools.partial(print)
     with pytest.raises(NotImportable, match="has no module and name to import it by"):
         job.map(wrapped)
     renamed = functools.wraps(reference)(lambda r: r)  # claims reference's name, is not it
-    with pytest.raises(NotImportable, match=r"^'nopstream\.model\.functions:reference' does not import back"):
+    with pytest.raises(
+        NotImportable, match=r"^a map operator: 'nopstream\.model\.functions:reference' does not import back"
+    ):
         job.map(renamed)
     with pytest.raises(ValidationError, match=r"a lambda .* has no name to import it by"):
         KeySpec(fn=lambda r: r)
     assert reference("module:attr") == "module:attr"  # names as they are: validation judges them
+
+
+def two(a, b):
+    return a
+
+
+def one(record):
+    return record
+
+
+def test_a_function_of_the_wrong_arity_is_refused_naming_the_operator():
+    job = JobBuilder("j").source("s", "generator")
+    with pytest.raises(WrongArity) as wrong:
+        job.map(two, id="double")
+    assert str(wrong.value) == (
+        "operator 'double' (map): two(a, b) cannot be called as a map function, which is called with"
+        " (record): give it exactly those parameters"
+    )
+    with pytest.raises(WrongArity) as wrong:
+        job.key_by(fn=one, id="k").reduce(one, id="sum")
+    assert str(wrong.value) == (
+        "operator 'sum' (reduce): one(record) cannot be called as a reduce function, which is called with"
+        " (accumulator, record): give it exactly those parameters"
+    )
+    with pytest.raises(WrongArity, match=r"^a key operator: two\(a, b\) cannot be called as a key function"):
+        job.key_by(fn=two)
+    job.key_by(fn=one, id="k2").reduce(two, id="sum")  # the right arities pass
