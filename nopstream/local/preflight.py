@@ -19,8 +19,8 @@ from typing import Any
 
 from nopstream import safefiles
 from nopstream.model.errors import Issue
-from nopstream.model.load import LoadedModel
 from nopstream.model.functions import arity_issue
+from nopstream.model.load import LoadedModel
 from nopstream.model.spec import canonical_model
 from nopstream.runtime.functions import FunctionError, resolve
 
