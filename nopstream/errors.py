@@ -75,12 +75,15 @@ def refusal_kind(refused: RestoreRefused) -> str:
 def failure_report(exc: BaseException) -> dict[str, Any]:
     """How a task tells its failure (the body of `POST /failed`, the dashboard's last failures).
 
-    A refusal in its own words, with its kind; an error of the machine (an OSError: a full
-    disk, no permission) in one line naming its file; anything else with the innermost
-    frames of its traceback, where the user's own code raised.
+    A refusal in its own words, with its kind; a user function's error in the line that names
+    its operator and the user's frame; an error of the machine (an OSError: a full disk, no
+    permission) in one line naming its file; anything else (ours) with the innermost frames
+    of its traceback.
     """
     if isinstance(exc, RestoreRefused):
         return {"error": str(exc), "refused": refusal_kind(exc)}
+    if isinstance(exc, OperatorFailed):
+        return {"error": str(exc)}
     if isinstance(exc, OSError):
         return {"error": f"{type(exc).__name__}: {exc}"}
     return {"error": "".join(traceback.format_exception(exc, limit=-8))}

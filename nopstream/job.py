@@ -157,7 +157,9 @@ class Job(JobBuilder):
             epochs=tuple(catalog.durable_epochs(storage, plans.partitioned.identity.checkpoint_namespace)),
             records_in=result.records_in,
             records_out=result.records_out,
-            _sinks={s.id: (s.type, dict(s.config)) for s in loaded.model.graph.sinks if s.id is not None},
+            _sinks={
+                s.id: (s.type, _here(s.type, s.config)) for s in loaded.model.graph.sinks if s.id is not None
+            },
         )
 
     def chaos(
@@ -194,11 +196,19 @@ class Job(JobBuilder):
         return ChaosReport(code, text.getvalue())
 
 
+def _here(sink_type: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """A sink's config with a file sink's relative path resolved where the run resolved it (the working
+    directory now), so that `Finished.output` reads the same place later."""
+    if sink_type == "file" and isinstance(config.get("path"), str):
+        return {**config, "path": str(Path(config["path"]).resolve())}
+    return dict(config)
+
+
 def _refuse_main(loaded: LoadedModel) -> None:
     """NotImportable for the first function of the script being run (`__main__`)."""
-    for _, ref in preflight.function_refs(canonical_model(loaded.model)):
+    for path, ref in preflight.function_refs(canonical_model(loaded.model)):
         if ref.startswith(functions.MAIN):
-            raise NotImportable(functions.main_function_issue(ref))
+            raise NotImportable(f"{loaded.path(*path)}: {functions.main_function_issue(ref)}")
 
 
 __all__ = ["ChaosReport", "Finished", "Job", "RunError"]
