@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nopstream import CannotStart, Job, ModelError, NotImportable, RunFailed, testing
+from nopstream import CannotStart, Job, ModelError, RunFailed, testing
 from nopstream.model.load import load_file
 from nopstream.plan import compiler
 from nopstream.plan.canonical import fingerprint
