@@ -311,6 +311,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except launch.RunError as err:
         print(err, file=sys.stderr)
         return err.exit_code
+    except KeyboardInterrupt as stopped:  # Ctrl-C, or SIGTERM (Terminated): say what the next run finds
+        terminated = isinstance(stopped, Terminated)
+        how = "stopped by SIGTERM" if terminated else "interrupted"
+        print(f"nopstream run: {how}: {launch.kept(compiler.compile_model(loaded))}", file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     plans, result = launched.plans, launched.result
     job = plans.partitioned.identity.job_id
     if result.finished_before is not None:

@@ -89,3 +89,24 @@ def launch(loaded: LoadedModel, options: runner.RunOptions, *, etcd: str | None 
         raise CannotStart(f"job '{job}' cannot start: {err}") from None
     except runner.JobFailed as failure:
         raise RunFailed(f"job '{job}' failed: {failure}") from None
+
+
+def kept(plans: compiler.CompiledPlans) -> str:
+    """What a stopped run leaves for the next one, in a sentence: its latest durable epoch, or nothing."""
+    from nopstream.checkpoint import catalog, lineage
+    from nopstream.node.checkpointing import open_storage
+
+    job = plans.partitioned.identity.job_id
+    namespace = plans.partitioned.identity.checkpoint_namespace
+    try:
+        storage = open_storage(plans.deployment)
+        first = lineage.current(storage, namespace).first_epoch
+        latest = catalog.Stored.read(storage, namespace).latest_durable(since=first)
+    except (OSError, errors.RestoreRefused):  # storage gone too: say what is certain
+        return f"job '{job}' resumes from its latest durable epoch when run again"
+    if latest is None:
+        return f"job '{job}' had no durable epoch yet: running it again starts it from the beginning"
+    return (
+        f"job '{job}' keeps epoch {latest}, its latest durable one, whose output is committed: running it"
+        " again resumes from there"
+    )

@@ -81,6 +81,7 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
     gc.freeze()
     code = 1
     try:
+        name_process(f"nopstream task {settings.task_id}")
         die_with_parent()
         for fd in close_fds:
             os.close(fd)
@@ -128,6 +129,13 @@ def waking_on_exit(procs: list[TaskProcess], wake: Callable[[], None]) -> Iterat
         for fd in watched:
             loop.remove_reader(fd)
             os.close(fd)
+
+
+def name_process(title: str) -> None:
+    """Show this process as `title` in `ps` and `top` (its command line and its name)."""
+    import setproctitle  # only task processes are named: not imported by the runner's callers
+
+    setproctitle.setproctitle(title)
 
 
 def die_with_parent() -> None:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -300,6 +301,7 @@ def _run_processes(plans: compiler.CompiledPlans, options: RunOptions, storage: 
     """
     started = time.monotonic()
     plan = plans.partitioned
+    keep_last_command(options.run_files(plan.identity.job_id))
     lineage = new_lineage(options)  # started by the first run; its recoveries find it started
     secret = guard.new_secret()  # one per command: every run of it is fenced by its number
     history = JobHistory(plan)
@@ -337,6 +339,26 @@ def _run_processes(plans: compiler.CompiledPlans, options: RunOptions, storage: 
             result = _result(plan, started, control.processing_seconds(), counts, channels, runs=run)
             assert control.routes.current is not None  # the run ended: it was led
             return _ended(result, first, control.routes.current)
+
+
+LAST_COMMAND = "previous"
+"""Where a command keeps the run directories (plans, task logs) of the job's command before it."""
+
+
+def keep_last_command(job_dir: Path) -> None:
+    """Move the run directories of the job's previous command into `previous/` (replacing the ones before
+    them), so that this command's runs, numbered from 1 again, never overwrite the last command's logs.
+
+    Called holding the job's checkpoint namespace: no other command of the job runs.
+    """
+    earlier = sorted(job_dir.glob("run-*"))
+    if not earlier:
+        return
+    previous = job_dir / LAST_COMMAND
+    shutil.rmtree(previous, ignore_errors=True)
+    previous.mkdir()
+    for run_dir in earlier:
+        run_dir.rename(previous / run_dir.name)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from nopstream.model.load import load_data
 from nopstream.node import guard
@@ -139,7 +140,14 @@ def _children(pid: int) -> set[int]:
     return found
 
 
-def test_sigterm_stops_a_run_says_so_and_leaves_nothing_behind(tmp_path):
+@pytest.mark.parametrize(
+    ("stop", "code", "said"),
+    [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "interrupted")],
+    ids=["sigterm", "ctrl-c"],
+)
+def test_sigterm_or_ctrl_c_stops_a_run_says_what_it_kept_and_leaves_nothing_behind(
+    tmp_path, stop, code, said
+):
     model = job()
     model["model"]["sources"] = [
         {"id": "lines", "type": "generator", "config": {"count": 10**6, "ratePerSecond": 1000}}
@@ -159,15 +167,20 @@ def test_sigterm_stops_a_run_says_so_and_leaves_nothing_behind(tmp_path):
     while not list(run_dir.glob("logs/*.log")) or not (run_dir / "control-url").exists():
         assert time.monotonic() < deadline and proc.poll() is None, "the run never started"
         time.sleep(0.05)
-    time.sleep(1)
+    deadline = time.monotonic() + 30
+    while not list((tmp_path / "cp").glob("checkpoint/bad/main/*/_manifest.json")):
+        assert time.monotonic() < deadline and proc.poll() is None, "no durable epoch"
+        time.sleep(0.05)
     tasks = _children(proc.pid)
-    assert tasks
-    proc.send_signal(signal.SIGTERM)
+    names = {Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode() for pid in tasks}
+    assert names == {"nopstream task bad/main/lines/0"}  # named in ps (the sink is chained to it)
+    proc.send_signal(stop)
     _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 143, err
-    assert (
-        err
-        == "nopstream run: stopped by SIGTERM (running the job again resumes from its latest durable epoch)\n"
+    assert proc.returncode == code, err
+    kept = max(int(p.parent.name) for p in (tmp_path / "cp").glob("checkpoint/bad/main/*/_manifest.json"))
+    assert err == (
+        f"nopstream run: {said}: job 'bad' keeps epoch {kept}, its latest durable one, whose output is"
+        " committed: running it again resumes from there\n"
     )
     assert not (run_dir / "control-url").exists() and not (run_dir / "secret").exists()
     assert not [pid for pid in tasks if Path(f"/proc/{pid}").exists()]
@@ -227,3 +240,16 @@ def test_status_with_etcd_down_says_so_in_one_line(tmp_path):
     assert result.code == 1, result.err
     assert result.err.startswith(f"job 'bad': etcd at 127.0.0.1:{port} did not answer: ")
     assert result.err.count("\n") == 1 and "Traceback" not in result.err
+
+
+def test_a_new_command_keeps_the_last_commands_task_logs(tmp_path):
+    write(tmp_path, job())
+    assert run_nopstream("run", "job.yaml", "--quiet", cwd=tmp_path).code == 0
+    runs = tmp_path / ".nopstream" / "runs" / "bad"
+    first = {p.name: p.read_bytes() for p in (runs / "run-1" / "logs").iterdir()}
+    assert first and all(first.values())
+    assert run_nopstream("run", "job.yaml", "--quiet", "--fresh", cwd=tmp_path).code == 0
+    kept = {p.name: p.read_bytes() for p in (runs / "previous" / "run-1" / "logs").iterdir()}
+    assert kept == first
+    second = {p.name: p.read_bytes() for p in (runs / "run-1" / "logs").iterdir()}
+    assert second.keys() == first.keys() and second != first
