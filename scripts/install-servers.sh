@@ -5,12 +5,13 @@
 # release), helm (its Go module), and the node of the e2e cluster: containerd and
 # CoreDNS (their Go modules), runc, the CNI plugins, iptables, conntrack, buildah and
 # mmdebstrap (Debian), the runtime image (built on a Debian base made here), Lua 5.1
-# with lua-cjson (Debian) for the Argo CD health check, and Chromium with its
-# ChromeDriver (Debian) for the dashboard's browser test.
+# with lua-cjson (Debian) for the Argo CD health check, Chromium with its
+# ChromeDriver (Debian) for the dashboard's browser test, and for each Python 3.11-3.13
+# found a wheelhouse of the runtime lock for the wheel test.
 # Everything lands in a cache outside the repository; a second run finds it there and
 # only prints what it reused.
 #
-# Usage: scripts/install-servers.sh [etcd] [postgres] [minio] [kafka] [kube] [helm] [node] [image] [lua] [browser]
+# Usage: scripts/install-servers.sh [etcd] [postgres] [minio] [kafka] [kube] [helm] [node] [image] [lua] [browser] [wheels]
 #        (default: all)
 set -euo pipefail
 
@@ -169,8 +170,44 @@ build_coredns() {
   GOBIN="$BIN" go install "github.com/coredns/coredns@$COREDNS_VERSION"
 }
 
+# Each Python 3.11, 3.12, 3.13 this machine has (on PATH or under pyenv): its path, one per line.
+pythons() {
+  local v py
+  for v in 3.11 3.12 3.13; do
+    py=""
+    if command -v "python$v" >/dev/null 2>&1 && "python$v" -c '' 2>/dev/null; then
+      py="$(command -v "python$v")"
+    else
+      py="$(ls -d "$HOME"/.pyenv/versions/"$v".*/bin/"python$v" 2>/dev/null | sort -V | tail -1 || true)"
+    fi
+    [[ -n "$py" ]] && echo "$py"
+  done
+  return 0
+}
+
+# The runtime lock's wheels (and the build backend's) for one Python: the wheel test installs
+# nopstream's built wheel into a fresh virtualenv from them, offline.
+build_wheelhouse() {
+  local py="$1" house="$2"
+  rm -rf "$house.tmp" && mkdir -p "$house.tmp"
+  "$py" -m pip wheel -q --disable-pip-version-check --require-hashes -r "$TOP/runtime-image/requirements.lock" -w "$house.tmp"
+  "$py" -m pip download -q --disable-pip-version-check --only-binary=:all: setuptools==84.2.1 wheel==0.48.0 -d "$house.tmp"
+  mv "$house.tmp" "$house"
+}
+
+wheelhouses() {
+  local lock_hash py v
+  lock_hash="$(sha256sum "$TOP/runtime-image/requirements.lock" | cut -c1-16)"
+  for py in $(pythons); do
+    v="$("$py" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+    timed "wheelhouse for Python $v" "$CACHE/wheelhouse-$v-$lock_hash/.built" \
+      build_wheelhouse "$py" "$CACHE/wheelhouse-$v-$lock_hash"
+    echo "$py" > "$CACHE/wheelhouse-$v-$lock_hash/python"
+  done
+}
+
 what=("$@")
-[[ ${#what[@]} -gt 0 ]] || what=(etcd postgres minio kafka kube helm node image lua browser)
+[[ ${#what[@]} -gt 0 ]] || what=(etcd postgres minio kafka kube helm node image lua browser wheels)
 for w in "${what[@]}"; do
   case "$w" in
     etcd) install_etcd ;;
@@ -189,6 +226,7 @@ for w in "${what[@]}"; do
     # Argo CD runs health checks in Lua 5.1 (gopher-lua): the StreamJob check is tested on it
     lua) install_debian_packages "lua" lua5.1 lua-cjson ;;
     browser) install_debian_packages "browser" chromium chromium-driver ;;
-    *) log "unknown server '$w' (known: etcd postgres minio kafka kube helm node image lua browser)"; exit 2 ;;
+    wheels) wheelhouses ;;
+    *) log "unknown server '$w' (known: etcd postgres minio kafka kube helm node image lua browser wheels)"; exit 2 ;;
   esac
 done

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import ctypes.util
 import gc
 import logging
 import os
@@ -58,6 +57,9 @@ class TaskProcess:
 
 
 _STOPS = {signal.SIGTERM, signal.SIGINT}
+_LIBC = ctypes.CDLL(None, use_errno=True)
+"""The C library's functions, loaded in the runner: a child that looked it up by name ran `ldconfig -p`
+at every start (`ctypes.util.find_library`), seconds on a loaded machine."""
 
 
 def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[int, ...] = ()) -> TaskProcess:
@@ -140,9 +142,8 @@ def name_process(title: str) -> None:
 
 def die_with_parent() -> None:
     """Linux: SIGKILL this child when the runner dies, so a killed runner leaves no task behind."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    _LIBC.prctl(pr_set_pdeathsig, signal.SIGKILL)
     if os.getppid() == 1:  # the runner died before prctl took effect
         os._exit(1)
 
