@@ -14,6 +14,7 @@ _EXPORTS = {
     "Finished": "nopstream.job",
     "ChaosReport": "nopstream.job",
     "JobBuilder": "nopstream.model.builder",
+    "Stream": "nopstream.model.builder",
     "ModelError": "nopstream.model.errors",
     "NotImportable": "nopstream.model.functions",
     "RunError": "nopstream.local.launch",
