@@ -451,6 +451,13 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 
 def cmd_savepoint(args: argparse.Namespace) -> int:
     """Ask a running job's coordinator for a savepoint; exit 1 when no coordinator answers."""
+    if args.stop and args.etcd:  # its supervisor would wait for tasks that stopped at the savepoint
+        print(
+            "nopstream savepoint: --stop applies to `nopstream run` without --etcd (on Kubernetes the"
+            " operator stops a job at a savepoint itself)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     plans = compiler.compile_model(load_file(args.file))
     job = plans.partitioned.identity.job_id
     answer = _ask_coordinator(plans, args, "POST", "/savepoint?stop=true" if args.stop else "/savepoint")

@@ -31,7 +31,7 @@ from nopstream.cluster.registry import Registry
 from nopstream.errors import StartRefused
 from nopstream.local import ownership
 from nopstream.local.processes import die_with_parent
-from nopstream.local.runner import JobFailed, RunOptions, RunResult, new_lineage
+from nopstream.local.runner import JobFailed, RunOptions, RunResult, new_lineage, starting_point
 from nopstream.node import checkpointing, guard, recovery
 from nopstream.node.recovery import REFUSALS
 from nopstream.node.settings import DEPLOYMENT_FILE, PARTITIONED_FILE
@@ -92,8 +92,10 @@ class Supervisor:
         (self.plan_dir / DEPLOYMENT_FILE).write_text(compiler.dump_document(self.plans.deployment))
         guard.write_secret(self.secret_file, guard.new_secret())  # one per command, as with `run`
         _reach(self.etcd, quiet=self.options.quiet)
-        run = _advance_run(self.etcd, self.layout, None)
         self.lineage = new_lineage(self.options)
+        if self.lineage is None:  # where its coordinator will start (read only): a changed plan checked
+            starting_point(checkpointing.open_storage(self.plans.deployment), self.plans, self.options, None)
+        run = _advance_run(self.etcd, self.layout, None)
         self._request(run, self.lineage)
         recoveries, failures = 0, tuple[float, ...]()
         try:
