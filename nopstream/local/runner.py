@@ -307,11 +307,11 @@ def _run_processes(plans: compiler.CompiledPlans, options: RunOptions, storage: 
     history = JobHistory(plan)
     run, recoveries, cause = 1, 0, "start"
     failures: tuple[float, ...] = ()
-    first = point = starting_point(storage, plans, options, lineage)
     with socket.create_server(("127.0.0.1", 0)) as sock:
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         if not options.quiet:
             print(f"dashboard: {url}{DASHBOARD_PATH}#token={secret}", file=sys.stderr)
+        first = point = starting_point(storage, plans, options, lineage)
         while True:
             history.run_started(run, point.epoch, cause)
             try:

@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from nopstream.connectors import files
-from tests.conftest import ROOT, run_nopstream
+from tests.conftest import ROOT, after_dashboard_line, run_nopstream
 
 KEYS, COUNT = 40, 6000
 
@@ -116,7 +116,7 @@ def test_a_rolling_count_rescaled_2_3_1_from_stop_savepoints_is_exact(tmp_path):
     stopped = int(first.split("epoch ")[1].split(",")[0])
     assert 0 < len(outputs(tmp_path)) < len(EXPECTED)  # stopped part way, its output committed
     write_job(tmp_path, parallelism=3)
-    second = stop_after_an_epoch(tmp_path, start(tmp_path))
+    second = after_dashboard_line(stop_after_an_epoch(tmp_path, start(tmp_path)))
     assert second.startswith(
         f"job 'rescaled': RESCALE from savepoint epoch {stopped}: RESCALE [rescale] source 'events'"
         " (generator) parallelism 2 -> 3: splits are reassigned from the restored enumerator state;"
@@ -126,7 +126,7 @@ def test_a_rolling_count_rescaled_2_3_1_from_stop_savepoints_is_exact(tmp_path):
     write_job(tmp_path, parallelism=1)
     third = run_nopstream("run", "job.yaml", cwd=tmp_path)
     assert third.code == 0, third.err
-    assert third.err.startswith("job 'rescaled': RESCALE from savepoint epoch "), third.err
+    assert after_dashboard_line(third.err).startswith("job 'rescaled': RESCALE from savepoint epoch ")
     assert "source 'events' (generator) parallelism 3 -> 1" in third.err
     assert outputs(tmp_path) == EXPECTED
 

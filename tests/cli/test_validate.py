@@ -40,7 +40,7 @@ FAMILIES = {
     "connector": [
         "spec.model.sinks[0].config.bucket: required field is missing (rule: required)",
         "spec.model.sinks[0].config.region: unknown field (rule: known-fields)",
-        "spec.model.sources[0].type: unknown source type 'kinesis' (known: file, generator, kafka, s3)"
+        "spec.model.sources[0].type: unknown source type 'kinesis' (known: collection, file, generator, kafka, s3)"
         " (rule: connector-type)",
     ],
     "shape": [

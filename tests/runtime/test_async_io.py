@@ -146,7 +146,6 @@ def test_a_call_that_keeps_timing_out_fails_the_run_naming_the_operator(tmp_path
     assert result.code == 3, result.err
     last = after_dashboard_line(result.err).strip().splitlines()[-1]
     assert last == (
-        "nopstream.errors.OperatorFailed: operator 'scored' (async_map) failed: AsyncTimeout: no result"
-        " within 200 ms (2 attempts)"
+        "operator 'scored' (async_map) failed: AsyncTimeout: no result within 200 ms (2 attempts)"
     )
     assert read_outputs(Path(tmp_path / "out")) == []
