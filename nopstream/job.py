@@ -25,8 +25,9 @@ from typing import Any
 import yaml
 
 from nopstream.checkpoint import catalog
+from nopstream.connectors import registry
 from nopstream.local import chaos as chaos_runs
-from nopstream.local import launch, outputs, preflight, runner
+from nopstream.local import launch, preflight, runner
 from nopstream.local.launch import RunError
 from nopstream.model import functions
 from nopstream.model.builder import JobBuilder
@@ -70,10 +71,10 @@ class Finished:
                 f"job '{self.job_id}' has no sink '{sink_id}' (its sinks: {', '.join(self._sinks)})"
             )
         sink_type, config = self._sinks[sink_id]
-        found = outputs.committed_records(sink_type, config)
-        if found is None:
+        read = registry.sink_kind(sink_type).committed
+        if read is None:
             raise ValueError(f"sink '{sink_id}' is a {sink_type} sink: it commits nothing to read back")
-        return found
+        return read(config)
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,10 @@ class Job(JobBuilder):
             records_in=result.records_in,
             records_out=result.records_out,
             _sinks={
-                s.id: (s.type, _here(s.type, s.config)) for s in loaded.model.graph.sinks if s.id is not None
+                # anchored where this run resolved them: `output` reads the same place from anywhere later
+                s.id: (s.type, registry.sink_kind(s.type).anchored(dict(s.config)))
+                for s in loaded.model.graph.sinks
+                if s.id is not None
             },
         )
 
@@ -194,14 +198,6 @@ class Job(JobBuilder):
         except chaos_runs.ChaosFailed as failed:
             raise launch.RunFailed(f"chaos: {failed}") from None
         return ChaosReport(code, text.getvalue())
-
-
-def _here(sink_type: str, config: Mapping[str, Any]) -> dict[str, Any]:
-    """A sink's config with a file sink's relative path resolved where the run resolved it (the working
-    directory now), so that `Finished.output` reads the same place later."""
-    if sink_type == "file" and isinstance(config.get("path"), str):
-        return {**config, "path": str(Path(config["path"]).resolve())}
-    return dict(config)
 
 
 def _refuse_main(loaded: LoadedModel) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nopstream.local import outputs
+from nopstream.connectors import files
 from nopstream.model.builder import JobBuilder, Stream
 from nopstream.model.connectors import MAX_COLLECTION
 from nopstream.model.spec import WatermarkSpec
@@ -53,7 +53,7 @@ class Collected:
     @property
     def records(self) -> list[Any]:
         """Every committed record (each sink subtask's in commit order, subtask after subtask)."""
-        return outputs.committed_records("file", {"path": str(self.path)}) or []
+        return files.committed_records({"path": str(self.path)})
 
 
 def collect(

@@ -37,8 +37,8 @@ from typing import Any, TextIO
 import yaml
 
 from nopstream import faults, safefiles, stacks
-from nopstream.connectors import kafka, postgres
-from nopstream.local import kills, outputs
+from nopstream.connectors import registry
+from nopstream.local import kills
 from nopstream.model.load import load_data
 from nopstream.node.checkpointing import RestoreReport
 from nopstream.plan.timing import timing_dependence
@@ -384,39 +384,26 @@ def _isolated(raw: dict[str, Any], home: Path, tag: str) -> dict[str, Any]:
         storage = {"local": {"path": str((home / "checkpoints").resolve())}}
     checkpoint["storage"] = storage
     for sink in _sinks(job):
-        config = sink.setdefault("config", {})
-        if sink.get("type") == "file":
-            config["path"] = str((home / "out" / sink["id"]).resolve())
-        elif sink.get("type") == "s3":
-            config["prefix"] = f"{config.get('prefix', '')}{tag}/"
-        elif sink.get("type") == "postgres":
-            config["table"] = _table_of(config["table"], tag)
-        elif sink.get("type") == "kafka":
-            config["topic"] = f"{config['topic'][: 248 - len(tag)]}.{tag}"
+        kind = registry.sink_kind(sink.get("type", ""))
+        sink["config"] = kind.isolated(sink.get("config", {}), home / "out" / sink["id"], tag)
     return job
 
 
-def _table_of(table: str, tag: str) -> str:
-    """The run's own table beside the sink's (schema dropped: it is created in the search path)."""
-    return f"{table.rsplit('.', 1)[-1][: 62 - len(tag)]}_{tag.replace('-', '_')}"
-
-
 def _create_outputs(raw: dict[str, Any], job: dict[str, Any]) -> None:
-    """Each postgres sink's table and kafka sink's topic of this run, empty, made like the sink's own."""
+    """Each sink's output of this run that must exist before it (a table, a topic), empty, made like the
+    sink's own."""
     for original, isolated in zip(_sinks(raw), _sinks(job), strict=True):
-        if original.get("type") == "postgres":
-            postgres.create_like(original["config"], isolated["config"]["table"])
-        elif original.get("type") == "kafka":
-            kafka.create_like(original["config"], isolated["config"]["topic"])
+        create = registry.sink_kind(original.get("type", "")).create_like
+        if create is not None:
+            create(original.get("config", {}), isolated["config"])
 
 
 def drop_outputs(job: dict[str, Any]) -> None:
-    """Drop the run's postgres tables and kafka topics (once its output compared equal)."""
+    """Drop the run's outputs that would pile up (tables, topics) once its output compared equal."""
     for sink in _sinks(job):
-        if sink.get("type") == "postgres":
-            postgres.drop_table(sink["config"])
-        elif sink.get("type") == "kafka":
-            kafka.delete_topic(sink["config"])
+        drop = registry.sink_kind(sink.get("type", "")).drop
+        if drop is not None:
+            drop(sink["config"])
 
 
 def _spec(job: dict[str, Any]) -> dict[str, Any]:
@@ -434,8 +421,9 @@ def committed(job: dict[str, Any]) -> Counter[str]:
     """Every record the job's committing sinks committed, as a multiset (strings as is, others as JSON)."""
     records: Counter[str] = Counter()
     for sink in _sinks(job):
-        found = outputs.committed_records(sink.get("type", ""), sink.get("config", {}))
-        records.update(_canonical(r) for r in found or ())
+        read = registry.sink_kind(sink.get("type", "")).committed
+        if read is not None:
+            records.update(_canonical(r) for r in read(sink.get("config", {})))
     return records
 
 

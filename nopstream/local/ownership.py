@@ -31,7 +31,8 @@ from pathlib import Path
 
 from nopstream import safefiles
 from nopstream.checkpoint.storage import LocalStorage, Storage
-from nopstream.model.connectors import SINK_TYPES, FileSinkConfig
+from nopstream.connectors import registry
+from nopstream.model.connectors import SINK_TYPES
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.plan.streamgraph import StreamNode
 
@@ -50,10 +51,8 @@ def lock_path(storage: Storage, namespace: str) -> Path:
 
 def sink_location(node: StreamNode) -> str | None:
     """Where a sink node writes (a file sink's directory resolved); None when it has no place of its own."""
-    config = SINK_TYPES[node.type].config.model_validate(node.spec.get("config", {}))
-    if isinstance(config, FileSinkConfig):
-        return str(Path(config.path).resolve())
-    return config.location()
+    anchored = registry.sink_kind(node.type).anchored(node.spec.get("config", {}))
+    return SINK_TYPES[node.type].config.model_validate(anchored).location()
 
 
 def _sink_outputs(plan: PartitionedPlan) -> list[tuple[str, Path]]:
