@@ -255,9 +255,10 @@ class KafkaSource:
         return min(highs.get(s, MIN_TIMESTAMP) for s in active)
 
     def snapshot(self) -> dict[str, Any]:
-        """The next offset of every partition known (`topic:partition`), the bounded ends, the event times."""
+        """The next offset of every partition known (`topic:partition`: each a split's cursor, stored at its
+        own StatePath), the bounded ends, the event times."""
         state: dict[str, Any] = {
-            "offsets": {_key(s): o for s, o in self.cursors.items()},
+            "cursors": {_key(s): o for s, o in self.cursors.items()},
             "eventTimes": {_key(s): t for s, t in self.event_times.highs.items()},
         }
         if self.ends is not None:
@@ -265,8 +266,12 @@ class KafkaSource:
         return state
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Resume every partition of this subtask at its offset (its end, when bounded, as first seen)."""
-        mine = {_split(k): v for k, v in state.get("offsets", {}).items() if self._owns(_split(k))}
+        """Resume every partition of this subtask at its offset (its end, when bounded, as first seen).
+
+        A checkpoint written before the offsets were split cursors keeps them in `offsets`.
+        """
+        offsets = {**state.get("offsets", {}), **state.get("cursors", {})}
+        mine = {_split(k): v for k, v in offsets.items() if self._owns(_split(k))}
         self.cursors.update({s: int(o) for s, o in mine.items()})
         if self.ends is not None:
             ends = {_split(k): int(e) for k, e in state.get("ends", {}).items()}

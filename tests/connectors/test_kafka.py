@@ -240,7 +240,7 @@ def test_partitions_added_to_a_topic_are_discovered_and_read_from_their_start(ka
     while len(got) < 4 and time.monotonic() < deadline:
         got += source.read(10).records
     assert canonical(got) == canonical([{"p": 0}] + [{"p": 1, "i": i} for i in range(3)])
-    assert sorted(source.snapshot()["offsets"]) == [f"{topic}:0", f"{topic}:1"]
+    assert sorted(source.snapshot()["cursors"]) == [f"{topic}:0", f"{topic}:1"]
 
 
 def test_a_topic_pattern_reads_every_matching_topic_and_discovers_new_ones(kafka):
@@ -291,3 +291,80 @@ def test_raw_bytes_cross_as_base64_text_both_ways(kafka):
     s.commit(1)
     copied = read_all(KafkaSource({**config, "topic": out}, subtask=0, parallelism=1))
     assert [base64.b64decode(r) for r in copied] == raw
+
+
+def test_offsets_are_split_cursors_at_their_statepaths_and_old_checkpoints_still_restore(kafka):
+    from nopstream.checkpoint import snapshots
+    from nopstream.checkpoint.formats import decode_segment
+    from nopstream.model.load import load_data
+    from nopstream.plan import compiler
+    from nopstream.records import TaskSnapshot
+
+    topic = kafka.create("in", partitions=2)
+    for p in range(2):
+        kafka.produce(topic, [{"p": p, "i": i} for i in range(20)], partition=p)
+    config = {"bootstrapServers": kafka.bootstrap, "topic": topic, "bounded": True}
+    model = {
+        "jobId": "k",
+        "model": {
+            "sources": [{"id": "in", "type": "kafka", "config": config}],
+            "sinks": [{"id": "out", "type": "stdout", "inputs": ["in"]}],
+        },
+    }
+    plan = compiler.compile_model(load_data(model)).partitioned
+    source = KafkaSource(config, subtask=0, parallelism=1)
+    while sum(source.cursors.values()) < 13:
+        assert source.read(5) is not None
+    offsets = {f"{topic}:{p}": o for (_, p), o in source.cursors.items()}
+
+    def through_storage(source_state: dict) -> dict:
+        """The source's state as a task writes it into segments and a restore joins it back."""
+        segments = snapshots.split(
+            plan,
+            vertex_id="in",
+            subtask=0,
+            epoch=3,
+            state=TaskSnapshot({}, source_state),
+            source_id="in",
+            sink_ids=[],
+        )
+        decoded = {path: decode_segment(data, path=path, epoch=3)[1] for path, data in segments.items()}
+        joined = snapshots.join(
+            plan,
+            vertex_id="in",
+            subtask=0,
+            epoch=3,
+            segments=decoded,
+            operator_ids=[],
+            source_id="in",
+            sink_ids=[],
+            shards=None,
+        )
+        assert joined.source is not None
+        return joined.source
+
+    now = through_storage(json.loads(json.dumps(source.snapshot())))
+    cursor_paths = [
+        p
+        for p in snapshots.split(
+            plan,
+            vertex_id="in",
+            subtask=0,
+            epoch=3,
+            state=TaskSnapshot({}, source.snapshot()),
+            source_id="in",
+            sink_ids=[],
+        )
+        if "/source/" in p
+    ]
+    assert len(cursor_paths) == 2 and now["cursors"] == offsets  # one StatePath per partition
+    # the layout today's main wrote until now: every offset in the enumerator's `offsets`
+    old = {k: v for k, v in source.snapshot().items() if k != "cursors"} | {"offsets": offsets}
+    for state in (now, through_storage(old)):
+        again = KafkaSource(config, subtask=0, parallelism=1)
+        again.restore(state)
+        assert {f"{t}:{p}": o for (t, p), o in again.cursors.items()} == offsets
+        rest = read_all(again)
+        assert len(rest) == 40 - sum(offsets.values())
+        again.close()
+    source.close()
