@@ -1,6 +1,6 @@
 """The plans a namespace's epochs were taken with, kept beside them, and the check of a changed plan.
 
-A coordinator records the partitioned plan it takes epochs with under
+`nopstream run` records the partitioned plan its epochs are taken with under
 `checkpoint/{namespace}/plans/{fingerprint}.json` (once per plan: the same fingerprint
 is the same document). A run of a changed job finds the plan its stop savepoint was
 taken with there and classifies the change with the operator's own rules

@@ -149,10 +149,13 @@ def new_lineage(options: RunOptions) -> NewLineage | None:
 def starting_point(
     storage: Storage, plans: compiler.CompiledPlans, options: RunOptions, lineage: NewLineage | None
 ) -> RestorePoint:
-    """The first run's restore point, a changed plan's change checked (`checkpoint.plans`) and said."""
+    """The first run's restore point, a changed plan's change checked (`checkpoint.plans`) and said; the
+    plan is recorded beside its epochs."""
     plan = plans.partitioned
     point = restore.choose(storage, plan, new_lineage=lineage)
     verdict = plans_store.check_change(storage, plan, point, drop_state=options.drop_state)
+    # a later run of a changed plan checks its change against the plan these epochs are taken with
+    plans_store.record(storage, plan)
     if not options.quiet and verdict is not None:
         reasons = "; ".join(str(r) for r in verdict.reasons)
         print(

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nopstream import faults
-from nopstream.checkpoint import plans
 from nopstream.checkpoint.catalog import apply_retention
 from nopstream.checkpoint.formats import Manifest, SegmentRef, encode_manifest, manifest_path
 from nopstream.checkpoint.storage import Storage
@@ -207,8 +206,6 @@ class EpochCoordinator:
         An epoch adopted from a predecessor is taken at once.
         """
         interval = self.settings.interval_ms / 1000
-        # a later run of a changed plan checks its change against the plan these epochs are taken with
-        await asyncio.to_thread(plans.record, self.storage, self.plan)
         if self._adopted is None and not self.done.is_set():
             await self._wait_interval(interval)
         while not self.done.is_set():

@@ -105,7 +105,17 @@ def test_chaos_cell_minio_to_minio(mode, tmp_path, etcd_server, minio_server, mi
         "NOPSTREAM_S3_ACCESS_KEY": minio_server.access_key,
         "NOPSTREAM_S3_SECRET_KEY": minio_server.secret_key,
     }
-    result = chaos(job, tmp_path, mode=mode, etcd_server=etcd_server, seed=20 + MODES.index(mode), env=env)
+    # paced: since task processes start in milliseconds (no ldconfig at each start), the unpaced job
+    # ended before the last kills of its schedule
+    result = chaos(
+        job,
+        tmp_path,
+        mode=mode,
+        etcd_server=etcd_server,
+        seed=20 + MODES.index(mode),
+        env=env,
+        extra=("--pace", "10"),
+    )
     check(result, capsys, f"minio-to-minio / {mode}")
     staged = [o.object_name for o in minio_client.list_objects(bucket, prefix="out/", recursive=True)]
     assert staged and not [k for k in staged if "/.staging/" in k]
