@@ -107,8 +107,8 @@ class Job(JobBuilder):
         when a function is defined in the script being run (`__main__`), which no other process imports."""
         loaded = self._loaded()
         compiler.compile_model(loaded)  # refuse an invalid job first
-        _refuse_main(loaded)
         spec = canonical_model(loaded.model)
+        _refuse_main(loaded, spec)
         spec.pop("jobId", None)
         manifest = {
             "apiVersion": API_VERSION,
@@ -200,9 +200,10 @@ class Job(JobBuilder):
         return ChaosReport(code, text.getvalue())
 
 
-def _refuse_main(loaded: LoadedModel) -> None:
-    """NotImportable for the first function of the script being run (`__main__`)."""
-    for path, ref in preflight.function_refs(canonical_model(loaded.model)):
+def _refuse_main(loaded: LoadedModel, spec: dict[str, Any]) -> None:
+    """NotImportable for the first function of the script being run (`__main__`) in `spec`, the
+    canonical form of `loaded`'s model."""
+    for path, ref in preflight.function_refs(spec):
         if ref.startswith(functions.MAIN):
             raise NotImportable(f"{loaded.path(*path)}: {functions.main_function_issue(ref)}")
 
