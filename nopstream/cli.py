@@ -356,13 +356,15 @@ def cmd_node(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from nopstream.node import coordinator, liveness, recovery, settings, task
+    from nopstream.node import coordinator, lifetime, liveness, recovery, settings, task
 
     try:
         config = settings.from_env(args.command)
     except settings.SettingsError as err:
         print(f"nopstream {args.command}: {err}", file=sys.stderr)
         return EXIT_USAGE
+    if config.parent is not None:
+        lifetime.die_with_parent(config.parent)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     _exit_on_sigterm(args.command)
     if config.health_port is not None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import gc
 import logging
 import os
@@ -22,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from nopstream.local import worker
-from nopstream.node import cpu
+from nopstream.node import cpu, lifetime
 
 
 class TaskProcess:
@@ -57,9 +56,6 @@ class TaskProcess:
 
 
 _STOPS = {signal.SIGTERM, signal.SIGINT}
-_LIBC = ctypes.CDLL(None, use_errno=True)
-"""The C library's functions, loaded in the runner: a child that looked it up by name ran `ldconfig -p`
-at every start (`ctypes.util.find_library`), seconds on a loaded machine."""
 
 
 def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[int, ...] = ()) -> TaskProcess:
@@ -69,6 +65,7 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
     # SIGTERM and SIGINT wait while the child takes back their default actions: the
     # runner's own handlers (`nopstream run` unwinds on SIGTERM) must never run in a task
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    runner = os.getpid()
     pid = os.fork()
     if pid:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
@@ -84,7 +81,7 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
     code = 1
     try:
         name_process(f"nopstream task {settings.task_id}")
-        die_with_parent()
+        lifetime.die_with_parent(runner)  # a killed runner leaves no task behind
         for fd in close_fds:
             os.close(fd)
         os.dup2(out, 2)
@@ -138,14 +135,6 @@ def name_process(title: str) -> None:
     import setproctitle  # only task processes are named: not imported by the runner's callers
 
     setproctitle.setproctitle(title)
-
-
-def die_with_parent() -> None:
-    """Linux: SIGKILL this child when the runner dies, so a killed runner leaves no task behind."""
-    pr_set_pdeathsig = 1
-    _LIBC.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() == 1:  # the runner died before prctl took effect
-        os._exit(1)
 
 
 def stop_all(procs: list[TaskProcess], grace: float = 5.0) -> None:

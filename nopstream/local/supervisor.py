@@ -30,11 +30,10 @@ from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
 from nopstream.errors import StartRefused
 from nopstream.local import ownership
-from nopstream.local.processes import die_with_parent
 from nopstream.local.runner import JobFailed, RunOptions, RunResult, new_lineage, starting_point
 from nopstream.node import checkpointing, guard, recovery
 from nopstream.node.recovery import REFUSALS
-from nopstream.node.settings import DEPLOYMENT_FILE, PARTITIONED_FILE
+from nopstream.node.settings import DEPLOYMENT_FILE, PARENT, PARTITIONED_FILE
 from nopstream.plan import compiler
 from nopstream.plan.deployment import resource_name
 
@@ -227,6 +226,7 @@ class Supervisor:
             "NOPSTREAM_ATTEMPT": name,
             "NOPSTREAM_LEASE_TTL": str(LEASE_TTL),
             "NOPSTREAM_SECRET_FILE": str(self.secret_file.resolve()),
+            PARENT: str(os.getpid()),
             **extra,
         }
         with log.open("ab") as out:  # a runner started again names its coordinators from 0 again
@@ -236,7 +236,6 @@ class Supervisor:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,
             )
         return Child(name, popen, log)
 

@@ -42,6 +42,8 @@ SECRET_FILE = "/var/run/nopstream/job-secret/secret"
 
 
 HEALTH = "NOPSTREAM_HEALTH_PORT"
+PARENT = "NOPSTREAM_PARENT_PID"
+"""Set by a local supervisor: the process ends when its parent, that supervisor, dies."""
 
 
 class SettingsError(ValueError):
@@ -65,6 +67,7 @@ class NodeSettings:
     run: int | None = None
     standby: bool = False
     health_port: int | None = None
+    parent: int | None = None
 
     @property
     def partitioned_path(self) -> Path:
@@ -137,6 +140,7 @@ def from_env(role: str, env: Mapping[str, str] = os.environ) -> NodeSettings:
         lease_ttl=int_variable(env, "NOPSTREAM_LEASE_TTL", 10, minimum=2),
         secret=_secret(env),
         health_port=int_variable(env, HEALTH, minimum=1) if env.get(HEALTH, "").strip() else None,
+        parent=int_variable(env, PARENT, minimum=1) if env.get(PARENT, "").strip() else None,
     )
     if role == "task":
         task_id = _required(env, "NOPSTREAM_TASK_ID")

@@ -760,7 +760,7 @@ SHAPES: dict[str, Callable[..., dict[str, Any]]] = {
     "broadcast-rules": broadcast_rules,
     "dead-letters": dead_letters,
 }
-CHAOS_ARGS: dict[str, tuple[str, ...]] = {"dead-letters": ("--pace", "200")}
+CHAOS_ARGS: dict[str, tuple[str, ...]] = {"dead-letters": ("--pace", "300")}
 """`nopstream chaos` arguments of a shape beyond the matrix's own."""
 ETCD_SHAPES = ("joins", "broadcast-rules")
 """The shapes also run with `--etcd`: two inputs' state, TTLs and broadcast state restored by task

@@ -308,7 +308,7 @@ def test_offsets_are_split_cursors_at_their_statepaths_and_old_checkpoints_still
         "jobId": "k",
         "model": {
             "sources": [{"id": "in", "type": "kafka", "config": config}],
-            "sinks": [{"id": "out", "type": "stdout", "inputs": ["in"]}],
+            "sinks": [{"id": "out", "type": "file", "inputs": ["in"], "config": {"path": "out"}}],
         },
     }
     plan = compiler.compile_model(load_data(model)).partitioned
