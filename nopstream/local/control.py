@@ -77,6 +77,13 @@ class ControlServer:
         if self._runner is not None:
             await self._runner.cleanup()
 
+    async def endpoint(self, task_id: str) -> str:
+        """Task `task_id`'s endpoint, once it has registered."""
+        report = self.tasks[task_id]
+        await report.registered.wait()
+        assert report.endpoint is not None  # set before `registered`
+        return report.endpoint
+
     def _task(self, task_id: object) -> TaskReport:
         task = self.tasks.get(task_id) if isinstance(task_id, str) else None
         if task is None:

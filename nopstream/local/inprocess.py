@@ -9,6 +9,7 @@ from typing import Any
 from nopstream import errors
 from nopstream.connectors.registry import Connectors
 from nopstream.errors import RestoreRefused
+from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.records import ConnectorFactory
 from nopstream.runtime.gate import InputChannel, InputGate
@@ -61,6 +62,24 @@ def build_tasks(
         for v in plan.vertices
         for s in v.subtasks
     ]
+
+
+class DirectCommands:
+    """`node.leading.Commands` by direct calls to the tasks of this process (added once built)."""
+
+    def __init__(self) -> None:
+        """Command no task yet: `tasks` is filled once they are built."""
+        self.tasks: list[Task] = []
+
+    async def barrier(self, epoch: int, kind: EpochKind) -> None:
+        """Inject barrier `epoch` of `kind` at every source task."""
+        for task in self.tasks:
+            if task.source is not None:
+                task.trigger_barrier(epoch, kind)
+
+    async def commit(self, epoch: int) -> None:
+        """Commit every task's sinks up to `epoch`."""
+        await asyncio.gather(*(task.commit(epoch) for task in self.tasks))
 
 
 class TaskFailed(Exception):

@@ -19,10 +19,10 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import aiohttp
 
@@ -31,7 +31,7 @@ from nopstream.checkpoint import plans as plans_store
 from nopstream.checkpoint import restore
 from nopstream.checkpoint.restore import NewLineage, RestorePoint
 from nopstream.checkpoint.storage import Storage
-from nopstream.cluster.election import Election, Leadership
+from nopstream.cluster.election import Election
 from nopstream.cluster.epochlog import EpochLog
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
@@ -42,8 +42,9 @@ from nopstream.local import inprocess, ownership, processes, worker
 from nopstream.local.control import ControlServer
 from nopstream.node import checkpointing, guard, recovery
 from nopstream.node.coordinator_api import DASHBOARD_PATH, TaskCommands
-from nopstream.node.epochs import EpochCoordinator, Notify, Trigger
+from nopstream.node.epochs import EpochCoordinator
 from nopstream.node.jobview import JobHistory
+from nopstream.node.leading import Leader, lead_run
 from nopstream.node.taskserver import task_settings
 from nopstream.plan import compiler
 from nopstream.plan.epochs import EpochKind
@@ -168,17 +169,6 @@ def starting_point(
     return point
 
 
-async def lead(coordinator: EpochCoordinator, work: Coroutine[Any, Any, None]) -> None:
-    """Run the coordinator beside `work` (the tasks, or their supervision) until both end; when the
-    coordinator stopped the job at a savepoint (its output committed), `work` is cancelled: its tasks
-    wait for nothing more."""
-    async with asyncio.TaskGroup() as group:
-        working = group.create_task(work, name="tasks")
-        await coordinator.run()
-        if coordinator.stopped:
-            working.cancel()
-
-
 def run_job(plans: compiler.CompiledPlans, options: RunOptions) -> RunResult:
     """Run a compiled job to completion, holding its checkpoint namespace; JobFailed when a task fails."""
     for path in options.python_path:
@@ -211,89 +201,54 @@ async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions, st
     started = time.monotonic()
     plan = plans.partitioned
     point = await asyncio.to_thread(starting_point, storage, plans, options, new_lineage(options))
-    backend = LocalBackend()
-    layout = Layout("local", plan.identity.job_id, plan.identity.pipeline_id)
-    try:
-        async with LeaseKeeper(backend, 30) as keeper:
-            leadership = await Election(backend, layout, "local-runner").campaign(keeper)
-            tasks: list[Task] = []
-
-            async def trigger(epoch: int, kind: EpochKind) -> None:
-                for t in tasks:
-                    if t.source is not None:
-                        t.trigger_barrier(epoch, kind)
-
-            async def notify(epoch: int) -> None:
-                await asyncio.gather(*(t.commit(epoch) for t in tasks))
-
-            coordinator = _coordinator(
-                plans,
-                storage,
-                EpochLog(backend, layout),
-                leadership,
-                trigger,
-                notify,
-                point,
-            )
-            listener = _InProcessListener(storage, coordinator)
-            tasks.extend(inprocess.build_tasks(plan, listener=listener, settings=task_settings()))
-            for t in tasks:
-                await checkpointing.start_task(t, storage, point)
-            processing_started = time.monotonic()
-            progress = _Progress(
-                plan,
-                options,
-                lambda: {
-                    t.task_id: (t.metrics.records_in, t.metrics.records_out, t.metrics.watermark)
-                    for t in tasks
-                },
-            )
-            ticker = asyncio.create_task(progress.loop(), name="progress")
-            try:
-                await lead(coordinator, inprocess.run_tasks(tasks))
-            except* inprocess.TaskFailed as failures:
-                raise JobFailed(str(failures.exceptions[0])) from failures.exceptions[0]
-            except* RestoreRefused as refused:  # a bad record: not retried, its own line
-                raise refused.exceptions[0] from None
-            finally:
-                ticker.cancel()
-                await asyncio.gather(ticker, return_exceptions=True)
-                progress.done()
-    finally:
-        await backend.close()
+    commands = inprocess.DirectCommands()
+    async with _local_leader(plans, storage, "local-runner") as leader:
+        coordinator = leader.coordinator(1, point, commands)
+        listener = _InProcessListener(storage, coordinator)
+        tasks = commands.tasks
+        tasks.extend(inprocess.build_tasks(plan, listener=listener, settings=task_settings()))
+        for t in tasks:
+            await checkpointing.start_task(t, storage, point)
+        processing_started = time.monotonic()
+        progress = _Progress(
+            plan,
+            options,
+            lambda: {
+                t.task_id: (t.metrics.records_in, t.metrics.records_out, t.metrics.watermark) for t in tasks
+            },
+        )
+        ticker = asyncio.create_task(progress.loop(), name="progress")
+        try:
+            await lead_run(coordinator, work=inprocess.run_tasks(tasks))
+        except* inprocess.TaskFailed as failures:
+            raise JobFailed(str(failures.exceptions[0])) from failures.exceptions[0]
+        except* RestoreRefused as refused:  # a bad record: not retried, its own line
+            raise refused.exceptions[0] from None
+        finally:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+            progress.done()
     counts = {t.task_id: (t.metrics.records_in, t.metrics.records_out) for t in tasks}
     channels = [t.channel_stats() for t in tasks]
     result = _result(plan, started, time.monotonic() - processing_started, counts, channels)
     return _ended(result, point, coordinator)
 
 
-def _coordinator(
-    plans: compiler.CompiledPlans,
-    storage: Storage,
-    epoch_log: EpochLog,
-    leadership: Leadership,
-    trigger: Trigger,
-    notify: Notify,
-    point: RestorePoint,
-    history: JobHistory | None = None,
-    *,
-    run: int = 1,
-) -> EpochCoordinator:
-    """The coordinator of one run, numbering epochs from the restore point's next epoch."""
-    return EpochCoordinator(
-        plans.partitioned,
-        storage,
-        epoch_log,
-        leadership,
-        settings=plans.deployment.checkpoint,
-        trigger=trigger,
-        notify=notify,
-        first_epoch=point.next_epoch,
-        restored=point.epoch,
-        finished=point.finished,
-        run=run,
-        history=history,
-    )
+@contextlib.asynccontextmanager
+async def _local_leader(
+    plans: compiler.CompiledPlans, storage: Storage, candidate: str, history: JobHistory | None = None
+) -> AsyncIterator[Leader]:
+    """The job's leader on this machine: the leadership of an election in this process, won at once."""
+    plan = plans.partitioned
+    backend = LocalBackend()
+    layout = Layout("local", plan.identity.job_id, plan.identity.pipeline_id)
+    try:
+        async with LeaseKeeper(backend, 30) as keeper:
+            leadership = await Election(backend, layout, candidate).campaign(keeper)
+            epoch_log = EpochLog(backend, layout)
+            yield Leader(plan, plans.deployment.checkpoint, storage, epoch_log, leadership, history)
+    finally:
+        await backend.close()
 
 
 def _run_processes(plans: compiler.CompiledPlans, options: RunOptions, storage: Storage) -> RunResult:
@@ -318,7 +273,7 @@ def _run_processes(plans: compiler.CompiledPlans, options: RunOptions, storage: 
         while True:
             history.run_started(run, point.epoch, cause)
             try:
-                control = _attempt(plans, options, _Run(run, point, secret, sock, url, history))
+                control, coordinator = _attempt(plans, options, _Run(run, point, secret, sock, url, history))
             except TaskDied as death:
                 try:
                     recovered = recovery.recover(
@@ -340,8 +295,7 @@ def _run_processes(plans: compiler.CompiledPlans, options: RunOptions, storage: 
             counts = {t: (s.records_in, s.records_out) for t, s in stats.items()}
             channels = [s.channels for s in stats.values()]
             result = _result(plan, started, control.processing_seconds(), counts, channels, runs=run)
-            assert control.routes.current is not None  # the run ended: it was led
-            return _ended(result, first, control.routes.current)
+            return _ended(result, first, coordinator)
 
 
 LAST_COMMAND = "previous"
@@ -376,7 +330,9 @@ class _Run:
     history: JobHistory
 
 
-def _attempt(plans: compiler.CompiledPlans, options: RunOptions, this: _Run) -> ControlServer:
+def _attempt(
+    plans: compiler.CompiledPlans, options: RunOptions, this: _Run
+) -> tuple[ControlServer, EpochCoordinator]:
     """One run: fork every task (started from the restore point), coordinate epochs, supervise."""
     plan, run = plans.partitioned, this.run
     run_dir = options.run_files(plan.identity.job_id) / f"run-{run}"
@@ -393,13 +349,13 @@ def _attempt(plans: compiler.CompiledPlans, options: RunOptions, this: _Run) -> 
     procs = [
         processes.fork_task(
             worker.WorkerSettings(
-                plan_path,
-                task_id,
-                this.url,
-                run,
-                f"r{run}-a{i}",
-                this.secret,
+                plan_path=plan_path,
                 deployment_path=deployment_path,
+                task_id=task_id,
+                control_url=this.url,
+                run=run,
+                attempt=f"r{run}-a{i}",
+                secret=this.secret,
                 restore=this.point,
             ),
             run_dir / "logs" / f"{task_id.replace('/', '_')}.log",
@@ -417,13 +373,11 @@ def _attempt(plans: compiler.CompiledPlans, options: RunOptions, this: _Run) -> 
 
 async def _control_run(
     plans: compiler.CompiledPlans, options: RunOptions, this: _Run, procs: list[processes.TaskProcess]
-) -> ControlServer:
-    plan, run, point, secret = plans.partitioned, this.run, this.point, this.secret
+) -> tuple[ControlServer, EpochCoordinator]:
+    plan, run, secret = plans.partitioned, this.run, this.secret
     control = ControlServer(list(plan.task_ids()), run=run, guard=guard.Guard(secret), history=this.history)
     await control.start(this.sock.dup())  # the run's server closes its copy; the next run serves the socket
     storage = checkpointing.open_storage(plans.deployment)
-    backend = LocalBackend()
-    layout = Layout("local", plan.identity.job_id, plan.identity.pipeline_id)
     progress = _Progress(
         plan,
         options,
@@ -436,45 +390,20 @@ async def _control_run(
     try:
         async with (
             aiohttp.ClientSession(headers=guard.headers(secret)) as session,
-            LeaseKeeper(backend, 30) as keeper,
+            _local_leader(plans, storage, f"local-runner-r{run}", this.history) as leader,
         ):
-            leadership = await Election(backend, layout, f"local-runner-r{run}").campaign(keeper)
-
-            async def endpoint(task_id: str) -> str:
-                report = control.tasks[task_id]
-                await report.registered.wait()
-                assert report.endpoint is not None  # set before `registered`
-                return report.endpoint
-
             commands = TaskCommands(
                 session,
-                endpoint,
+                control.endpoint,
+                sources=plan.source_task_ids(),
+                tasks=plan.task_ids(),
                 run=run,
-                token=leadership.token,
+                token=leader.leadership.token,
                 finished=lambda t: control.tasks[t].done,  # its process exits: its sinks committed
             )
-            sources = plan.source_task_ids()
-
-            async def trigger(epoch: int, kind: EpochKind) -> None:
-                await commands.barrier(sources, epoch, kind)
-
-            async def notify(epoch: int) -> None:
-                await commands.commit(plan.task_ids(), epoch)
-
-            coordinator = _coordinator(
-                plans,
-                storage,
-                EpochLog(backend, layout),
-                leadership,
-                trigger,
-                notify,
-                point,
-                this.history,
-                run=run,
-            )
+            coordinator = leader.coordinator(run, this.point, commands)
             coordinator.on_fault = lambda: _kill_a_task(procs)
-            control.routes.lead(coordinator, run, recoveries=run - 1)
-            await lead(coordinator, _supervise(procs, control))
+            await lead_run(coordinator, routes=control.routes, work=_supervise(procs, control))
     except BaseExceptionGroup as group:
         raise _run_failure(group) from None
     finally:
@@ -482,8 +411,7 @@ async def _control_run(
         await asyncio.gather(ticker, return_exceptions=True)
         progress.done()
         await control.stop()
-        await backend.close()
-    return control
+    return control, coordinator
 
 
 def _ended(result: RunResult, first: RestorePoint, coordinator: EpochCoordinator) -> RunResult:

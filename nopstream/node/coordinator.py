@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -41,9 +40,10 @@ from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.registry import Registry
 from nopstream.errors import RestoreRefused
 from nopstream.node import checkpointing, guard
-from nopstream.node.coordinator_api import CoordinatorRoutes, TaskCommands
+from nopstream.node.coordinator_api import CoordinatorRoutes, Endpoint, TaskCommands
 from nopstream.node.epochs import Ack, EpochCoordinator
 from nopstream.node.jobview import JobHistory
+from nopstream.node.leading import Commands, Leader, lead_run
 from nopstream.node.settings import NodeSettings
 from nopstream.node.taskserver import TaskStatus
 from nopstream.plan import compiler
@@ -156,44 +156,26 @@ class CoordinatorProcess:
         ):
             return  # a standby that won after the end
         tasks = await self._registered(run)
-
-        async def endpoint(task_id: str) -> str:
-            return tasks[task_id]
-
-        commands = TaskCommands(session, endpoint, run=run, token=leadership.token)
-        sources, every = self.plan.source_task_ids(), tuple(tasks)
-
-        async def trigger(epoch: int, kind: EpochKind) -> None:
-            await commands.barrier(sources, epoch, kind)
-
-        async def notify(epoch: int) -> None:
-            await commands.commit(every, epoch)
-
-        statuses = await commands.status(every)
-        coordinator = EpochCoordinator(
-            self.plan,
-            self.storage,
-            self.epoch_log,
-            leadership,
-            settings=self.deployment.checkpoint,
-            trigger=trigger,
-            notify=notify,
-            first_epoch=max(point.next_epoch, (last.epoch if last else 0) + 1),
-            restored=point.epoch,
+        commands = TaskCommands(
+            session,
+            _found(tasks),
+            sources=self.plan.source_task_ids(),
+            tasks=tuple(tasks),
             run=run,
-            history=self.history,
+            token=leadership.token,
+        )
+        statuses = await commands.status()
+        leader = Leader(
+            self.plan, self.deployment.checkpoint, self.storage, self.epoch_log, leadership, self.history
+        )
+        coordinator = leader.coordinator(
+            run, point, commands, first_epoch=max(point.next_epoch, (last.epoch if last else 0) + 1)
         )
         for task_id, status in statuses.items():
             if status.source_finished:
                 coordinator.source_finished(task_id)
-        await self._settle_log(coordinator, last, run, statuses, notify)
-        self.routes.lead(coordinator, run, recoveries=run - 1)
-        try:
-            if not _stopped_at(last, run):
-                await coordinator.run()
-        finally:
-            self.routes.lead(None, run, recoveries=run - 1)
-            await coordinator.settle()
+        await self._settle_log(coordinator, last, run, statuses, commands)
+        await lead_run(coordinator, routes=self.routes, idle=_stopped_at(last, run))
         if coordinator.stopped or _stopped_at(last, run):
             log.info("run %d stands at a stop savepoint: no more epochs until the run changes", run)
             await asyncio.Event().wait()  # the run watcher ends this
@@ -262,7 +244,7 @@ class CoordinatorProcess:
         last: EpochEntry | None,
         run: int,
         statuses: dict[str, TaskStatus],
-        notify: Any,
+        commands: Commands,
     ) -> None:
         """Finish what a predecessor left: commit a DURABLE epoch, adopt or abort one in flight."""
         if last is None:
@@ -271,7 +253,7 @@ class CoordinatorProcess:
         kind = last.kind
         if last.state is EpochState.DURABLE:
             if same_run:  # tasks of another run re-committed it when they restored
-                await notify(last.epoch)
+                await commands.commit(last.epoch)
             await self.epoch_log.record(
                 coordinator.leadership,
                 last.epoch,
@@ -291,6 +273,15 @@ class CoordinatorProcess:
             await self.epoch_log.record(
                 coordinator.leadership, last.epoch, EpochState.ABORTED, reason=f"run changed to {run}"
             )
+
+
+def _found(endpoints: dict[str, str]) -> Endpoint:
+    """The endpoint of each task, as registered."""
+
+    async def endpoint(task_id: str) -> str:
+        return endpoints[task_id]
+
+    return endpoint
 
 
 def _stopped_at(last: EpochEntry | None, run: int) -> bool:

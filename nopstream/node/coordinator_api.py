@@ -283,7 +283,8 @@ Endpoint = Callable[[str], Awaitable[str]]
 
 
 class TaskCommands:
-    """The coordinator's commands to the tasks of one run, each retried until the task answers.
+    """The coordinator's commands to the tasks of one run (`leading.Commands` over HTTP), each retried
+    until the task answers.
 
     A task that does not answer is retried every RETRY seconds: a task that died ends
     the run by another path (its supervisor or its pod's failure), and one that
@@ -297,30 +298,34 @@ class TaskCommands:
         session: aiohttp.ClientSession,
         endpoint: Endpoint,
         *,
+        sources: tuple[str, ...],
+        tasks: tuple[str, ...],
         run: int,
         token: int,
         finished: Callable[[str], bool] = lambda task_id: False,
     ) -> None:
-        """Command the tasks of run `run` with fencing token `token`."""
+        """Command `tasks` (`sources` among them) of run `run` with fencing token `token`."""
         self.session = session
         self.endpoint = endpoint
+        self.sources = sources
+        self.tasks = tasks
         self.finished = finished
         self.fence = {"run": run, "token": token}
 
-    async def barrier(self, task_ids: tuple[str, ...], epoch: int, kind: EpochKind) -> None:
-        """Ask each (source) task to inject barrier `epoch` of `kind`."""
+    async def barrier(self, epoch: int, kind: EpochKind) -> None:
+        """Ask each source task to inject barrier `epoch` of `kind`."""
         body = {"epoch": epoch, "kind": kind, **self.fence}
-        await asyncio.gather(*(self._call(t, "POST", "/control/barrier", body) for t in task_ids))
+        await asyncio.gather(*(self._call(t, "POST", "/control/barrier", body) for t in self.sources))
 
-    async def commit(self, task_ids: tuple[str, ...], epoch: int) -> None:
+    async def commit(self, epoch: int) -> None:
         """Tell each task that epochs up to `epoch` are durable."""
         body = {"epoch": epoch, **self.fence}
-        await asyncio.gather(*(self._call(t, "POST", "/control/commit", body) for t in task_ids))
+        await asyncio.gather(*(self._call(t, "POST", "/control/commit", body) for t in self.tasks))
 
-    async def status(self, task_ids: tuple[str, ...]) -> dict[str, TaskStatus]:
+    async def status(self) -> dict[str, TaskStatus]:
         """Each task's status: its run, whether its source finished, its last ACK."""
-        answers = await asyncio.gather(*(self._call(t, "GET", "/control/status", None) for t in task_ids))
-        return {t: TaskStatus.from_json(a) for t, a in zip(task_ids, answers, strict=True)}
+        answers = await asyncio.gather(*(self._call(t, "GET", "/control/status", None) for t in self.tasks))
+        return {t: TaskStatus.from_json(a) for t, a in zip(self.tasks, answers, strict=True)}
 
     async def _call(
         self, task_id: str, method: str, path: str, body: dict[str, Any] | None

@@ -1,6 +1,7 @@
 """A task pod's process (`nopstream task`): one task of one run, coordinated through etcd.
 
-It serves its channels and commands (`node.taskserver`), registers under its run
+It lives the life of every task process (`node.tasklife`), with etcd as its directory:
+it serves its channels and commands (`node.taskserver`), registers under its run
 with its endpoint bound to its own lease, waits for the run's restore point (chosen
 by the coordinator), restores, connects its outputs (peers found in the registry),
 runs, and exits 0 once the final epoch is committed. ACKs and source-finished go to
@@ -29,7 +30,6 @@ import aiohttp
 
 from nopstream import errors, stacks
 from nopstream.checkpoint.restore import RestorePoint
-from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.backend import Backend, StoreUnavailable, wait_reachable
 from nopstream.cluster.election import Election
 from nopstream.cluster.etcd import EtcdBackend
@@ -37,10 +37,10 @@ from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import ThreadedLeaseKeeper
 from nopstream.cluster.registry import Registration, Registry
 from nopstream.errors import RestoreRefused
-from nopstream.node import checkpointing, guard, recovery
-from nopstream.node.coordinator_api import CoordinatorLink, push_stats
+from nopstream.node import guard, recovery, tasklife
+from nopstream.node.coordinator_api import CoordinatorLink
 from nopstream.node.settings import NodeSettings
-from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task
+from nopstream.node.taskserver import TaskIdentity
 from nopstream.plan import compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.partitioned import PartitionedPlan
@@ -86,30 +86,66 @@ async def serve(settings: NodeSettings) -> None:
             aiohttp.ClientSession(headers=guard.headers(settings.secret)) as session,
         ):
             link = CoordinatorLink(session, Election(backend, layout, who.attempt).leader_endpoint, who)
-
-            async def resolve(task_id: str) -> str:
-                value = await poll_key(backend, layout.task(who.run, task_id))
-                endpoint: str = json.loads(value)["endpoint"]
-                return endpoint
-
-            task, receiver, listener = build_task(
-                plan, deployment, who, session=session, resolve=resolve, send=link.send
+            directory = _Registry(backend, layout, who, keeper, link)
+            bind = (settings.host, settings.port, settings.advertise)
+            life = tasklife.live(
+                plan, deployment, who, directory, link, session=session, secret=settings.secret, bind=bind
             )
-            assert listener is not None
-            server = TaskServer(task, receiver, listener, run=who.run, guard=guard.Guard(settings.secret))
-            endpoint = await server.start(settings.host, settings.port, advertise=settings.advertise)
-            try:
-                registration = Registration(who.task_id, who.attempt, endpoint)
-                await Registry(backend, layout).register(who.run, registration, lease=keeper.lease)
-                log.info(
-                    "task %s serves %s (run %d, attempt %s)", who.task_id, endpoint, who.run, who.attempt
-                )
-                await _until_lease_lost(keeper, _work(task, backend, layout, who, listener.storage, link))
-            finally:
-                await link.close()
-                await server.close()
+            await _until_lease_lost(keeper, life)
     finally:
         await backend.close()
+
+
+class _Registry:
+    """`tasklife.Directory` over the job's etcd registry, the run's restore point there and whichever
+    coordinator leads."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        layout: Layout,
+        who: TaskIdentity,
+        keeper: ThreadedLeaseKeeper,
+        link: CoordinatorLink,
+    ) -> None:
+        self.backend = backend
+        self.layout = layout
+        self.who = who
+        self.keeper = keeper
+        self.link = link
+
+    async def resolve(self, task_id: str) -> str:
+        value = await poll_key(self.backend, self.layout.task(self.who.run, task_id))
+        endpoint: str = json.loads(value)["endpoint"]
+        return endpoint
+
+    async def register(self, endpoint: str) -> None:
+        registration = Registration(self.who.task_id, self.who.attempt, endpoint)
+        await Registry(self.backend, self.layout).register(
+            self.who.run, registration, lease=self.keeper.lease
+        )
+
+    async def restore_point(self) -> RestorePoint:
+        return await restore_point(self.backend, self.layout, self.who.run)
+
+    async def report(self, path: str, body: dict[str, Any]) -> None:
+        # a report to a coordinator that does not answer is given up, not waited for
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(REPORT_SECONDS):
+                await self.link.post_now(path, body)
+
+    async def failed(self, error: Exception, *, restoring: bool) -> None:
+        if restoring and isinstance(error, RestoreRefused):
+            recovery.exit_refused(error)  # at once: see exit_refused
+        # shown on the dashboard; the pod's failure is what recovers the job (a bad record: the
+        # pod exits with its refusal's code)
+        await self.report("/failed", errors.failure_report(error))
+
+    async def finished(self, task: Task, link: CoordinatorLink) -> None:
+        # Every task stays until the final epoch is committed, so a coordinator that takes
+        # over at the very end can still ask each of them for its last ACK.
+        await task.final_committed()
+        _exit_if_teardown_hangs(self.who.task_id)
 
 
 async def _stand_by(settings: NodeSettings, registry: Registry, deployment: DeploymentPlan) -> bool:
@@ -135,37 +171,6 @@ async def _close(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
 async def restore_point(backend: Backend, layout: Layout, run: int) -> RestorePoint:
     """The run's restore point once its coordinator has chosen it; RestoreRefused when it refused."""
     return RestorePoint.from_json(await poll_key(backend, layout.restore(run)))
-
-
-async def _work(
-    task: Task, backend: Backend, layout: Layout, who: TaskIdentity, storage: Storage, link: CoordinatorLink
-) -> None:
-    point = await restore_point(backend, layout, who.run)
-    try:
-        await checkpointing.start_task(task, storage, point)
-    except RestoreRefused as refused:
-        recovery.exit_refused(refused)
-    log.info("task %s started from %s", who.task_id, point)
-    await task.connect()
-    stats = asyncio.create_task(push_stats(task, link.post_now), name="stats")
-    try:
-        await task.run()
-    except Exception as exc:  # shown on the dashboard; the pod's failure is what recovers the job
-        failure = errors.failure_report(exc)  # a bad record: the pod exits with its refusal's code
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(REPORT_SECONDS):
-                await link.post_now("/failed", failure)
-        raise
-    finally:
-        stats.cancel()
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(REPORT_SECONDS):
-            await link.post_now("/stats", task.stats().to_json())
-    # Every task stays until the final epoch is committed, so a coordinator that takes
-    # over at the very end can still ask each of them for its last ACK.
-    await task.final_committed()
-    _exit_if_teardown_hangs(who.task_id)
-    log.info(task.summary())
 
 
 def _exit_if_teardown_hangs(task_id: str) -> None:
