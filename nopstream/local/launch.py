@@ -10,21 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nopstream import errors, safefiles
+from nopstream import errors, exits, safefiles
 from nopstream.local import preflight, runner
 from nopstream.local.ownership import NamespaceHeld
 from nopstream.model.load import LoadedModel
 from nopstream.plan import compiler
 
-EXIT_INVALID = 1
-EXIT_USAGE = 2
-EXIT_JOB_FAILED = 3
-
 
 class RunError(Exception):
     """A run that could not start, restore or finish: `str()` says why in the user's words."""
 
-    exit_code = EXIT_JOB_FAILED
+    exit_code = exits.JOB_FAILED
 
 
 class CannotStart(RunError):
@@ -34,13 +30,13 @@ class CannotStart(RunError):
 class CannotRestore(RunError):
     """The job's checkpoints cannot be restored into this plan, or another run holds them."""
 
-    exit_code = EXIT_INVALID
+    exit_code = exits.INVALID
 
 
 class BadSettings(RunError):
     """A NOPSTREAM_* setting of the environment is out of its range."""
 
-    exit_code = EXIT_USAGE
+    exit_code = exits.USAGE
 
 
 class RunFailed(RunError):

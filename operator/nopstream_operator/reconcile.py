@@ -17,8 +17,6 @@ standby leads meanwhile.
 from __future__ import annotations
 
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +36,7 @@ from nopstream.model.status import (
     StreamJobStatus,
 )
 from nopstream.node import guard, recovery
+from nopstream.node.coordinator_client import CoordinatorClient, CoordinatorError
 from nopstream.plan import compat, compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.partitioned import PartitionedPlan
@@ -477,15 +476,11 @@ def _request_savepoint(ctx: Context, seen: Observed, layout: Layout, *, stop: bo
     secret = ctx.kube.owned_secret(layout.namespace, job_secret_name(layout.job_id), JOB_SECRET_KEY, uid)
     if endpoint is None or secret is None:
         return False
-    query = "?stop=true" if stop else ""
-    request = urllib.request.Request(
-        f"{endpoint}/savepoint{query}", method="POST", headers=guard.headers(secret)
-    )
     try:
-        with urllib.request.urlopen(request, timeout=5) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
+        CoordinatorClient(endpoint, secret, timeout=5).savepoint(stop=stop)
+    except CoordinatorError:
         return False
+    return True
 
 
 def _suspend(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:

@@ -226,7 +226,7 @@ def test_an_internal_error_report_is_a_new_file_in_the_private_directory(tmp_pat
     """Reports had predictable names in the shared temporary directory and were written through links."""
     import tempfile
 
-    from nopstream import cli
+    from nopstream import cli, exits
 
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
@@ -234,7 +234,7 @@ def test_an_internal_error_report_is_a_new_file_in_the_private_directory(tmp_pat
     try:
         raise RuntimeError("a bug of ours")
     except RuntimeError as exc:
-        assert cli._internal_error("run", exc) == cli.EXIT_INTERNAL
+        assert cli._internal_error("run", exc) == exits.INTERNAL
     said = capsys.readouterr().err
     private = tmp_path / f"nopstream-{os.geteuid()}"
     (report,) = private.glob("internal-error-*.log")

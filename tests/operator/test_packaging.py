@@ -16,7 +16,8 @@ import yaml
 from nopstream_operator.resources import PodSettings
 
 from e2e import servers
-from nopstream.cli import _parser, dump_crd
+from nopstream.cli.arguments import parser
+from nopstream.cli.jobs import dump_crd
 from tests.conftest import ROOT
 
 # the session's one cluster: under pytest-xdist these tests all run on one worker
@@ -49,7 +50,7 @@ def test_the_dockerfile_installs_the_runtime_lock_and_runs_commands_that_exist()
     # both stages on one base: the public slim image by default (the e2e node builds on its own)
     assert "ARG BASE=python:3.11-slim-bookworm" in text and text.count("FROM ${BASE}") == 2
     assert project["requires-python"] == ">=3.11,<3.14"  # the image runs 3.11, the oldest supported
-    commands = set(_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+    commands = set(parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["operator"]["command"] == ["nopstream", "operator"]
     assert values["pods"]["command"] == list(PodSettings(etcd="x").command) == ["nopstream"]
