@@ -12,7 +12,7 @@ from nopstream.model.spec import canonical_model
 from nopstream.plan import compiler
 from nopstream.plan.deployment import resource_name
 from nopstream.plan.keys import shard_of
-from nopstream.plan.validation import ID_PATTERN, K8S_NAME_PATTERN
+from nopstream.plan.validation.rules import ID_PATTERN, K8S_NAME_PATTERN
 
 STATELESS = ["map", "filter", "flat_map"]
 
