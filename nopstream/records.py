@@ -11,7 +11,8 @@ that builds the reader or writer of a node's connector type.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from nopstream.plan.partitioned import SourceSplits
@@ -121,9 +122,60 @@ class TaskSnapshot:
             read_size=progress.get("readSize"),
         )
 
-    def pending_transactions(self) -> list[dict[str, Any]]:
+    def pending_transactions(self) -> list[PendingTxn]:
         """The pending transactions of every sink operator, in operator order."""
-        return [txn for op in self.operators.values() for txn in op.get("sink", {}).get("pending", [])]
+        return [
+            txn for op in self.operators.values() for txn in SinkState.from_json(op.get("sink", {})).pending
+        ]
+
+
+_SUMMARY = ("id", "epoch", "records", "lineage")
+
+
+@dataclass(frozen=True)
+class PendingTxn:
+    """A sink's pre-committed transaction: in the checkpoint until an epoch covering it is durable, then
+    published under its lineage's names. `staged` is what the sink keeps of it beyond its summary (an
+    outbox: its records)."""
+
+    id: str
+    epoch: int
+    records: int
+    lineage: int = 1
+    staged: Mapping[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """The transaction as a manifest lists it (its contents stay in its segment)."""
+        return {"id": self.id, "epoch": self.epoch, "records": self.records, "lineage": self.lineage}
+
+    def to_json(self) -> dict[str, Any]:
+        """The payload of its segment."""
+        return {**self.summary(), **self.staged}
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> PendingTxn:
+        """From `to_json()`'s object (a checkpoint older than lineages holds lineage 1's)."""
+        staged = {k: v for k, v in body.items() if k not in _SUMMARY}
+        lineage = int(body.get("lineage", 1))
+        return cls(str(body["id"]), int(body["epoch"]), int(body.get("records", 0)), lineage, staged)
+
+
+@dataclass(frozen=True)
+class SinkState:
+    """A sink writer's snapshot: its pending transactions (a segment each) and the rest of its state."""
+
+    pending: tuple[PendingTxn, ...] = ()
+    rest: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The snapshot as a writer hands it over and takes it back."""
+        return {**self.rest, "pending": [txn.to_json() for txn in self.pending]}
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> SinkState:
+        """From `to_json()`'s object (a writer with no transactions may hand over none)."""
+        pending = tuple(PendingTxn.from_json(txn) for txn in body.get("pending", []))
+        return cls(pending, {k: v for k, v in body.items() if k != "pending"})
 
 
 class SourceReader(Protocol):

@@ -20,7 +20,7 @@ from typing import Any
 
 from nopstream.checkpoint.formats import encode_segment
 from nopstream.plan.partitioned import PartitionedPlan, ShardRange
-from nopstream.records import TaskSnapshot
+from nopstream.records import PendingTxn, SinkState, TaskSnapshot
 
 SCHEMA_VERSION = 1
 
@@ -55,10 +55,14 @@ def split(
         rest = {k: v for k, v in op_state.items() if k not in ("keyed", "sink")}
         put(_path(plan, "operator", epoch, op_id, subtask, stateName="state"), rest, "state")
         if op_id in sink_ids:
-            for txn in op_state.get("sink", {}).get("pending", []):
-                put(_path(plan, "sink", epoch, op_id, subtask, transactionId=txn["id"]), txn, "transaction")
-            sink_rest = {k: v for k, v in op_state.get("sink", {}).items() if k != "pending"}
-            put(_path(plan, "operator", epoch, op_id, subtask, stateName="sink"), sink_rest, "sink")
+            sink = SinkState.from_json(op_state.get("sink", {}))
+            for txn in sink.pending:
+                put(
+                    _path(plan, "sink", epoch, op_id, subtask, transactionId=txn.id),
+                    txn.to_json(),
+                    "transaction",
+                )
+            put(_path(plan, "operator", epoch, op_id, subtask, stateName="sink"), dict(sink.rest), "sink")
     if source_id is not None and state.source is not None:
         source = state.source
         for split_id, cursor in source.get("cursors", {}).items():
@@ -117,12 +121,13 @@ def join(
         if keyed:
             op_state["keyed"] = keyed
         if op_id in sink_ids:
-            sink = _operator_state(plan, segments, epoch, op_id, subtask, "sink", rescaled=rescaled) or {}
+            rest = _operator_state(plan, segments, epoch, op_id, subtask, "sink", rescaled=rescaled) or {}
             sink_prefix = _path(plan, "sink", epoch, op_id, subtask, transactionId="")
-            sink["pending"] = sorted(
-                (p for path, p in segments.items() if path.startswith(sink_prefix)), key=lambda t: t["epoch"]
+            pending = sorted(
+                (PendingTxn.from_json(p) for path, p in segments.items() if path.startswith(sink_prefix)),
+                key=lambda txn: txn.epoch,
             )
-            op_state["sink"] = sink
+            op_state["sink"] = SinkState(tuple(pending), rest).to_json()
         operators[op_id] = op_state
     if source_id is not None:
         enumerators = [

@@ -365,14 +365,12 @@ class KafkaSink(StagedSink):
     def _publish(self, epoch: int, lineage: int) -> None:
         if (lineage, epoch) <= self.published:
             return
-        txn = next(
-            (t for t in self.pending if t["epoch"] == epoch and int(t.get("lineage", 1)) == lineage), None
-        )
+        txn = next((t for t in self.pending if (t.lineage, t.epoch) == (lineage, epoch)), None)
         if txn is None:
             raise OutputConflict(f"transaction {self.txn_prefix}:{epoch} has no records in the snapshot")
         producer, c = self.producer, self.config
         producer.begin_transaction()
-        for record in txn["data"]:
+        for record in txn.staged["data"]:
             topic = str(record[c.topic_field]) if c.topic_field and isinstance(record, dict) else c.topic
             key = None
             if c.key_field is not None and isinstance(record, dict) and record.get(c.key_field) is not None:

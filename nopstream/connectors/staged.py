@@ -24,7 +24,7 @@ from typing import Any
 
 from nopstream import faults
 from nopstream.errors import RestoreRefused
-from nopstream.records import SinkRecovery, SinkStart
+from nopstream.records import PendingTxn, SinkRecovery, SinkStart, SinkState
 
 
 class OutputConflict(RuntimeError):
@@ -65,7 +65,7 @@ class StagedSink:
         self.txn_prefix = name.txn_prefix
         self.lineage = 1
         self.epoch = 1
-        self.pending: list[dict[str, Any]] = []
+        self.pending: list[PendingTxn] = []
         self.records = 0
 
     def _stage(self, epoch: int) -> None:
@@ -99,8 +99,10 @@ class StagedSink:
         if self.records:
             self._stage(epoch)
             faults.reached("after-stage")
-            txn = {"id": f"{self.txn_prefix}:{epoch}", "epoch": epoch, "records": self.records}
-            self.pending.append({**txn, "lineage": self.lineage, **self._staged_state()})
+            txn = PendingTxn(
+                f"{self.txn_prefix}:{epoch}", epoch, self.records, self.lineage, self._staged_state()
+            )
+            self.pending.append(txn)
         self.records = 0
         self.epoch = epoch + 1
 
@@ -113,11 +115,11 @@ class StagedSink:
 
     def commit(self, upto: int) -> None:
         """Publish every pending transaction of an epoch <= upto."""
-        for txn in [t for t in self.pending if t["epoch"] <= upto]:
+        for txn in [t for t in self.pending if t.epoch <= upto]:
             # a lineage started from an older one's epoch restores its pending transactions:
             # they were published under the older lineage's names
             faults.reached("before-publish")
-            self._publish(txn["epoch"], int(txn.get("lineage", 1)))
+            self._publish(txn.epoch, txn.lineage)
             faults.reached("mid-commit")
             self.pending.remove(txn)
 
@@ -134,7 +136,7 @@ class StagedSink:
                 " later epoch is missing (restore an older epoch explicitly with --restore-from,"
                 " or start a new lineage with --fresh)"
             )
-        recommitted = sum(1 for t in self.pending if t["epoch"] <= durable)
+        recommitted = sum(1 for t in self.pending if t.epoch <= durable)
         self.commit(durable)
         aborted = [(ln, ep) for ln, ep in self._staged_txns() if ln != self.lineage or ep > durable]
         for lineage, epoch in aborted:
@@ -145,12 +147,13 @@ class StagedSink:
 
     def snapshot(self) -> dict[str, Any]:
         """Pending (pre-committed) transactions and the open transaction's epoch."""
-        return {"pending": [dict(t) for t in self.pending], "epoch": self.epoch}
+        return SinkState(tuple(self.pending), {"epoch": self.epoch}).to_json()
 
     def restore(self, state: dict[str, Any]) -> None:
         """Resume with the snapshot's pending transactions."""
-        self.pending = [dict(t) for t in state.get("pending", [])]
-        self.epoch = int(state.get("epoch", 1))
+        restored = SinkState.from_json(state)
+        self.pending = list(restored.pending)
+        self.epoch = int(restored.rest.get("epoch", 1))
 
 
 class ObjectSink(StagedSink):

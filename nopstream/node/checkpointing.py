@@ -147,9 +147,6 @@ def _restore(task: Task, storage: Storage, point: RestorePoint) -> TaskSnapshot 
     return state
 
 
-_TXN_SUMMARY = ("id", "epoch", "records", "lineage")
-
-
 def write_snapshot(storage: Storage, task: Task, epoch: int, state: TaskSnapshot) -> Ack:
     """Write a task's segments (blocking I/O) and return its ACK."""
     parts = task_parts(task)
@@ -158,7 +155,7 @@ def write_snapshot(storage: Storage, task: Task, epoch: int, state: TaskSnapshot
     refs = tuple(segment_ref(path, data) for path, data in segments.items())
     task.metrics.snapshot_bytes = sum(len(data) for data in segments.values())
     # the manifest lists the pending transactions; their contents (an outbox's records) stay in segments
-    sinks = [{k: v for k, v in txn.items() if k in _TXN_SUMMARY} for txn in state.pending_transactions()]
+    sinks = [txn.summary() for txn in state.pending_transactions()]
     return Ack(refs, state.source or {}, sinks, round(task.metrics.alignment_ms, 3))
 
 

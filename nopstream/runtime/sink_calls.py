@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from nopstream.records import SinkState
 from nopstream.runtime.operators.sinks import SinkOperator
 
 T = TypeVar("T")
@@ -61,7 +62,7 @@ class SinkCalls:
 
     def pending_transactions(self) -> int:
         """Transactions prepared and not yet committed, over every sink."""
-        return sum(len(s.writer.snapshot().get("pending", [])) for s in self.sinks)
+        return sum(len(SinkState.from_json(s.writer.snapshot()).pending) for s in self.sinks)
 
     async def _call(self, call: Callable[[SinkOperator], None], sink: SinkOperator) -> None:
         try:

@@ -26,9 +26,8 @@ from tests.conftest import ROOT, run_nopstream
 MUTANTS: dict[str, tuple[str, str, str]] = {
     "publishes-at-the-barrier": (
         "connectors/staged.py",
-        '            self.pending.append({**txn, "lineage": self.lineage, **self._staged_state()})\n',
-        '            self.pending.append({**txn, "lineage": self.lineage, **self._staged_state()})\n'
-        "            self.commit(epoch)\n",
+        "            self.pending.append(txn)\n",
+        "            self.pending.append(txn)\n            self.commit(epoch)\n",
     ),
     "drops-the-last-shard": (
         "checkpoint/snapshots.py",
@@ -42,7 +41,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "forgets-pending-transactions": (
         "connectors/staged.py",
-        '        self.pending = [dict(t) for t in state.get("pending", [])]\n',
+        "        self.pending = list(restored.pending)\n",
         "        self.pending = []\n",
     ),
     "loses-timers": (
