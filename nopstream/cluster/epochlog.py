@@ -33,20 +33,59 @@ class EpochState(StrEnum):
 
 @dataclass(frozen=True)
 class EpochEntry:
-    """One epoch's latest log entry."""
+    """One epoch's latest log entry; the one codec of its JSON (what the writer says of the epoch is
+    kept under `detail`)."""
 
     epoch: int
     state: EpochState
     token: int
     writer: str
-    detail: dict[str, Any]
+    kind: EpochKind = EpochKind.CHECKPOINT
+    """The epoch's kind (entries that name none are checkpoints)."""
+    run: int | None = None
+    """The run the epoch was taken in."""
+    manifest: str | None = None
+    """The manifest's path, once DURABLE."""
+    reason: str | None = None
+    """Why it was ABORTED."""
+    missing: tuple[str, ...] = ()
+    """The tasks whose ACK an epoch ABORTED by its timeout lacked."""
+    adopted: bool = False
+    """CREATED again by a coordinator that took over the epoch in flight."""
     at: int | None = None
     """When the entry was written (ms since the Unix epoch, the writer's clock)."""
 
-    @property
-    def kind(self) -> EpochKind:
-        """The epoch's kind (entries that name none are checkpoints)."""
-        return EpochKind(self.detail.get("kind", EpochKind.CHECKPOINT))
+    def to_json(self) -> dict[str, Any]:
+        """The entry as the log holds it."""
+        detail: dict[str, Any] = {"kind": self.kind.value}
+        for name, value in (("run", self.run), ("manifest", self.manifest), ("reason", self.reason)):
+            if value is not None:
+                detail[name] = value
+        if self.missing:
+            detail["missing"] = list(self.missing)
+        if self.adopted:
+            detail["adopted"] = True
+        entry = {"epoch": self.epoch, "state": self.state.value, "token": self.token, "writer": self.writer}
+        return {**entry, "detail": detail, "at": self.at}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EpochEntry:
+        """From `to_json()`'s object, or an older writer's (no `at`, a detail without `kind`)."""
+        detail = data.get("detail") or {}
+        run, at = detail.get("run"), data.get("at")
+        return cls(
+            epoch=int(data["epoch"]),
+            state=EpochState(data["state"]),
+            token=int(data["token"]),
+            writer=str(data["writer"]),
+            kind=EpochKind(detail.get("kind", EpochKind.CHECKPOINT)),
+            run=None if run is None else int(run),
+            manifest=detail.get("manifest"),
+            reason=detail.get("reason"),
+            missing=tuple(detail.get("missing", ())),
+            adopted=bool(detail.get("adopted", False)),
+            at=None if at is None else int(at),
+        )
 
 
 class EpochLog:
@@ -57,44 +96,35 @@ class EpochLog:
         self.backend = backend
         self.layout = layout
 
-    async def record(self, leadership: Leadership, epoch: int, state: EpochState, **detail: Any) -> None:
+    async def record(
+        self,
+        leadership: Leadership,
+        epoch: int,
+        state: EpochState,
+        *,
+        kind: EpochKind = EpochKind.CHECKPOINT,
+        run: int | None = None,
+        manifest: str | None = None,
+        reason: str | None = None,
+        missing: tuple[str, ...] = (),
+        adopted: bool = False,
+    ) -> None:
         """Write an epoch's state as the leader; Fenced when no longer the leader."""
-        entry = {
-            "epoch": epoch,
-            "state": state.value,
-            "token": leadership.token,
-            "writer": leadership.candidate,
-            "detail": detail,
-            "at": int(time.time() * 1000),
-        }
-        writes = {self.layout.epoch(epoch): json.dumps(entry, sort_keys=True).encode()}
+        at = int(time.time() * 1000)
+        token, writer = leadership.token, leadership.candidate
+        entry = EpochEntry(epoch, state, token, writer, kind, run, manifest, reason, missing, adopted, at)
+        writes = {self.layout.epoch(epoch): json.dumps(entry.to_json(), sort_keys=True).encode()}
         if state is EpochState.DURABLE:  # the entry moves on to COMMITTED; the pointer keeps the time
-            pointer = {
-                "epoch": epoch,
-                "token": leadership.token,
-                "writer": leadership.candidate,
-                "at": entry["at"],
-            }
+            pointer = {"epoch": epoch, "token": token, "writer": writer, "at": at}
             writes[self.layout.latest_durable] = json.dumps(pointer, sort_keys=True).encode()
         await leadership.write(writes)
 
     async def entries(self) -> list[EpochEntry]:
         """Every epoch's latest entry, by epoch."""
         found = await self.backend.get_prefix(self.layout.epochs)
-        out = []
-        for entry in found.values():
-            data = json.loads(entry.value)
-            out.append(
-                EpochEntry(
-                    int(data["epoch"]),
-                    EpochState(data["state"]),
-                    int(data["token"]),
-                    data["writer"],
-                    data.get("detail", {}),
-                    data.get("at"),
-                )
-            )
-        return sorted(out, key=lambda e: e.epoch)
+        return sorted(
+            (EpochEntry.from_json(json.loads(e.value)) for e in found.values()), key=lambda e: e.epoch
+        )
 
     async def latest_durable(self) -> int | None:
         """The latest durable epoch, or None."""

@@ -152,7 +152,7 @@ class CoordinatorProcess:
             last is not None
             and last.state is EpochState.COMMITTED
             and last.kind == EpochKind.FINAL
-            and last.detail.get("run") == run
+            and last.run == run
         ):
             return  # a standby that won after the end
         tasks = await self._registered(run)
@@ -249,7 +249,7 @@ class CoordinatorProcess:
         """Finish what a predecessor left: commit a DURABLE epoch, adopt or abort one in flight."""
         if last is None:
             return
-        same_run = last.detail.get("run") == run
+        same_run = last.run == run
         kind = last.kind
         if last.state is EpochState.DURABLE:
             if same_run:  # tasks of another run re-committed it when they restored
@@ -259,7 +259,7 @@ class CoordinatorProcess:
                 last.epoch,
                 EpochState.COMMITTED,
                 kind=kind,
-                run=last.detail.get("run"),
+                run=last.run,
             )
         elif last.state is EpochState.CREATED and same_run:
             acks: dict[str, Ack] = {
@@ -290,7 +290,7 @@ def _stopped_at(last: EpochEntry | None, run: int) -> bool:
         last is not None
         and last.kind == EpochKind.STOP
         and last.state in (EpochState.DURABLE, EpochState.COMMITTED)
-        and last.detail.get("run") == run
+        and last.run == run
     )
 
 

@@ -232,15 +232,17 @@ class EpochCoordinator:
         if self._adopted is not None:
             current, self._adopted = self._adopted, None
             epoch, kind, final = current.epoch, current.kind, current.kind == EpochKind.FINAL
-            detail = {"kind": kind, "run": self.run_number, "adopted": True}
+            adopted = True
         else:
             epoch = self.next_epoch
             self.next_epoch += 1
             kind = EpochKind.FINAL if final else self._savepoint_requested or EpochKind.CHECKPOINT
             current = _Epoch(epoch, kind, self.clock())
-            detail = {"kind": kind, "run": self.run_number}
+            adopted = False
         self.in_flight = current
-        await self.log.record(self.leadership, epoch, EpochState.CREATED, **detail)
+        await self.log.record(
+            self.leadership, epoch, EpochState.CREATED, kind=kind, run=self.run_number, adopted=adopted
+        )
         if self.history is not None:
             self.history.epoch(EpochRow(epoch, str(kind), self.run_number, "in-flight", wall_ms()))
         await self.trigger(epoch, kind)
@@ -288,7 +290,11 @@ class EpochCoordinator:
                     continue
                 log.warning("epoch %d timed out waiting for %d ACKs (%s)", current.epoch, len(missing), shown)
                 await self.log.record(
-                    self.leadership, current.epoch, EpochState.ABORTED, reason="timeout", missing=missing
+                    self.leadership,
+                    current.epoch,
+                    EpochState.ABORTED,
+                    reason="timeout",
+                    missing=tuple(missing),
                 )
                 self._ended(current.epoch, state="aborted", reason=f"timeout: no ACK of {shown}")
                 self.in_flight = None

@@ -124,7 +124,7 @@ def test_coordinator_failover_mid_job_keeps_the_run_and_the_output(tmp_path, etc
         wait_for_commits(etcd_server.endpoint, job, 2, proc)
         before, _, leader = coordination(etcd_server.endpoint, job)
         assert {e.writer for e in before} == {leader}
-        assert before[-1].detail.get("kind") != "final"
+        assert before[-1].kind != "final"
         os.kill(children(proc.pid)[leader], signal.SIGKILL)
         killed_at = time.monotonic()
         _, err = proc.communicate(timeout=180)
@@ -139,7 +139,7 @@ def test_coordinator_failover_mid_job_keeps_the_run_and_the_output(tmp_path, etc
     assert leader in writers and len(writers) == 2, writers
     new_leader_entries = [e for e in entries if e.writer != leader]
     assert new_leader_entries[-1].state is EpochState.COMMITTED
-    assert new_leader_entries[-1].detail["kind"] == "final"
+    assert new_leader_entries[-1].kind == "final"
     with capsys.disabled():
         print(
             f"\n[etcd job] coordinator {leader} killed; job ended {time.monotonic() - killed_at:.2f}s later"
@@ -169,7 +169,7 @@ def test_task_kills_recover_globally_through_the_run_in_etcd(tmp_path, etcd_serv
     entries, run_now, _ = coordination(etcd_server.endpoint, job)
     recoveries = err.count("recovering: ")
     assert kills >= 2 and recoveries == run_now - 1 >= 2, (kills, recoveries, run_now, err)
-    assert entries[-1].state is EpochState.COMMITTED and entries[-1].detail["kind"] == "final"
+    assert entries[-1].state is EpochState.COMMITTED and entries[-1].kind == "final"
     with capsys.disabled():
         print(f"\n[etcd job] {kills} task SIGKILLs, run advanced to {run_now}")
     got = committed(tmp_path / "etcd", "out")
@@ -195,7 +195,7 @@ def test_etcd_outage_longer_than_the_lease_ends_with_the_job_complete_and_exact(
         etcd.stop()
     assert proc.returncode == 0, err
     durable_before = max(e.epoch for e in before if e.state is not EpochState.CREATED)
-    assert entries[-1].state is EpochState.COMMITTED and entries[-1].detail["kind"] == "final"
+    assert entries[-1].state is EpochState.COMMITTED and entries[-1].kind == "final"
     assert entries[-1].epoch > durable_before
     with capsys.disabled():
         print(f"\n[etcd job] etcd stopped 8 s; job went on (run {run_now}) and ended")
@@ -230,7 +230,7 @@ def test_a_task_lost_after_the_final_epoch_is_committed_still_gets_its_recovery_
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     entries, run_now, _ = coordination(etcd_server.endpoint, job)
-    assert [(e.epoch, e.detail["kind"]) for e in entries] == [(1, "final")]
+    assert [(e.epoch, e.kind) for e in entries] == [(1, "final")]
     assert run_now == 2 and done.stderr.count("recovering: ") == 1, done.stderr
     got = committed(tmp_path / "etcd", "out")
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
