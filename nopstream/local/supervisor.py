@@ -33,7 +33,7 @@ from nopstream.local import ownership
 from nopstream.local.runner import JobFailed, RunOptions, RunResult, new_lineage, starting_point
 from nopstream.node import checkpointing, guard, recovery
 from nopstream.node.recovery import REFUSALS
-from nopstream.node.settings import DEPLOYMENT_FILE, PARENT, PARTITIONED_FILE
+from nopstream.node.settings import DEPLOYMENT_FILE, PARTITIONED_FILE, NodeEnv
 from nopstream.plan import compiler
 from nopstream.plan.deployment import resource_name
 
@@ -204,30 +204,31 @@ class Supervisor:
     def _candidate(self) -> Child:
         name = resource_name(self.plans.deployment.job_id, "coordinator", str(self.started_candidates))
         self.started_candidates += 1
-        return self._spawn("coordinator", name, {})
+        return self._spawn("coordinator", name)
 
     def _start_tasks(self, run: int) -> list[Child]:
         return [
-            self._spawn(
-                "task", f"{t.name}-r{run}", {"NOPSTREAM_TASK_ID": t.task_id, "NOPSTREAM_RUN": str(run)}
-            )
+            self._spawn("task", f"{t.name}-r{run}", task_id=t.task_id, run=run)
             for t in self.plans.deployment.tasks
         ]
 
-    def _spawn(self, role: str, name: str, extra: dict[str, str]) -> Child:
+    def _spawn(self, role: str, name: str, *, task_id: str | None = None, run: int | None = None) -> Child:
         log = self.home / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         path = [*self.options.python_path, _PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")]
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(p for p in path if p),
-            "NOPSTREAM_PLAN_DIR": str(self.plan_dir.resolve()),
-            "NOPSTREAM_ETCD": self.etcd,
-            "NOPSTREAM_ATTEMPT": name,
-            "NOPSTREAM_LEASE_TTL": str(LEASE_TTL),
-            "NOPSTREAM_SECRET_FILE": str(self.secret_file.resolve()),
-            PARENT: str(os.getpid()),
-            **extra,
+            **NodeEnv(
+                plan_dir=str(self.plan_dir.resolve()),
+                etcd=self.etcd,
+                lease_ttl=LEASE_TTL,
+                secret_file=str(self.secret_file.resolve()),
+                attempt=name,
+                task_id=task_id,
+                run=run,
+                parent=os.getpid(),
+            ).to_env(),
         }
         with log.open("ab") as out:  # a runner started again names its coordinators from 0 again
             popen = subprocess.Popen(

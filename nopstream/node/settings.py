@@ -1,4 +1,5 @@
-"""What a task or coordinator process of a cluster job reads from its environment.
+"""What a task or coordinator process of a cluster job reads from its environment (`from_env`), and
+what its parent writes there (`NodeEnv`): the one codec of these variables.
 
 The operator (and `nopstream run --etcd`) sets these on every pod (process):
   NOPSTREAM_PLAN_DIR    directory holding partitioned.json and deployment.json
@@ -13,6 +14,7 @@ The operator (and `nopstream run --etcd`) sets these on every pod (process):
   NOPSTREAM_HEALTH_PORT port of the liveness endpoint (`node.liveness`; default none)
   NOPSTREAM_LEASE_TTL   seconds of the process's etcd lease (default 10)
   NOPSTREAM_SECRET_FILE the file holding the job's secret (`node.guard`; default SECRET_FILE)
+  NOPSTREAM_PARENT_PID  the process ends when this one, its parent, does (local supervisors only)
 Every task process, of any runner, also reads (`taskserver.task_settings`):
   NOPSTREAM_BATCH_SIZE  the most records a source reads at once (default 1000; its first read)
   NOPSTREAM_BATCH_TARGET_MS  how long one source batch may hold the task's event loop (default 50)
@@ -41,9 +43,19 @@ SECRET_FILE = "/var/run/nopstream/job-secret/secret"
 """Where a pod finds its job's secret: the operator mounts the job's Secret there."""
 
 
+PLAN_DIR = "NOPSTREAM_PLAN_DIR"
+ETCD = "NOPSTREAM_ETCD"
+ATTEMPT = "NOPSTREAM_ATTEMPT"
+TASK_ID = "NOPSTREAM_TASK_ID"
+RUN = "NOPSTREAM_RUN"
+STANDBY = "NOPSTREAM_STANDBY"
+HOST = "NOPSTREAM_HOST"
+ADVERTISE = "NOPSTREAM_ADVERTISE"
+PORT = "NOPSTREAM_PORT"
 HEALTH = "NOPSTREAM_HEALTH_PORT"
+LEASE_TTL = "NOPSTREAM_LEASE_TTL"
+SECRET = "NOPSTREAM_SECRET_FILE"
 PARENT = "NOPSTREAM_PARENT_PID"
-"""Set by a local supervisor: the process ends when its parent, that supervisor, dies."""
 
 
 class SettingsError(ValueError):
@@ -80,6 +92,41 @@ class NodeSettings:
         return self.plan_dir / DEPLOYMENT_FILE
 
 
+@dataclass(frozen=True)
+class NodeEnv:
+    """The variables a parent sets for a task or coordinator process it starts; `from_env` reads them
+    back. One left None is not set (a pod takes its attempt and addresses from its own fields)."""
+
+    plan_dir: str
+    etcd: str
+    lease_ttl: int
+    secret_file: str
+    attempt: str | None = None
+    port: int | None = None
+    health_port: int | None = None
+    task_id: str | None = None
+    run: int | None = None
+    standby: bool = False
+    parent: int | None = None
+
+    def to_env(self) -> dict[str, str]:
+        """The variables, by name."""
+        values: dict[str, object] = {
+            PLAN_DIR: self.plan_dir,
+            ETCD: self.etcd,
+            ATTEMPT: self.attempt,
+            PORT: self.port,
+            HEALTH: self.health_port,
+            LEASE_TTL: self.lease_ttl,
+            SECRET: self.secret_file,
+            TASK_ID: self.task_id,
+            RUN: self.run,
+            STANDBY: "true" if self.standby else None,
+            PARENT: self.parent,
+        }
+        return {name: str(value) for name, value in values.items() if value is not None}
+
+
 def _required(env: Mapping[str, str], name: str) -> str:
     value = env.get(name, "").strip()
     if not value:
@@ -111,7 +158,7 @@ def _bool(env: Mapping[str, str], name: str) -> bool:
 
 
 def _secret(env: Mapping[str, str]) -> str:
-    path = env.get("NOPSTREAM_SECRET_FILE", "").strip() or SECRET_FILE
+    path = env.get(SECRET, "").strip() or SECRET_FILE
     try:
         return read_secret(Path(path))
     except SecretError as err:
@@ -120,30 +167,30 @@ def _secret(env: Mapping[str, str]) -> str:
 
 def from_env(role: str, env: Mapping[str, str] = os.environ) -> NodeSettings:
     """The settings of a `task` or `coordinator` process; SettingsError names a bad variable."""
-    plan_dir = Path(_required(env, "NOPSTREAM_PLAN_DIR"))
+    plan_dir = Path(_required(env, PLAN_DIR))
     for name in (PARTITIONED_FILE, DEPLOYMENT_FILE):
         if not (plan_dir / name).is_file():
             raise SettingsError(f"NOPSTREAM_PLAN_DIR={plan_dir}: {name} is missing")
-    etcd = _required(env, "NOPSTREAM_ETCD").removeprefix("http://")
+    etcd = _required(env, ETCD).removeprefix("http://")
     host, sep, port = etcd.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise SettingsError(f"NOPSTREAM_ETCD={etcd!r} must be host:port")
-    listen = env.get("NOPSTREAM_HOST", "").strip() or "127.0.0.1"
+    listen = env.get(HOST, "").strip() or "127.0.0.1"
     settings = NodeSettings(
         plan_dir=plan_dir,
         etcd_host=host,
         etcd_port=int(port),
-        attempt=_required(env, "NOPSTREAM_ATTEMPT"),
+        attempt=_required(env, ATTEMPT),
         host=listen,
-        advertise=env.get("NOPSTREAM_ADVERTISE", "").strip() or listen,
-        port=int_variable(env, "NOPSTREAM_PORT", 0),
-        lease_ttl=int_variable(env, "NOPSTREAM_LEASE_TTL", 10, minimum=2),
+        advertise=env.get(ADVERTISE, "").strip() or listen,
+        port=int_variable(env, PORT, 0),
+        lease_ttl=int_variable(env, LEASE_TTL, 10, minimum=2),
         secret=_secret(env),
         health_port=int_variable(env, HEALTH, minimum=1) if env.get(HEALTH, "").strip() else None,
         parent=int_variable(env, PARENT, minimum=1) if env.get(PARENT, "").strip() else None,
     )
     if role == "task":
-        task_id = _required(env, "NOPSTREAM_TASK_ID")
+        task_id = _required(env, TASK_ID)
         try:
             known = compiler.read_document(settings.partitioned_path, PartitionedPlan).task_ids()
         except (OSError, ValueError, ModelError) as err:
@@ -154,7 +201,7 @@ def from_env(role: str, env: Mapping[str, str] = os.environ) -> NodeSettings:
         return dataclasses.replace(
             settings,
             task_id=task_id,
-            run=int_variable(env, "NOPSTREAM_RUN", minimum=1),
-            standby=_bool(env, "NOPSTREAM_STANDBY"),
+            run=int_variable(env, RUN, minimum=1),
+            standby=_bool(env, STANDBY),
         )
     return settings

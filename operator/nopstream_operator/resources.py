@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nopstream.model.connectors import SECRETS_DIR
-from nopstream.node.settings import SECRET_FILE
+from nopstream.node.settings import ADVERTISE, ATTEMPT, HOST, SECRET_FILE, NodeEnv
 from nopstream.plan import compiler
 from nopstream.plan.deployment import TASK_PORT, DeploymentPlan, TaskDeployment, resource_name
 from nopstream.plan.partitioned import PartitionedPlan
@@ -179,19 +179,13 @@ def leader_service(job: dict[str, Any], deployment: DeploymentPlan) -> dict[str,
     }
 
 
-def _env(deployment: DeploymentPlan, settings: PodSettings, extra: dict[str, str]) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [
-        {"name": "NOPSTREAM_PLAN_DIR", "value": PLAN_MOUNT},
-        {"name": "NOPSTREAM_ETCD", "value": settings.etcd},
-        {"name": "NOPSTREAM_ATTEMPT", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "NOPSTREAM_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "NOPSTREAM_ADVERTISE", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "NOPSTREAM_PORT", "value": str(TASK_PORT)},
-        {"name": "NOPSTREAM_HEALTH_PORT", "value": str(HEALTH_PORT)},
-        {"name": "NOPSTREAM_LEASE_TTL", "value": str(settings.lease_ttl)},
+def _env(deployment: DeploymentPlan, settings: PodSettings, node: NodeEnv) -> list[dict[str, Any]]:
+    """The container's environment: the node's variables, its name and address from the pod's fields."""
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in node.to_env().items()]
+    env += [
+        {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+        for name, path in ((ATTEMPT, "metadata.name"), (HOST, "status.podIP"), (ADVERTISE, "status.podIP"))
     ]
-    env += [{"name": k, "value": v} for k, v in sorted(extra.items())]
-    env.append({"name": "NOPSTREAM_SECRET_FILE", "value": SECRET_FILE})
     if deployment.storage.secret_ref:
         env.append({"name": CREDENTIALS_ENV, "value": STORAGE_CREDENTIALS_MOUNT})
     env += [{"name": k, "value": v} for k, v in sorted(settings.extra_env.items())]
@@ -206,8 +200,10 @@ def _pod(
     name: str,
     role: str,
     labels: dict[str, str],
-    env: dict[str, str],
     restart: str,
+    task_id: str | None = None,
+    run: int | None = None,
+    standby: bool = False,
 ) -> dict[str, Any]:
     # Readiness is a TCP probe: the kernel accepts while the process listens, even when a
     # user function holds the record loop for a while (an HTTP probe would time out then).
@@ -218,6 +214,17 @@ def _pod(
     # 2 minutes): on a busy node a start can take longer than a liveness probe allows,
     # and killing it there only starts another recovery on the same busy node.
     readiness = {"tcpSocket": {"port": TASK_PORT}, "periodSeconds": 5, "failureThreshold": 3}
+    node = NodeEnv(
+        plan_dir=PLAN_MOUNT,
+        etcd=settings.etcd,
+        lease_ttl=settings.lease_ttl,
+        secret_file=SECRET_FILE,
+        port=TASK_PORT,
+        health_port=HEALTH_PORT,
+        task_id=task_id,
+        run=run,
+        standby=standby,
+    )
     liveness = {
         "httpGet": {"path": "/healthz", "port": HEALTH_PORT},
         "periodSeconds": 5,
@@ -278,7 +285,7 @@ def _pod(
                     "name": role,
                     "image": deployment.image,
                     "command": [*settings.command, role],
-                    "env": _env(deployment, settings, env),
+                    "env": _env(deployment, settings, node),
                     "ports": [{"name": "http", "containerPort": TASK_PORT}],
                     # a refused start tells why in its last log line: the operator reads it there
                     "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -343,12 +350,10 @@ def task_pod(
             LABEL_TASK: task.name,
             **({LABEL_STANDBY: "true"} if standby else {}),
         },
-        env={
-            "NOPSTREAM_TASK_ID": task.task_id,
-            "NOPSTREAM_RUN": str(run),
-            **({"NOPSTREAM_STANDBY": "true"} if standby else {}),
-        },
         restart="Never",
+        task_id=task.task_id,
+        run=run,
+        standby=standby,
     )
 
 
@@ -356,6 +361,4 @@ def coordinator_pod(
     job: dict[str, Any], deployment: DeploymentPlan, name: str, settings: PodSettings
 ) -> dict[str, Any]:
     """A coordinator candidate's pod: restarted on failure; a clean exit means the job is over."""
-    return _pod(
-        job, deployment, settings, name=name, role="coordinator", labels={}, env={}, restart="OnFailure"
-    )
+    return _pod(job, deployment, settings, name=name, role="coordinator", labels={}, restart="OnFailure")
