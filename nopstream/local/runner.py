@@ -14,19 +14,18 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import signal
 import socket
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 import aiohttp
 
-from nopstream import errors, faults, safefiles
+from nopstream import faults, safefiles
 from nopstream.checkpoint import plans as plans_store
 from nopstream.checkpoint import restore
 from nopstream.checkpoint.restore import NewLineage, RestorePoint
@@ -40,6 +39,8 @@ from nopstream.connectors import registry
 from nopstream.errors import RestoreRefused, StorageError
 from nopstream.local import inprocess, ownership, processes, worker
 from nopstream.local.control import ControlServer
+from nopstream.local.progress import Progress
+from nopstream.local.watch import TaskDied, kill_a_task, supervise
 from nopstream.node import checkpointing, guard, recovery
 from nopstream.node.coordinator_api import DASHBOARD_PATH, TaskCommands
 from nopstream.node.epochs import EpochCoordinator
@@ -55,16 +56,6 @@ from nopstream.runtime.task import Task
 
 class JobFailed(RuntimeError):
     """A task of the job failed; the message names it and carries its error."""
-
-
-class TaskDied(RuntimeError):
-    """A task process failed or died: the run is over and a global recovery may follow."""
-
-    def __init__(self, short: str, detail: str) -> None:
-        """`short` in a few words, `detail` the task's error or the end of its log."""
-        super().__init__(f"{short}:\n{detail}")
-        self.short = short
-        self.detail = detail
 
 
 class _ProcessSteps:
@@ -210,12 +201,13 @@ async def _run_in_process(plans: compiler.CompiledPlans, options: RunOptions, st
         for t in tasks:
             await checkpointing.start_task(t, storage, point)
         processing_started = time.monotonic()
-        progress = _Progress(
+        progress = Progress(
             plan,
-            options,
             lambda: {
                 t.task_id: (t.metrics.records_in, t.metrics.records_out, t.metrics.watermark) for t in tasks
             },
+            out=options.progress,
+            quiet=options.quiet,
         )
         ticker = asyncio.create_task(progress.loop(), name="progress")
         try:
@@ -378,13 +370,14 @@ async def _control_run(
     control = ControlServer(list(plan.task_ids()), run=run, guard=guard.Guard(secret), history=this.history)
     await control.start(this.sock.dup())  # the run's server closes its copy; the next run serves the socket
     storage = checkpointing.open_storage(plans.deployment)
-    progress = _Progress(
+    progress = Progress(
         plan,
-        options,
         lambda: {
             t: (s.stats.records_in, s.stats.records_out, s.stats.watermark)
             for t, s in this.history.tasks.items()
         },
+        out=options.progress,
+        quiet=options.quiet,
     )
     ticker = asyncio.create_task(progress.loop(), name="progress")
     try:
@@ -402,8 +395,8 @@ async def _control_run(
                 finished=lambda t: control.tasks[t].done,  # its process exits: its sinks committed
             )
             coordinator = leader.coordinator(run, this.point, commands)
-            coordinator.on_fault = lambda: _kill_a_task(procs)
-            await lead_run(coordinator, routes=control.routes, work=_supervise(procs, control))
+            coordinator.on_fault = lambda: kill_a_task(procs)
+            await lead_run(coordinator, routes=control.routes, work=supervise(procs, control))
     except BaseExceptionGroup as group:
         raise _run_failure(group) from None
     finally:
@@ -439,67 +432,6 @@ def _run_failure(group: BaseExceptionGroup) -> BaseException:
     return group
 
 
-def _kill_a_task(procs: list[processes.TaskProcess]) -> None:
-    """A coordinator fault point fired: SIGKILL the last task process still running."""
-    live = [p for p in procs if p.poll() is None]
-    if live:
-        live[-1].signal(signal.SIGKILL)
-
-
-async def _supervise(procs: list[processes.TaskProcess], control: ControlServer) -> None:
-    """Return when every task finished; raise the run's failure, naming its root where it can.
-
-    A task killed by a signal comes before the failures its peers report (their
-    channels to it broke), so a recovery's cause names the task that died.
-    """
-    with processes.waking_on_exit(procs, control.changed.set):
-        await _until_finished(procs, control)
-
-
-_CAUSE_GRACE_S = 0.3
-"""How long a failure (a report, an exit) waits for a process killed by a signal to be seen exiting,
-and an exit for the report its task sent before it: the killed one is the cause, and its peers'
-broken channels may be reported before it is reaped."""
-
-
-async def _until_finished(procs: list[processes.TaskProcess], control: ControlServer) -> None:
-    """Check every process and report at each change (a report, an exit) and every 0.1 s."""
-    first_failure: float | None = None
-    while True:
-        for task_id, report in control.tasks.items():
-            if report.error is not None and report.refused:  # the same on every attempt: not recovered
-                refused = errors.REFUSALS.get(report.refused, RestoreRefused)
-                raise refused(f"task {task_id}: {report.error}")
-        codes = [(proc, proc.poll()) for proc in procs]
-        for proc, code in codes:
-            if code is not None and code < 0:
-                raise _died(proc, code, control)
-        failed = [(proc, code) for proc, code in codes if code is not None and code > 0]
-        reported = [(task_id, r.error) for task_id, r in control.tasks.items() if r.error is not None]
-        if failed or reported:
-            first_failure = first_failure or time.monotonic()
-            if time.monotonic() - first_failure >= _CAUSE_GRACE_S:
-                # a task that reported its error and then exited is told by its error
-                if reported:
-                    task_id, error = reported[0]
-                    raise TaskDied(f"task {task_id} failed", error.rstrip())
-                proc, code = failed[0]
-                raise _died(proc, code, control)
-        if all(code == 0 for _, code in codes) and all(r.done for r in control.tasks.values()):
-            return
-        control.changed.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(0.1):
-                await control.changed.wait()
-
-
-def _died(proc: processes.TaskProcess, code: int, control: ControlServer) -> TaskDied:
-    """The failure of a task process that exited with `code`, recorded in the job's history."""
-    tail = "\n".join(proc.log.read_text(errors="replace").splitlines()[-15:])
-    control.routes.history.failed(control.run, proc.task_id, f"exited with {code}\n{tail}")
-    return TaskDied(f"task {proc.task_id} exited with {code}", tail)
-
-
 def _result(
     plan: PartitionedPlan,
     started: float,
@@ -520,53 +452,3 @@ def _result(
         per_in[v.vertex_id] = sum(counts.get(s.task_id, (0, 0))[0] for s in v.subtasks)
         per_out[v.vertex_id] = sum(counts.get(s.task_id, (0, 0))[1] for s in v.subtasks)
     return RunResult(time.monotonic() - started, processing, per_in, per_out, channels, runs)
-
-
-class _Progress:
-    """A one-line progress display on a terminal: records/s in and out per vertex, watermarks."""
-
-    def __init__(
-        self,
-        plan: PartitionedPlan,
-        options: RunOptions,
-        sample: Callable[[], dict[str, tuple[int, int, int | None]]],
-    ) -> None:
-        self.plan = plan
-        self.sample = sample
-        self.out = options.progress if options.progress is not None else sys.stderr
-        self.enabled = not options.quiet and (options.progress is not None or sys.stderr.isatty())
-        self._last: dict[str, tuple[int, int]] = {}
-        self._shown = False
-
-    async def loop(self) -> None:
-        if not self.enabled:
-            return
-        last_time = time.monotonic()
-        while True:
-            await asyncio.sleep(1.0)
-            now = time.monotonic()
-            self.show(now - last_time)
-            last_time = now
-
-    def show(self, elapsed: float) -> None:
-        counts = self.sample()
-        parts = []
-        for v in self.plan.vertices:
-            rin = sum(counts.get(s.task_id, (0, 0, None))[0] for s in v.subtasks)
-            rout = sum(counts.get(s.task_id, (0, 0, None))[1] for s in v.subtasks)
-            marks = [counts.get(s.task_id, (0, 0, None))[2] for s in v.subtasks]
-            before = self._last.get(v.vertex_id, (0, 0))
-            self._last[v.vertex_id] = (rin, rout)
-            rate_in, rate_out = (rin - before[0]) / elapsed, (rout - before[1]) / elapsed
-            text = f"{v.vertex_id} in {rate_in:,.0f}/s out {rate_out:,.0f}/s"
-            if any(m is not None for m in marks):
-                text += f" wm {min(m for m in marks if m is not None)}"
-            parts.append(text)
-        self.out.write("\r" + " | ".join(parts) + "\x1b[K")
-        self.out.flush()
-        self._shown = True
-
-    def done(self) -> None:
-        if self._shown:
-            self.out.write("\n")
-            self.out.flush()
