@@ -13,7 +13,9 @@ from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.records import ConnectorFactory
 from nopstream.runtime.gate import InputChannel, InputGate
-from nopstream.runtime.task import Task, TaskListener, TaskSettings
+from nopstream.runtime.pacing import TaskSettings
+from nopstream.runtime.task import Task
+from nopstream.runtime.taskports import TaskListener
 from nopstream.runtime.transport import LocalNetwork, LocalOutput, TransportSettings
 
 

@@ -37,7 +37,8 @@ from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.records import TaskSnapshot
 from nopstream.runtime.metrics import TaskCollector, exposition
-from nopstream.runtime.task import Task, TaskSettings
+from nopstream.runtime.pacing import TaskSettings
+from nopstream.runtime.task import Task
 from nopstream.runtime.transport_http import Fencing, HttpIO, HttpReceiver
 
 log = logging.getLogger(__name__)

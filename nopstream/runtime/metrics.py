@@ -10,6 +10,7 @@ the dashboard and the run's result.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -142,3 +143,24 @@ def exposition(registry: CollectorRegistry) -> bytes:
     """The Prometheus text format of a registry."""
     data: bytes = generate_latest(registry)
     return data
+
+
+@dataclass
+class TaskMetrics:
+    """Counters a runner shows as progress."""
+
+    records_in: int = 0
+    records_out: int = 0
+    watermark: int | None = None
+    barriers: int = 0
+    alignment_ms: float = 0.0
+    snapshot_bytes: int = 0
+    refused_commands: int = 0
+    idle_seconds: float = 0.0  # waiting for input, for a barrier, or polling an empty source
+    idle_since: float | None = None  # when the wait going on began
+    started: float = field(default_factory=time.monotonic)
+
+    def idle_now(self) -> float:
+        """Seconds idle so far, a wait still going on included."""
+        ongoing = time.monotonic() - self.idle_since if self.idle_since is not None else 0.0
+        return self.idle_seconds + ongoing

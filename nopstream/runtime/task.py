@@ -20,8 +20,8 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
+from typing import TypeVar
 
 import orjson
 
@@ -43,77 +43,20 @@ from nopstream.runtime.alignment import Alignment, AlignmentError
 from nopstream.runtime.chain import Chain
 from nopstream.runtime.combiner import AnyCombiner, Drained, combined_edges, combiner_for
 from nopstream.runtime.frames import Barrier, EndOfInput, EndOfStream, Frame, Watermark
-from nopstream.runtime.gate import InputChannel, InputGate
+from nopstream.runtime.gate import InputGate
 from nopstream.runtime.intake import Intake
 from nopstream.runtime.keyed import ShardCache
-from nopstream.runtime.metrics import TaskStats
+from nopstream.runtime.metrics import TaskMetrics, TaskStats
 from nopstream.runtime.operators.sinks import SinkOperator
+from nopstream.runtime.pacing import LoopHold, TaskSettings, next_batch_size, wall_clock_ms
 from nopstream.runtime.partitioners import Partitioner
 from nopstream.runtime.sink_calls import SinkCalls
+from nopstream.runtime.taskports import TaskIO, TaskListener
 from nopstream.runtime.transport import OutputChannel
 from nopstream.runtime.watermarks import InputWatermarks, WatermarkGenerator, timestamp_function
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-
-
-def wall_clock_ms() -> int:
-    """Milliseconds since the epoch."""
-    return int(time.time() * 1000)
-
-
-@dataclass(frozen=True)
-class TaskSettings:
-    """Batch size, processing-time tick and idle poll of a task."""
-
-    batch_size: int = 1000
-    batch_target_ms: float = 50.0
-    """How long a source batch may hold the event loop: a barrier command or credit waits up to that
-    long for each step of its HTTP exchange, so a checkpoint of slow functions takes about ten of it."""
-    tick_ms: int = 100
-    idle_poll_ms: int = 20
-    combiner_keys: int = 1 << 16
-    """The keys a combiner holds before it sends its partials early (`runtime.combiner`)."""
-    sink_call_s: float = 120.0
-    """How long one sink call (prepare, commit, recover) may take before the task fails."""
-    source_pause_ms: int = 0
-    """A source's pause after each batch it read (`nopstream chaos --pace`)."""
-
-
-class TaskIO(Protocol):
-    """A transport bound to one task: its input channels and output channels."""
-
-    def input(
-        self, gate: InputGate, channel_id: str, *, edge_id: str, input_index: int, upstream: int
-    ) -> InputChannel:
-        """Register the receiving end of a channel in the task's gate."""
-        ...
-
-    async def output(self, channel_id: str, downstream_task: str) -> OutputChannel:
-        """Open the sending end of a channel to a downstream task."""
-        ...
-
-
-class TaskListener(Protocol):
-    """The checkpointing side of a task: where snapshots go, who learns that sources ended.
-
-    With a listener, a source that has read everything waits for the final barrier
-    before it ends its outputs, and a sink task waits for the final epoch's commit
-    before it finishes: every output is bound to a durable epoch. Without one (tests
-    of the runtime alone), sinks publish what they hold at end of input.
-    """
-
-    async def on_snapshot(self, task: Task, epoch: int, kind: EpochKind, state: TaskSnapshot) -> None:
-        """The task snapshotted its chain at barrier `epoch` (state is a private copy).
-
-        Called in the background, after the barrier went on, one epoch at a time in
-        order: the next epoch's call starts when this one has returned.
-        """
-        ...
-
-    async def on_source_finished(self, task: Task) -> None:
-        """A source task has read all its input and waits for the final barrier."""
-        ...
 
 
 @dataclass
@@ -122,27 +65,6 @@ class _OutputEdge:
     partitioner: Partitioner
     channels: dict[int, OutputChannel]
     combiner: AnyCombiner | None = None
-
-
-@dataclass
-class TaskMetrics:
-    """Counters a runner shows as progress."""
-
-    records_in: int = 0
-    records_out: int = 0
-    watermark: int | None = None
-    barriers: int = 0
-    alignment_ms: float = 0.0
-    snapshot_bytes: int = 0
-    refused_commands: int = 0
-    idle_seconds: float = 0.0  # waiting for input, for a barrier, or polling an empty source
-    idle_since: float | None = None  # when the wait going on began
-    started: float = field(default_factory=time.monotonic)
-
-    def idle_now(self) -> float:
-        """Seconds idle so far, a wait still going on included."""
-        ongoing = time.monotonic() - self.idle_since if self.idle_since is not None else 0.0
-        return self.idle_seconds + ongoing
 
 
 class Task:
@@ -466,7 +388,7 @@ class Task:
             batch = intake.take(batch)
             if self._source_side:
                 await self._flush_source_side()
-            held = _LoopHold()
+            held = LoopHold()
             await self.chain.push(0, batch, 0)
             self._read_size = next_batch_size(
                 self._read_size, len(batch.records), held.seconds(), self.settings
@@ -685,26 +607,6 @@ class Task:
             await self._written
 
 
-class _LoopHold:
-    """How long the code after its creation held the event loop before first letting it run.
-
-    Time spent waiting (for channel credit, under backpressure) does not count: only
-    the synchronous stretch, which is what delays the task's other work.
-    """
-
-    def __init__(self) -> None:
-        self.started = time.monotonic()
-        self.released: float | None = None
-        asyncio.get_running_loop().call_soon(self._release)
-
-    def _release(self) -> None:
-        self.released = time.monotonic()
-
-    def seconds(self) -> float:
-        """The stretch so far (all of it when the loop has not run since)."""
-        return (self.released if self.released is not None else time.monotonic()) - self.started
-
-
 async def run_until(work: Awaitable[T], event: asyncio.Event) -> asyncio.Future[T]:
     """Run `work` until it ends or `event` is set, whichever comes first (then `work` is cancelled);
     its future, done or cancelled."""
@@ -718,16 +620,3 @@ async def run_until(work: Awaitable[T], event: asyncio.Event) -> asyncio.Future[
             with contextlib.suppress(asyncio.CancelledError):
                 await running
     return running
-
-
-def next_batch_size(size: int, records: int, seconds: float, settings: TaskSettings) -> int:
-    """The next source read size: a batch should hold the event loop for about the target.
-
-    The chain runs user functions on the event loop; a batch that holds it for seconds
-    delays everything else the task does (barrier commands, ACKs, channel credit).
-    Slow functions shrink the batches, fast ones grow them back up to the configured size.
-    """
-    target = settings.batch_target_ms / 1000
-    if seconds > target and records:
-        return max(1, int(records * target / seconds))
-    return min(settings.batch_size, size * 2)

@@ -16,7 +16,7 @@ from nopstream.local import inprocess
 from nopstream.model.load import load_data
 from nopstream.plan import compiler
 from nopstream.records import TaskSnapshot
-from nopstream.runtime.task import TaskSettings
+from nopstream.runtime.pacing import TaskSettings
 from tests.checkpointing.test_alignment import Snapshots
 
 FNS = """

@@ -20,7 +20,8 @@ from nopstream.model.load import load_data
 from nopstream.plan import compiler
 from nopstream.plan.epochs import EpochKind
 from nopstream.records import TaskSnapshot
-from nopstream.runtime.task import Task, TaskSettings
+from nopstream.runtime.pacing import TaskSettings
+from nopstream.runtime.task import Task
 
 SOURCE, COUNT = "held/main/n/0", "held/main/count/0"
 

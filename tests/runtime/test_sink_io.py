@@ -24,8 +24,8 @@ from nopstream.model.load import load_data
 from nopstream.plan import compiler
 from nopstream.plan.epochs import EpochKind
 from nopstream.records import SinkStart, TaskSnapshot
+from nopstream.runtime.pacing import TaskSettings
 from nopstream.runtime.sink_calls import SinkStuck
-from nopstream.runtime.task import TaskSettings
 from tests.conftest import s3_records
 
 RECORDS = 2_000

@@ -119,7 +119,7 @@ def test_union_of_two_sources(tmp_path, mode, parallelism):
 
 
 def test_slow_chains_get_smaller_source_batches_and_fast_ones_grow_back():
-    from nopstream.runtime.task import TaskSettings, next_batch_size
+    from nopstream.runtime.pacing import TaskSettings, next_batch_size
 
     settings = TaskSettings(batch_size=1000, batch_target_ms=50)
     assert next_batch_size(1000, 1000, 3.0, settings) == 16  # 3 ms a record: 16 records in 50 ms
