@@ -52,22 +52,31 @@ class Registry:
         entry = await self.backend.get(self.layout.run)
         return 0 if entry is None else int(entry.value)
 
-    async def advance_run(self, expected: int, *, takeover: str | None = None) -> bool:
+    async def advance_run(
+        self, expected: int, *, takeover: str | None = None, restore: bytes | None = None
+    ) -> bool:
         """Move the run from `expected` to `expected + 1`; False when it had moved already.
 
         With `takeover` (a plan fingerprint), the standby tasks of that plan waiting for
-        the new run serve it (`standby`); the key is written in the run's transaction, so
-        no run is ever entered with another run's takeover.
+        the new run serve it (`standby`); with `restore` (a `RestoreRequest`'s JSON), its
+        coordinator starts a new lineage or an upgrade's plan. Both keys are written in the
+        run's transaction, so no run is ever entered with another run's takeover or
+        request, nor entered before its request is there to be read.
         """
-        return await self._swap_run(expected, expected + 1, takeover=takeover)
+        return await self._swap_run(expected, expected + 1, takeover=takeover, restore=restore)
 
-    async def _swap_run(self, old: int, new: int, *, takeover: str | None) -> bool:
-        """Move the run key from `old` (0: absent) to `new`, with `takeover` for `new`; whether it moved."""
+    async def _swap_run(self, old: int, new: int, *, takeover: str | None, restore: bytes | None) -> bool:
+        """Move the run key from `old` (0: absent) to `new`, with `takeover` and `restore` for `new`;
+        whether it moved."""
         was = None if old == 0 else str(old).encode()
         also = {self.layout.takeover(new): takeover.encode()} if takeover else {}
+        if restore is not None:
+            also[self.layout.restore_request(new)] = restore
         return await self.backend.compare_and_swap(self.layout.run, was, str(new).encode(), also=also)
 
-    async def next_run(self, expected: int, *, takeover: str | None = None) -> int:
+    async def next_run(
+        self, expected: int, *, takeover: str | None = None, restore: bytes | None = None
+    ) -> int:
         """Advance the run from `expected`; the run now current either way.
 
         When another watcher of the same failure advanced it first, its run is ours too.
@@ -76,13 +85,13 @@ class Registry:
         fencing by run number must still refuse a zombie of the runs before.
         """
         while True:
-            if await self.advance_run(expected, takeover=takeover):
+            if await self.advance_run(expected, takeover=takeover, restore=restore):
                 return expected + 1
             current = await self.current_run()
             if current >= expected:
                 return current
             log.warning("the run key reads %d, behind run %d: etcd lost it", current, expected)
-            if await self._swap_run(current, expected + 1, takeover=takeover):
+            if await self._swap_run(current, expected + 1, takeover=takeover, restore=restore):
                 return expected + 1
 
     async def standby(self, run: int, plan: str, *, poll: float = 0.1) -> bool:

@@ -94,8 +94,7 @@ class Supervisor:
         self.lineage = new_lineage(self.options)
         if self.lineage is None:  # where its coordinator will start (read only): a changed plan checked
             starting_point(checkpointing.open_storage(self.plans.deployment), self.plans, self.options, None)
-        run = _advance_run(self.etcd, self.layout, None)
-        self._request(run, self.lineage)
+        run = _advance_run(self.etcd, self.layout, None, self._request())
         recoveries, failures = 0, tuple[float, ...]()
         try:
             self.coordinators = [self._candidate() for _ in range(CANDIDATES)]
@@ -155,9 +154,8 @@ class Supervisor:
     # the steps of a recovery (`node.recovery`)
 
     def advance(self, run: int) -> int:
-        """Ask the next run for this command's lineage, then move the run in etcd."""
-        self._request(run + 1, self.lineage)  # before the run moves: its coordinator reads it at once
-        return _advance_run(self.etcd, self.layout, run)
+        """Move the run in etcd, asking the next run for this command's lineage in the same transaction."""
+        return _advance_run(self.etcd, self.layout, run, self._request())
 
     def record(self, recovered: recovery.Recovery) -> None:
         if not self.options.quiet:
@@ -175,15 +173,11 @@ class Supervisor:
         self.coordinators = [c if c.popen.poll() is None else self._candidate() for c in self.coordinators]
         self.tasks = self._start_tasks(run)
 
-    def _request(self, run: int, lineage: NewLineage | None) -> None:
-        """Ask run `run`'s coordinator to start the command's new lineage (once per nonce).
-
-        Every run of the command asks: a run that ended before its coordinator chose a
-        restore point must not leave its successor in the old lineage.
-        """
-        if lineage is not None:
-            request = RestoreRequest(new_lineage=lineage).to_json()
-            _etcd(self.etcd, lambda b: b.put(self.layout.restore_request(run), request))
+    def _request(self) -> RestoreRequest | None:
+        """What every run of the command asks its coordinator: the command's new lineage (started once per
+        nonce), if any. A run that ended before its coordinator chose a restore point must not leave its
+        successor in the old lineage."""
+        return None if self.lineage is None else RestoreRequest(new_lineage=self.lineage)
 
     def _dead_tasks(self) -> list[tuple[Child, int]]:
         """Task processes that exited with an error, with their exit codes."""
@@ -289,17 +283,19 @@ def _lost_run(etcd: str, layout: Layout, run: int) -> str | None:
     return f"etcd lost the job's coordination state (its run reads {current}, the run is {run})"
 
 
-def _advance_run(etcd: str, layout: Layout, expected: int | None) -> int:
-    """Move the run one past `expected` (None: past whatever it is now) by compare-and-swap."""
+def _advance_run(etcd: str, layout: Layout, expected: int | None, request: RestoreRequest | None) -> int:
+    """Move the run one past `expected` (None: past whatever it is now) by compare-and-swap, with the new
+    run's restore request in the same transaction."""
+    restore = None if request is None else request.to_json()
 
     async def advance(backend: EtcdBackend) -> int:
         registry = Registry(backend, layout)
         while True:
             try:
                 if expected is not None:
-                    return await registry.next_run(expected)
+                    return await registry.next_run(expected, restore=restore)
                 seen = await registry.current_run()
-                if await registry.advance_run(seen):  # a run of our own, past any before
+                if await registry.advance_run(seen, restore=restore):  # a run of our own, past any before
                     return seen + 1
             except StoreUnavailable:
                 await asyncio.sleep(0.5)  # etcd is down: recovery waits for it

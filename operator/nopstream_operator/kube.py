@@ -236,13 +236,23 @@ class EtcdView:
         """The job's current run (0 before the first)."""
         return self.loop.run_until_complete(Registry(self.backend, layout).current_run())
 
-    def advance_run(self, layout: Layout, expected: int, *, takeover: str | None = None) -> int:
+    def advance_run(
+        self,
+        layout: Layout,
+        expected: int,
+        *,
+        takeover: str | None = None,
+        restore: RestoreRequest | None = None,
+    ) -> int:
         """Advance the run from `expected` by compare-and-swap; the run now current either way.
 
-        `takeover`: the plan whose standby tasks serve the new run (a recovery's).
+        `takeover`: the plan whose standby tasks serve the new run (a recovery's); `restore`: what
+        the new run's coordinator is asked for (a new lineage, an upgrade's plan), in the same
+        transaction as the run.
         """
         registry = Registry(self.backend, layout)
-        return self.loop.run_until_complete(registry.next_run(expected, takeover=takeover))
+        request = None if restore is None else restore.to_json()
+        return self.loop.run_until_complete(registry.next_run(expected, takeover=takeover, restore=request))
 
     def epochs(self, layout: Layout) -> EpochSummary:
         """The epoch log as a pass shows it, with the leading coordinator."""
@@ -274,10 +284,6 @@ class EtcdView:
             if entry.epoch > after and entry.state is EpochState.COMMITTED and entry.kind == EpochKind.STOP:
                 return entry.epoch
         return None
-
-    def request_restore(self, layout: Layout, run: int, request: RestoreRequest) -> None:
-        """Ask run `run`'s coordinator, before the run starts, for a new lineage or an upgrade's plan."""
-        self.loop.run_until_complete(self.backend.put(layout.restore_request(run), request.to_json()))
 
     def leader_endpoint(self, layout: Layout) -> str | None:
         """The leading coordinator's endpoint."""

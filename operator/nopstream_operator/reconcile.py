@@ -300,10 +300,10 @@ def _first_deploy(ctx: Context, seen: Observed, desired: compiler.CompiledPlans)
     if not ctx.kube.exists("ConfigMap", deployment.namespace, name):
         ctx.kube.create(plan_configmap(seen.job, desired.partitioned, deployment))
     layout = _layout(deployment)
-    run = ctx.etcd.advance_run(layout, ctx.etcd.run(layout))
     nonce = (seen.job.get("spec") or {}).get("restartNonce")
-    if nonce:  # a new lineage unless storage's lineage was started by this nonce already
-        ctx.etcd.request_restore(layout, run, RestoreRequest(NewLineage(nonce)))
+    # a new lineage unless storage's lineage was started by this nonce already
+    request = RestoreRequest(NewLineage(nonce)) if nonce else None
+    run = ctx.etcd.advance_run(layout, ctx.etcd.run(layout), restore=request)
     conditions = with_condition(
         seen.status.conditions, "Valid", "True", "Compiled", deployment.partitioned_fingerprint
     )
@@ -393,8 +393,8 @@ def _upgrade(
     ns = desired.deployment.namespace
     if not ctx.kube.exists("ConfigMap", ns, plan_configmap_name(desired.deployment.job_id, fp)):
         ctx.kube.create(plan_configmap(seen.job, desired.partitioned, desired.deployment))
-    ctx.etcd.request_restore(layout, run + 1, RestoreRequest(from_plan=deployment.partitioned_fingerprint))
-    new_run = ctx.etcd.advance_run(layout, run)
+    request = RestoreRequest(from_plan=deployment.partitioned_fingerprint)
+    new_run = ctx.etcd.advance_run(layout, run, restore=request)
     conditions = with_condition(
         seen.status.conditions, "SpecChange", "True", "Redeployed", f"from savepoint {stop}"
     )
@@ -527,8 +527,7 @@ def _restart_nonce(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> 
         return False
     layout = _layout(deployment)
     run = seen.run
-    ctx.etcd.request_restore(layout, run + 1, RestoreRequest(NewLineage(nonce)))
-    new_run = ctx.etcd.advance_run(layout, run)
+    new_run = ctx.etcd.advance_run(layout, run, restore=RestoreRequest(NewLineage(nonce)))
     conditions = with_condition(
         seen.status.conditions, "Ready", "False", "Restarting", f"restart nonce {nonce}"
     )
@@ -691,10 +690,11 @@ class _PodSteps:
     def advance(self, run: int) -> int:
         nonce = self.seen.status.restart_nonce
         layout = _layout(self.deployment)
-        if nonce:  # a lineage the failed run may not have started yet (once per nonce: harmless after)
-            self.ctx.etcd.request_restore(layout, run + 1, RestoreRequest(NewLineage(nonce)))
+        # a lineage the failed run may not have started yet (once per nonce: harmless after)
+        request = RestoreRequest(NewLineage(nonce)) if nonce else None
         # the standby pods of this plan waiting for the new run serve it (`start` adopts them)
-        return self.ctx.etcd.advance_run(layout, run, takeover=self.deployment.partitioned_fingerprint)
+        takeover = self.deployment.partitioned_fingerprint
+        return self.ctx.etcd.advance_run(layout, run, takeover=takeover, restore=request)
 
     def record(self, recovered: recovery.Recovery) -> None:
         message = f"{recovered.message}: restoring the latest durable epoch"

@@ -146,6 +146,27 @@ def test_a_lost_run_key_is_never_reused(backend_factory, layout, run_async):
     run_async(backend_factory, scenario)
 
 
+def test_a_runs_restore_request_is_written_with_the_run_and_only_with_it(backend_factory, layout, run_async):
+    """The operator wrote the request and moved the run in two writes: a coordinator that read the new
+    run between them chose its restore point without it (the old lineage, the old plan)."""
+
+    async def scenario(b):
+        reg = Registry(b, layout)
+        assert await reg.advance_run(0, restore=b'{"lineage": "a"}') is True
+        assert (await b.get(layout.restore_request(1))).value == b'{"lineage": "a"}'
+        assert await reg.advance_run(0, restore=b'{"lineage": "b"}') is False  # the run had moved
+        assert (await b.get(layout.restore_request(1))).value == b'{"lineage": "a"}'
+        assert await b.get(layout.restore_request(2)) is None
+        assert await reg.next_run(1, takeover="plan", restore=b'{"lineage": "c"}') == 2
+        assert (await b.get(layout.restore_request(2))).value == b'{"lineage": "c"}'
+        assert (await b.get(layout.takeover(2))).value == b"plan"
+        await b.delete(layout.run)  # etcd lost it: the run written past it carries its request too
+        assert await reg.next_run(2, restore=b'{"lineage": "d"}') == 3
+        assert (await b.get(layout.restore_request(3))).value == b'{"lineage": "d"}'
+
+    run_async(backend_factory, scenario)
+
+
 def test_run_cas_and_task_registry(backend_factory, layout, run_async):
     async def scenario(b):
         reg = Registry(b, layout)

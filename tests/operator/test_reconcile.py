@@ -124,10 +124,19 @@ class FakeEtcd:
     def run(self, layout: Any) -> int:
         return self.current_run
 
-    def advance_run(self, layout: Any, expected: int, *, takeover: str | None = None) -> int:
+    def advance_run(
+        self,
+        layout: Any,
+        expected: int,
+        *,
+        takeover: str | None = None,
+        restore: RestoreRequest | None = None,
+    ) -> int:
         if self.current_run <= expected:  # a run behind `expected` is lost state: written past it
             self.current_run = expected + 1
             self.takeovers[self.current_run] = takeover
+            if restore is not None:  # in the run's transaction: only with the run it is for
+                self.requests[self.current_run] = restore
         return self.current_run
 
     def epochs(self, layout: Any) -> EpochSummary:
@@ -144,9 +153,6 @@ class FakeEtcd:
 
     def stopped_at(self, layout: Any, *, after: int) -> int | None:
         return None
-
-    def request_restore(self, layout: Any, run: int, request: RestoreRequest) -> None:
-        self.requests[run] = request
 
     def leader_endpoint(self, layout: Any) -> str | None:
         return None
