@@ -17,7 +17,7 @@ standby leads meanwhile.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -417,9 +417,7 @@ def _upgrade(
         f"stop savepoint {stop} of plan {deployment.partitioned_fingerprint[:19]}",
     )
     ctx.emit(seen.job, "Normal", "Upgraded", f"run {new_run} starts plan {fp[:19]} from savepoint {stop}")
-    for pod in seen.pods.values():
-        if not pod.deleting:
-            ctx.kube.delete_pod(ns, pod.name, grace=0)
+    _delete_pods(ctx.kube, ns, seen.pods.values())
     return True
 
 
@@ -502,9 +500,7 @@ def _suspend(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
         )
         _patch(ctx, seen, phase="Suspended", suspended_at=stop, stopping=None, conditions=conditions)
         ctx.emit(seen.job, "Normal", "Suspended", f"at savepoint {stop}; the pods are removed")
-    for pod in seen.pods.values():
-        if not pod.deleting:
-            ctx.kube.delete_pod(deployment.namespace, pod.name, grace=0)
+    _delete_pods(ctx.kube, deployment.namespace, seen.pods.values())
 
 
 def _resume(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
@@ -544,9 +540,7 @@ def _restart_nonce(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> 
         conditions=conditions,
     )
     ctx.emit(seen.job, "Normal", "Restarted", f"run {new_run} starts a new lineage (restart nonce {nonce})")
-    for pod in seen.pods.values():
-        if not pod.deleting:
-            ctx.kube.delete_pod(deployment.namespace, pod.name, grace=0)
+    _delete_pods(ctx.kube, deployment.namespace, seen.pods.values())
     return True
 
 
@@ -668,9 +662,7 @@ def _fail(ctx: Context, seen: Observed, deployment: DeploymentPlan, reason: str,
     conditions = with_condition(seen.status.conditions, "Ready", "False", reason, message)
     _patch(ctx, seen, phase="Failed", tasks_ready=0, conditions=conditions)
     ctx.emit(seen.job, "Warning", "Failed", message)
-    for pod in seen.pods.values():
-        if not pod.deleting:
-            ctx.kube.delete_pod(deployment.namespace, pod.name, grace=0)
+    _delete_pods(ctx.kube, deployment.namespace, seen.pods.values())
 
 
 @dataclass
@@ -712,9 +704,7 @@ class _PodSteps:
         self.ctx.emit(self.seen.job, "Warning", "Recovery", message)
 
     def stop(self, run: int) -> None:
-        for pod in self.current.values():
-            if not pod.deleting:
-                self.ctx.kube.delete_pod(self.deployment.namespace, pod.name, grace=0)
+        _delete_pods(self.ctx.kube, self.deployment.namespace, self.current.values())
         # A coordinator that saw the final epoch committed has completed (exit 0, not
         # restarted); a task lost after that still needs the new run led (its restore point
         # says finished, its tasks publish what they hold and exit): the next pass recreates it.
@@ -736,6 +726,13 @@ class _PodSteps:
             if standby is not None and (standby.phase not in ("Pending", "Running") or standby.deleting):
                 self.ctx.kube.delete_pod(ns, standby.name, grace=0)
             self.ctx.kube.create(task_pod(self.seen.job, self.deployment, task, run, self.ctx.pods))
+
+
+def _delete_pods(kube: Kube, namespace: str, pods: Iterable[PodView]) -> None:
+    """Delete each of `pods` not being deleted already, at once (grace 0: its processes are crash-only)."""
+    for pod in pods:
+        if not pod.deleting:
+            kube.delete_pod(namespace, pod.name, grace=0)
 
 
 def _last_line(message: str) -> str:
@@ -830,9 +827,7 @@ def _refresh(
 
 def cleanup(kube: Kube, namespace: str, job_id: str) -> None:
     """The job is deleted: its pods, plan ConfigMaps, Secret, Service, NetworkPolicy go; checkpoints stay."""
-    for pod in map(pod_view, kube.pods(namespace, job_id)):
-        if not pod.deleting:
-            kube.delete_pod(namespace, pod.name, grace=0)
+    _delete_pods(kube, namespace, map(pod_view, kube.pods(namespace, job_id)))
     kube.delete_configmaps(namespace, job_id)
     kube.delete("Secret", namespace, job_secret_name(job_id))
     kube.delete("NetworkPolicy", namespace, network_policy_name(job_id))
