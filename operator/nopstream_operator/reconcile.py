@@ -16,6 +16,7 @@ standby leads meanwhile.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from nopstream.checkpoint.restore import NewLineage, RestoreRequest
 from nopstream.cluster.layout import Layout
 from nopstream.model.errors import Issue, ModelError
 from nopstream.model.load import LoadedModel, load_data
-from nopstream.model.spec import SinkSpec, SourceSpec
+from nopstream.model.spec import SinkSpec, SourceSpec, StreamModel
 from nopstream.model.status import (
     Condition,
     ConditionStatus,
@@ -122,6 +123,14 @@ class Observed:
 
     job: dict[str, Any]
     pods: dict[str, PodView]
+    model: StreamModel | None = None
+    """The job's spec, typed, once it is known to be valid."""
+
+    @property
+    def spec(self) -> StreamModel:
+        """The job's valid spec, typed (read only after the pass validated it)."""
+        assert self.model is not None, "the spec is read once it is valid"
+        return self.model
 
     @property
     def status(self) -> StreamJobStatus:
@@ -164,6 +173,13 @@ def validate(job: dict[str, Any], *, allowed_secrets: frozenset[str] | None = No
     With `allowed_secrets` (the chart's `jobs.allowedSecrets`), a `secretRef` to any other
     Secret is an issue: the operator would mount it into pods that run the job's image.
     """
+    return _compiled(job, allowed_secrets)[1]
+
+
+def _compiled(
+    job: dict[str, Any], allowed_secrets: frozenset[str] | None
+) -> tuple[StreamModel, compiler.CompiledPlans]:
+    """The StreamJob's typed spec and its plans (`validate`)."""
     namespace = job["metadata"]["namespace"]
     loaded = load_data(job, origin=f"streamjob/{job['metadata']['name']}")
     plans = compiler.compile_model(loaded, backend="kubernetes", namespace=namespace)
@@ -171,7 +187,7 @@ def validate(job: dict[str, Any], *, allowed_secrets: frozenset[str] | None = No
         issues = _secret_issues(loaded, allowed_secrets)
         if issues:
             raise ModelError(issues)
-    return plans
+    return loaded.model, plans
 
 
 def _secret_issues(loaded: LoadedModel, allowed: frozenset[str]) -> list[Issue]:
@@ -206,15 +222,16 @@ def reconcile_once(ctx: Context, namespace: str, name: str) -> None:
     if seen is None:
         return
     try:
-        desired = validate(seen.job, allowed_secrets=ctx.pods.allowed_secrets)
+        model, desired = _compiled(seen.job, ctx.pods.allowed_secrets)
     except ModelError as err:
         _invalid(ctx, seen, [str(i) for i in err.issues])
         return
+    seen = dataclasses.replace(seen, model=model)
     if seen.status.plan_fingerprint is None:
         _first_deploy(ctx, seen, desired)
         return
     partitioned, deployment = _deployed_plans(ctx, seen)
-    if (seen.job.get("spec") or {}).get("suspend"):
+    if seen.spec.suspend:
         _suspend(ctx, seen, deployment)
         return
     if seen.status.phase == "Suspended":
@@ -300,7 +317,7 @@ def _first_deploy(ctx: Context, seen: Observed, desired: compiler.CompiledPlans)
     if not ctx.kube.exists("ConfigMap", deployment.namespace, name):
         ctx.kube.create(plan_configmap(seen.job, desired.partitioned, deployment))
     layout = _layout(deployment)
-    nonce = (seen.job.get("spec") or {}).get("restartNonce")
+    nonce = seen.spec.restart_nonce
     # a new lineage unless storage's lineage was started by this nonce already
     request = RestoreRequest(NewLineage(nonce)) if nonce else None
     run = ctx.etcd.advance_run(layout, ctx.etcd.run(layout), restore=request)
@@ -335,7 +352,7 @@ def _deployed_plans(ctx: Context, seen: Observed) -> tuple[PartitionedPlan, Depl
     assert fp is not None, "a deployed job has a plan"
     if fp not in ctx.plans:
         meta = seen.job["metadata"]
-        job_id = (seen.job.get("spec") or {}).get("jobId") or meta["name"]
+        job_id = seen.spec.job_id or meta["name"]
         data = ctx.kube.configmap_data(meta["namespace"], plan_configmap_name(job_id, fp))
         if data is None:
             raise RuntimeError(f"the plan ConfigMap of {fp} is missing")
@@ -358,7 +375,7 @@ def _spec_change(
     REFUSED leaves the running job untouched. RESCALE and UPGRADE stop the job with a
     savepoint and redeploy from it (`_upgrade`).
     """
-    drop_state = (seen.job.get("spec") or {}).get("dropState") or ()
+    drop_state = seen.spec.drop_state
     verdict = compat.check_compatibility(deployed, desired.partitioned, drop_state=drop_state)
     fp = desired.deployment.partitioned_fingerprint
     reasons = "; ".join(str(r) for r in verdict.reasons)
@@ -518,7 +535,7 @@ def _restart_nonce(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> 
     for the new lineage (started once per nonce, so a repeated pass changes nothing);
     then every pod goes, coordinators too (a finished job's have completed).
     """
-    nonce = (seen.job.get("spec") or {}).get("restartNonce")
+    nonce = seen.spec.restart_nonce
     if not nonce or nonce == seen.status.restart_nonce:
         return False
     layout = _layout(deployment)
@@ -546,7 +563,7 @@ def _restart_nonce(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> 
 
 def _savepoint_nonce(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
     """A new spec.savepointNonce asks for a savepoint; the next committed one carries the nonce."""
-    nonce = (seen.job.get("spec") or {}).get("savepointNonce")
+    nonce = seen.spec.savepoint_nonce
     if not nonce or nonce == seen.status.savepoint_nonce:
         return
     layout = _layout(deployment)
@@ -643,7 +660,7 @@ def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) ->
 
 def _standby_tasks(seen: Observed) -> bool:
     """Whether the job keeps a standby pod per task for the next run (spec.standbyTasks)."""
-    return bool((seen.job.get("spec") or {}).get("standbyTasks"))
+    return seen.spec.standby_tasks
 
 
 def _next_runs_standby(seen: Observed, deployment: DeploymentPlan, pod: PodView) -> bool:
@@ -756,7 +773,7 @@ def _recover(
     waited before the recovery begins: a failure that comes quicker than its delay after
     the one before is recovered from by the first pass past it (passes come every second).
     """
-    policy = recovery.RestartPolicy(max_failures=int((seen.job.get("spec") or {}).get("maxRecoveries", 10)))
+    policy = recovery.RestartPolicy(max_failures=seen.spec.max_recoveries)
     failures, now = [t / 1000 for t in seen.status.failed_at], ctx.clock()
     if policy.wait(failures, now) > 0:
         return
