@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sysconfig
 import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,64 @@ def refusal_kind(refused: RestoreRefused) -> str:
     return next(kind for kind, cls in reversed(REFUSALS.items()) if isinstance(refused, cls))
 
 
+_EXIT_CODES = {"restore": 4, "start": 5, "input": 6}
+REFUSED_EXITS = frozenset(_EXIT_CODES.values())
+"""The exit codes of a task process that ended with a refusal: never recovered."""
+TASK_LINE = "nopstream task: "
+"""How the last line a refused task process writes on stderr begins."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A task's refusal, the same in every run (never recovered), in each form it crosses a process
+    in: its kind (a key of REFUSALS) and words; the JSON of `POST /failed`; the exit code and last
+    line of a task process that ends with it."""
+
+    kind: str
+    message: str
+
+    @classmethod
+    def of(cls, refused: RestoreRefused) -> Refusal:
+        """The refusal `refused` raised."""
+        return cls(refusal_kind(refused), str(refused))
+
+    def error(self, prefix: str = "") -> RestoreRefused:
+        """The exception to raise for it, its message after `prefix` (who refused)."""
+        return REFUSALS.get(self.kind, RestoreRefused)(prefix + self.message)
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code of a task process that ends with it."""
+        return _EXIT_CODES.get(self.kind, _EXIT_CODES["restore"])
+
+    @property
+    def said(self) -> str:
+        """What it says: `bad input: ...` or `cannot start: ...`."""
+        return f"{'bad input' if self.kind == 'input' else 'cannot start'}: {self.message}"
+
+    def line(self) -> str:
+        """The last line a task process that ends with it writes on stderr."""
+        return TASK_LINE + self.said
+
+    @classmethod
+    def from_exit(cls, code: int | None, last_line: str) -> Refusal | None:
+        """The refusal a task process's exit code and last line report; None for another exit."""
+        kind = next((k for k, c in _EXIT_CODES.items() if c == code), None)
+        if kind is None:
+            return None
+        return cls(kind, last_line.removeprefix(TASK_LINE).partition(": ")[2])
+
+    def to_json(self) -> dict[str, Any]:
+        """Its part of `POST /failed`'s body."""
+        return {"error": self.message, "refused": self.kind}
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> Refusal | None:
+        """The refusal a `POST /failed` body reports; None for a plain failure."""
+        kind = body.get("refused")
+        return cls(str(kind), str(body.get("error", ""))) if kind else None
+
+
 def failure_report(exc: BaseException) -> dict[str, Any]:
     """How a task tells its failure (the body of `POST /failed`, the dashboard's last failures).
 
@@ -81,7 +141,7 @@ def failure_report(exc: BaseException) -> dict[str, Any]:
     of its traceback.
     """
     if isinstance(exc, RestoreRefused):
-        return {"error": str(exc), "refused": refusal_kind(exc)}
+        return Refusal.of(exc).to_json()
     if isinstance(exc, OperatorFailed):
         return {"error": str(exc)}
     if isinstance(exc, OSError):

@@ -6,8 +6,8 @@ JSON over HTTP on loopback, beside the coordinator's own routes (`node.coordinat
   GET  /endpoint?task=ID                              that task's endpoint (waits until known)
   POST /done {taskId, run}                            the task finished
   GET  /run                                           the current run
-A task's POST /failed carries `refused` when it cannot start at all: "restore" when its
-restore point is refused, "start" when a connector cannot start.
+A task's POST /failed carries its refusal (`errors.Refusal`) when it cannot go on in any
+run: its restore point or a connector refused, or it met a bad record.
 Everything but /metrics and the dashboard's files needs the run's secret (`node.guard`:
 401); a task's message without its task id and run is refused with 400, one of another
 run with 409.
@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from nopstream.errors import Refusal
 from nopstream.node.coordinator_api import CoordinatorRoutes
 from nopstream.node.guard import Guard
 from nopstream.node.jobview import JobHistory
@@ -36,7 +37,7 @@ class TaskReport:
     attempt: str | None = None
     done: bool = False
     error: str | None = None
-    refused: str | None = None
+    refusal: Refusal | None = None
     registered_at: float | None = None
     done_at: float | None = None
     registered: asyncio.Event = field(default_factory=asyncio.Event)
@@ -117,9 +118,9 @@ class ControlServer:
         self.changed.set()
         return web.json_response({"ok": True})
 
-    def _failed(self, task_id: str, error: str, refused: str | None) -> None:
+    def _failed(self, task_id: str, error: str, refusal: Refusal | None) -> None:
         report = self.tasks[task_id]
-        report.error, report.refused = error, refused
+        report.error, report.refusal = error, refusal
         self.changed.set()
 
     def processing_seconds(self) -> float:

@@ -28,11 +28,10 @@ from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
-from nopstream.errors import StartRefused
+from nopstream.errors import REFUSED_EXITS, Refusal, StartRefused
 from nopstream.local import ownership
 from nopstream.local.runner import JobFailed, RunOptions, RunResult, new_lineage, starting_point
 from nopstream.node import checkpointing, guard, recovery
-from nopstream.node.recovery import REFUSALS
 from nopstream.node.settings import DEPLOYMENT_FILE, PARTITIONED_FILE, NodeEnv
 from nopstream.plan import compiler
 from nopstream.plan.deployment import resource_name
@@ -141,14 +140,14 @@ class Supervisor:
         dead = self._dead_tasks()
         if not dead:
             return None
-        if not any(code in REFUSALS for _, code in dead):
+        if not any(code in REFUSED_EXITS for _, code in dead):
             # a task whose peer refused to start may die of it first: let the refusal show
             time.sleep(_SETTLE)
             dead = self._dead_tasks()
-        child, code = next(((t, c) for t, c in dead if c in REFUSALS), dead[0])
-        if code in REFUSALS:
-            said = child.tail(1).removeprefix(recovery.REFUSAL)
-            raise recovery.refusal_of_exit(code)(f"task {child.name}: " + said.partition(": ")[2])
+        child, code = next(((t, c) for t, c in dead if c in REFUSED_EXITS), dead[0])
+        refusal = Refusal.from_exit(code, child.tail(1))
+        if refusal is not None:
+            raise refusal.error(f"task {child.name}: ")
         return f"task {child.name} exited with {code}", child.tail()
 
     # the steps of a recovery (`node.recovery`)

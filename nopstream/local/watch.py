@@ -8,8 +8,6 @@ import contextlib
 import signal
 import time
 
-from nopstream import errors
-from nopstream.errors import RestoreRefused
 from nopstream.local import processes
 from nopstream.local.control import ControlServer
 
@@ -52,9 +50,8 @@ async def _until_finished(procs: list[processes.TaskProcess], control: ControlSe
     first_failure: float | None = None
     while True:
         for task_id, report in control.tasks.items():
-            if report.error is not None and report.refused:  # the same on every attempt: not recovered
-                refused = errors.REFUSALS.get(report.refused, RestoreRefused)
-                raise refused(f"task {task_id}: {report.error}")
+            if report.refusal is not None:  # the same on every attempt: not recovered
+                raise report.refusal.error(f"task {task_id}: ")
         codes = [(proc, proc.poll()) for proc in procs]
         for proc, code in codes:
             if code is not None and code < 0:

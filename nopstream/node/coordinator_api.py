@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.errors import Fenced
+from nopstream.errors import Refusal
 from nopstream.node.epoch_metrics import CoordinatorCollector
 from nopstream.node.epochs import Ack, EpochCoordinator
 from nopstream.node.guard import Guard, GuardCollector, healthz, int_field, json_body
@@ -49,8 +50,8 @@ DASHBOARD_PATH = "/dashboard/"
 DASHBOARD_FILES = Path(__file__).parent / "dashboard"  # the page, its script and vendored libraries
 
 
-Failed = Callable[[str, str, str | None], None]
-"""Told of a task's failure: its task id, its error and what it refused (None: a plain failure)."""
+Failed = Callable[[str, str, Refusal | None], None]
+"""Told of a task's failure: its task id, its error and its refusal (None: a plain failure)."""
 
 
 class CoordinatorRoutes:
@@ -145,10 +146,9 @@ class CoordinatorRoutes:
     async def _failed(self, request: web.Request) -> web.Response:
         task_id, body = await self.message(request)
         error = str(body.get("error", "unknown error"))
-        refused = str(body["refused"]) if body.get("refused") else None
         self.history.failed(self.leading_run, task_id, error)
         if self.on_failed is not None:
-            self.on_failed(task_id, error, refused)
+            self.on_failed(task_id, error, Refusal.from_json(body))
         return web.json_response({"ok": True})
 
     async def _job(self, request: web.Request) -> web.Response:

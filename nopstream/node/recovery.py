@@ -1,8 +1,8 @@
 """The one recovery policy: what a failed task does to its job, wherever the job runs.
 
-A task that fails or dies ends its run. A refused start (`EXIT_REFUSED`,
-`EXIT_START_REFUSED`: its restore point or a connector refused) and a bad record
-(`EXIT_BAD_INPUT`) are the same in every run and are not recovered. Any other failure
+A task that fails or dies ends its run. A refused start (its restore point or a
+connector refused) and a bad record (`errors.Refusal`, with its own exit codes) are the
+same in every run and are not recovered. Any other failure
 is a global recovery: the next run is recorded first (`advance`, so a crash half-way
 leaves the new run to be finished, never the old one to be resumed), then it is told
 (`record`), then the old run's task processes are stopped and the new run's started,
@@ -30,25 +30,6 @@ from typing import NoReturn, Protocol
 from nopstream import errors
 from nopstream.errors import RestoreRefused
 
-EXIT_REFUSED = 4
-"""The exit code of a task whose run cannot start (its restore was refused): not recovered."""
-EXIT_START_REFUSED = 5
-"""The exit code of a task whose connector cannot start as configured: not recovered."""
-EXIT_BAD_INPUT = 6
-"""The exit code of a task that met a record it cannot take (`BadInput`): not recovered."""
-REFUSALS = (EXIT_REFUSED, EXIT_START_REFUSED, EXIT_BAD_INPUT)
-_EXIT_CODES = {"restore": EXIT_REFUSED, "start": EXIT_START_REFUSED, "input": EXIT_BAD_INPUT}
-
-
-def refusal_of_exit(code: int) -> type[RestoreRefused]:
-    """The kind of refusal a task's exit code (one of REFUSALS) reports."""
-    kind = next(k for k, c in _EXIT_CODES.items() if c == code)
-    return errors.REFUSALS[kind]
-
-
-REFUSAL = "nopstream task: "
-"""How the last line of a refused task process's stderr begins (then `cannot start: ` or `bad input: `)."""
-
 
 def exit_refused(refused: RestoreRefused) -> NoReturn:
     """End a task process that cannot start, at once, with its refusal on stderr and its exit code.
@@ -57,9 +38,9 @@ def exit_refused(refused: RestoreRefused) -> NoReturn:
     and going at once matters: a peer that sees this task's channels close would
     otherwise die of it first, and its plain failure would be taken for the cause.
     """
-    what = "bad input" if isinstance(refused, errors.BadInput) else "cannot start"
-    print(f"{REFUSAL}{what}: {refused}", file=sys.stderr, flush=True)
-    os._exit(_EXIT_CODES[errors.refusal_kind(refused)])
+    refusal = errors.Refusal.of(refused)
+    print(refusal.line(), file=sys.stderr, flush=True)
+    os._exit(refusal.exit_code)
 
 
 class TooManyRecoveries(RuntimeError):

@@ -24,6 +24,7 @@ from typing import Any
 
 from nopstream.checkpoint.restore import NewLineage, RestoreRequest
 from nopstream.cluster.layout import Layout
+from nopstream.errors import REFUSED_EXITS, TASK_LINE, Refusal
 from nopstream.model.errors import Issue, ModelError
 from nopstream.model.load import LoadedModel, load_data
 from nopstream.model.spec import SinkSpec, SourceSpec, StreamModel
@@ -618,11 +619,13 @@ def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) ->
     lost = [p.name for p in current.values() if p.phase == "Failed" or p.deleting]
     if seen.status.deployed_run == run:
         lost += [task_pod_name(t, run) + " (gone)" for t in deployment.tasks if t.name not in current]
-    refused = next((p for p in current.values() if p.exit_code in recovery.REFUSALS), None)
+    refused = next((p for p in current.values() if p.exit_code in REFUSED_EXITS), None)
     if refused is not None:  # the same in every run: not recovered
-        last = _last_line(refused.message) or f"exit code {refused.exit_code}"
-        reason = "BadInput" if refused.exit_code == recovery.EXIT_BAD_INPUT else "CannotStart"
-        _fail(ctx, seen, deployment, reason, f"{refused.name}: {last.removeprefix('nopstream task: ')}")
+        last = _last_line(refused.message)
+        refusal = Refusal.from_exit(refused.exit_code, last)
+        reason = "BadInput" if refusal is not None and refusal.kind == "input" else "CannotStart"
+        said = last.removeprefix(TASK_LINE) or f"exit code {refused.exit_code}"
+        _fail(ctx, seen, deployment, reason, f"{refused.name}: {said}")
         return
     if lost:
         # the last line of a failed task's log: its error, with the user's file and line

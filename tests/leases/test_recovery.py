@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from nopstream.errors import BadInput, Refusal, RestoreRefused, StartRefused
 from nopstream.node import recovery
 
 
@@ -92,3 +93,26 @@ def test_a_runner_that_cannot_wait_in_place_waits_from_the_failure_before():
     assert policy.wait([100.0, 100.25], now=100.3) == pytest.approx(0.45)  # the third's 0.5 s
     assert policy.wait([100.0, 100.25, 100.75], now=100.8) == 0  # past the limit: it fails at once
     assert policy.wait([10.0], now=100.0) == 0  # out of the window
+
+
+@pytest.mark.parametrize(
+    ("refused", "code", "line"),
+    [
+        (RestoreRefused("manifest 7 is damaged"), 4, "nopstream task: cannot start: manifest 7 is damaged"),
+        (StartRefused("table t is missing"), 5, "nopstream task: cannot start: table t is missing"),
+        (
+            BadInput("split a.jsonl byte 9: not JSON"),
+            6,
+            "nopstream task: bad input: split a.jsonl byte 9: not JSON",
+        ),
+    ],
+)
+def test_a_refusal_is_the_same_in_each_form_it_crosses_a_process_in(refused, code, line):
+    """A refusal goes as a JSON body (a task's POST /failed) and as an exit code and a last line (a pod's,
+    a supervisor's child): read back from either, it is the same kind with the same words."""
+    refusal = Refusal.of(refused)
+    assert (refusal.exit_code, refusal.line()) == (code, line)
+    assert Refusal.from_json(refusal.to_json()) == refusal == Refusal.from_exit(code, line)
+    again = refusal.error("task t: ")
+    assert type(again) is type(refused) and str(again) == f"task t: {refused}"
+    assert Refusal.from_exit(1, line) is None and Refusal.from_json({"error": "boom"}) is None
