@@ -34,6 +34,7 @@ from e2e import servers
 from e2e.certs import Pki, write_kubeconfig
 from e2e.netns import Namespace
 from e2e.node import CLUSTER_DOMAIN, NODE_IP, NODE_NAME, Node, NodeCredentials, set_up_network
+from nopstream.local.children import Child
 
 SERVICE_CIDR = "10.96.0.0/24"
 APISERVER_PORT = 6443
@@ -60,7 +61,7 @@ class Cluster:
     audit_log: Path
     server: str = ""
     node: Node | None = None
-    processes: list[servers.Process] = field(default_factory=list)
+    processes: list[Child] = field(default_factory=list)
 
     @property
     def ca(self) -> Path:
@@ -231,7 +232,7 @@ class Cluster:
     def _alive(self) -> None:
         for proc in [*self.processes, *(self.node.processes if self.node else [])]:
             if not proc.alive():
-                raise servers.ServerError(f"{proc.name} exited\n{proc.tail()}")
+                raise servers.ServerError(f"{proc.name} exited\n{proc.tail(30)}")
 
     def _components_up(self) -> bool:
         self._alive()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e2e import servers
+from nopstream.local.children import Child
 
 CLONE_NEWNET = 0x40000000
 # Cover these with tmpfs inside: the fixed paths where containerd, runc, the kubelet,
@@ -67,7 +68,7 @@ def ns_inode(pid: int, kind: str) -> int | None:
 class Namespace:
     """The holder of a network + mount namespace, and how to run commands inside it."""
 
-    holder: servers.Process
+    holder: Child
 
     @classmethod
     def create(cls, workdir: Path) -> Namespace:
@@ -111,9 +112,7 @@ class Namespace:
             raise servers.ServerError(f"{' '.join(argv)} (in the test namespace): {done.stderr.strip()}")
         return done
 
-    def spawn(
-        self, name: str, argv: list[str], *, log: Path, env: dict[str, str] | None = None
-    ) -> servers.Process:
+    def spawn(self, name: str, argv: list[str], *, log: Path, env: dict[str, str] | None = None) -> Child:
         """Start a long-running server inside, like `servers.spawn`."""
         return servers.spawn(name, self.wrap(argv), log=log, env=env)
 

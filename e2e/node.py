@@ -24,6 +24,7 @@ import yaml
 
 from e2e import servers
 from e2e.netns import Namespace, kill_until_gone
+from nopstream.local.children import Child
 
 NODE_NAME = "node-0"
 NODE_IP = "10.250.0.2"
@@ -79,7 +80,7 @@ class Node:
     ns: Namespace
     workdir: Path
     cgroup_root: str
-    processes: list[servers.Process] = field(default_factory=list)
+    processes: list[Child] = field(default_factory=list)
 
     # containerd's API socket and state: in the namespace's own /run (a socket path under a
     # test's temporary directory is too long for a unix socket)

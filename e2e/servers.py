@@ -24,10 +24,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nopstream.local import children
+from nopstream.local.children import Child
+
 CACHE = Path(os.environ.get("NOPSTREAM_CACHE", Path.home() / ".cache" / "nopstream"))
 BIN = CACHE / "bin"
 
-_RUNNING: dict[int, subprocess.Popen[bytes]] = {}
+_RUNNING: dict[int, Child] = {}
+"""Every server started, stopped on interpreter exit as a last resort."""
 
 
 class ServerError(RuntimeError):
@@ -52,55 +56,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-@dataclass
-class Process:
-    """A child process in its own session, with its log file."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        """The child's PID."""
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        """Whether the process is still running."""
-        return self.popen.poll() is None
-
-    def tail(self, lines: int = 30) -> str:
-        """The last lines of its log."""
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return ""
-
-    def signal(self, sig: int) -> None:
-        """Send a signal to the process (not its group)."""
-        if self.alive():
-            os.kill(self.pid, sig)
-
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM the process group, then SIGKILL after `grace` seconds; reap it."""
-        stop_popen(self.popen, grace)
-
-
-def stop_popen(popen: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    """Stop a child started in its own session, by PID, and forget it."""
-    _RUNNING.pop(popen.pid, None)
-    if popen.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(popen.pid, signal.SIGTERM)
-    try:
-        popen.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(popen.pid, signal.SIGKILL)
-        popen.wait(10)
-
-
 def spawn(
     name: str,
     argv: list[str],
@@ -109,44 +64,32 @@ def spawn(
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
     user: str | None = None,
-) -> Process:
+) -> Child:
     """Start `argv` in its own session (as `user`, when given) with stdout and stderr going to `log`."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        popen = subprocess.Popen(
-            argv,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
-            cwd=cwd,
-            start_new_session=True,
-            user=user,
-            group=user,
-        )
-    _RUNNING[popen.pid] = popen
-    return Process(name, popen, log)
+    environment = {**os.environ, **(env or {})}
+    child = children.spawn(name, argv, log=log, env=environment, cwd=cwd, session=True, user=user)
+    _RUNNING[child.pid] = child
+    return child
 
 
 @atexit.register
 def _stop_all() -> None:
-    for popen in list(_RUNNING.values()):
-        stop_popen(popen, grace=5)
+    children.stop_all(_RUNNING.values(), grace=5)
 
 
 def wait_until(
-    what: str, ready: Callable[[], bool], *, process: Process | None = None, timeout: float = 60.0
+    what: str, ready: Callable[[], bool], *, process: Child | None = None, timeout: float = 60.0
 ) -> None:
     """Poll `ready` until it is true; ServerError with the log tail on timeout or exit."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and not process.alive():
-            raise ServerError(f"{what}: exited with {process.popen.returncode}\n{process.tail()}")
+            raise ServerError(f"{what}: exited with {process.returncode}\n{process.tail(30)}")
         with contextlib.suppress(OSError, urllib.error.URLError, ConnectionError):
             if ready():
                 return
         time.sleep(0.1)
-    tail = process.tail() if process else ""
+    tail = process.tail(30) if process else ""
     raise ServerError(f"{what}: not ready after {timeout:.0f}s\n{tail}")
 
 
@@ -161,7 +104,7 @@ def http_ok(url: str, expect: bytes | None = None) -> bool:
 class Etcd:
     """A single-member etcd server on loopback."""
 
-    process: Process
+    process: Child
     client_url: str
     data_dir: Path
 
@@ -220,7 +163,7 @@ def start_etcd(
 class Minio:
     """A single-drive MinIO server on loopback with generated credentials."""
 
-    process: Process
+    process: Child
     endpoint: str
     access_key: str
     secret_key: str
@@ -271,7 +214,7 @@ PG_BIN = Path("/usr/lib/postgresql/15/bin")
 class Postgres:
     """A PostgreSQL 15 server on loopback with prepared transactions enabled and a password."""
 
-    process: Process
+    process: Child
     port: int
     user: str
     password: str
@@ -292,8 +235,7 @@ class Postgres:
         """Stop the server by PID: a fast shutdown (SIGINT: sessions ended, prepared transactions
         kept), SIGKILL after `grace` seconds."""
         self.process.signal(signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.popen.wait(grace)
+        self.process.wait(grace)
         self.process.stop(grace)
 
     def restart(self, *, down: float = 0.0) -> None:
@@ -314,7 +256,7 @@ def _postgres_user() -> str | None:
     return "postgres" if os.geteuid() == 0 else None
 
 
-def _postgres_process(workdir: Path, data: Path, port: int, *, prepared: int = 64) -> Process:
+def _postgres_process(workdir: Path, data: Path, port: int, *, prepared: int = 64) -> Child:
     argv = [
         str(PG_BIN / "postgres"),
         "-D",
@@ -391,7 +333,7 @@ KAFKA_VERSION = "4.4.0"
 class Kafka:
     """A single-node Kafka broker (KRaft: broker and controller in one JVM)."""
 
-    process: Process
+    process: Child
     listeners: KafkaListeners
     config: Path = field(repr=False)
     workdir: Path = field(repr=False)
@@ -479,7 +421,7 @@ def _java(workdir: Path) -> list[str]:
     ]
 
 
-def _kafka_process(workdir: Path, config: Path, wrap: Callable[[list[str]], list[str]]) -> Process:
+def _kafka_process(workdir: Path, config: Path, wrap: Callable[[list[str]], list[str]]) -> Child:
     return spawn("kafka", wrap([*_java(workdir), "kafka.Kafka", str(config)]), log=workdir / "kafka.log")
 
 

@@ -15,50 +15,18 @@ import logging
 import os
 import signal
 import sys
-import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from nopstream.local import worker
+from nopstream.local.children import Child
 from nopstream.node import cpu, lifetime
-
-
-class TaskProcess:
-    """A forked task process, polled and stopped by PID."""
-
-    def __init__(self, task_id: str, pid: int, log: Path) -> None:
-        """Track the child `pid` running `task_id`."""
-        self.task_id = task_id
-        self.pid = pid
-        self.log = log
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        """The exit code once the process has ended (negative: killed by that signal), else None."""
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def signal(self, sig: int) -> None:
-        """Send a signal if the process still runs."""
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-    def wait(self, timeout: float) -> int | None:
-        """Wait up to `timeout` seconds for the exit code."""
-        deadline = time.monotonic() + timeout
-        while self.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return self.returncode
-
 
 _STOPS = {signal.SIGTERM, signal.SIGINT}
 
 
-def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[int, ...] = ()) -> TaskProcess:
+def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[int, ...] = ()) -> Child:
     """Fork a process that runs one task; its stderr goes to `log` (created before the fork)."""
     # the parent creates the log: a child killed before its first instruction still has one
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -70,7 +38,7 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
     if pid:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
         os.close(out)
-        return TaskProcess(settings.task_id, pid, log)
+        return Child(settings.task_id, pid, log)
     for stop in _STOPS:
         signal.signal(stop, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
@@ -102,7 +70,7 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
 
 
 @contextlib.contextmanager
-def waking_on_exit(procs: list[TaskProcess], wake: Callable[[], None]) -> Iterator[None]:
+def waking_on_exit(procs: list[Child], wake: Callable[[], None]) -> Iterator[None]:
     """Inside, `wake()` is called as soon as one of `procs` exits (a pidfd each in the running loop).
 
     Without it a supervisor polling exit codes learns of an exit only at its next
@@ -135,15 +103,3 @@ def name_process(title: str) -> None:
     import setproctitle  # only task processes are named: not imported by the runner's callers
 
     setproctitle.setproctitle(title)
-
-
-def stop_all(procs: list[TaskProcess], grace: float = 5.0) -> None:
-    """Stop every live process: SIGTERM, then SIGKILL after `grace` seconds; reap them all."""
-    live = [p for p in procs if p.poll() is None]
-    for p in live:
-        p.signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for p in live:
-        if p.wait(max(0.0, deadline - time.monotonic())) is None:
-            p.signal(signal.SIGKILL)
-            p.wait(10)

@@ -37,7 +37,8 @@ from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.local import LocalBackend
 from nopstream.connectors import registry
 from nopstream.errors import RestoreRefused, StorageError
-from nopstream.local import inprocess, ownership, processes, worker
+from nopstream.local import children, inprocess, ownership, processes, worker
+from nopstream.local.children import Child
 from nopstream.local.control import ControlServer
 from nopstream.local.progress import Progress
 from nopstream.local.watch import TaskDied, kill_a_task, supervise
@@ -358,13 +359,13 @@ def _attempt(
     try:
         return asyncio.run(_control_run(plans, options, this, procs))
     finally:
-        processes.stop_all(procs)
+        children.stop_all(procs)
         (run_dir / "control-url").unlink(missing_ok=True)  # `nopstream savepoint` finds live runs only
         (run_dir / "secret").unlink(missing_ok=True)
 
 
 async def _control_run(
-    plans: compiler.CompiledPlans, options: RunOptions, this: _Run, procs: list[processes.TaskProcess]
+    plans: compiler.CompiledPlans, options: RunOptions, this: _Run, procs: list[Child]
 ) -> tuple[ControlServer, EpochCoordinator]:
     plan, run, secret = plans.partitioned, this.run, this.secret
     control = ControlServer(list(plan.task_ids()), run=run, guard=guard.Guard(secret), history=this.history)

@@ -12,13 +12,10 @@ standby takes over without a global recovery.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -30,6 +27,7 @@ from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
 from nopstream.errors import REFUSED_EXITS, Refusal, StartRefused
 from nopstream.local import ownership
+from nopstream.local.children import Child, spawn, stop_all
 from nopstream.local.runner import JobFailed, RunOptions, RunResult, new_lineage, starting_point
 from nopstream.node import checkpointing, guard, recovery
 from nopstream.node.settings import DEPLOYMENT_FILE, PARTITIONED_FILE, NodeEnv
@@ -44,19 +42,6 @@ ETCD_WAIT_S = 30.0
 RUN_CHECK_S = 1.0
 """How often the supervisor checks that etcd still holds the run (etcd may lose its data)."""
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
-
-
-@dataclass
-class Child:
-    """A coordinator or task process."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    def tail(self, lines: int = 15) -> str:
-        """The end of its log."""
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
 class Supervisor:
@@ -125,7 +110,7 @@ class Supervisor:
             _wait(self.coordinators, 15)
             entry = _etcd(self.etcd, lambda b: b.get(self.layout.restore(run)))
         finally:
-            _stop(self.tasks + self.coordinators)
+            stop_all(self.tasks + self.coordinators)
             self.secret_file.unlink(missing_ok=True)  # `nopstream savepoint --etcd` finds live jobs only
         seconds = time.monotonic() - started
         point = RestorePoint.from_json(entry.value) if entry is not None else None
@@ -162,14 +147,14 @@ class Supervisor:
         os.environ.pop(faults.ENV, None)  # fault points fire in the first run only, as in `Runner`
 
     def stop(self, run: int) -> None:
-        _stop(self.tasks)
+        stop_all(self.tasks)
 
     def start(self, run: int, *, delay_s: float) -> None:
         time.sleep(delay_s)
         # A coordinator that saw the final epoch committed has exited 0; a task lost after
         # that still needs the new run led (its restore point says finished, its tasks
         # publish what they hold and exit), so a candidate takes each finished one's place.
-        self.coordinators = [c if c.popen.poll() is None else self._candidate() for c in self.coordinators]
+        self.coordinators = [c if c.alive() else self._candidate() for c in self.coordinators]
         self.tasks = self._start_tasks(run)
 
     def _request(self) -> RestoreRequest | None:
@@ -180,14 +165,14 @@ class Supervisor:
 
     def _dead_tasks(self) -> list[tuple[Child, int]]:
         """Task processes that exited with an error, with their exit codes."""
-        return [(t, code) for t in self.tasks if (code := t.popen.poll()) not in (None, 0)]
+        return [(t, code) for t in self.tasks if (code := t.poll()) not in (None, 0)]
 
     def _finished(self) -> bool:
-        return all(t.popen.poll() == 0 for t in self.tasks)
+        return all(t.poll() == 0 for t in self.tasks)
 
     def _replace_dead_coordinators(self) -> None:
         for i, child in enumerate(self.coordinators):
-            code = child.popen.poll()
+            code = child.poll()
             if code is None or code == 0:
                 continue
             if self.started_candidates > len(self.coordinators) + self.options.max_restarts:
@@ -206,8 +191,6 @@ class Supervisor:
         ]
 
     def _spawn(self, role: str, name: str, *, task_id: str | None = None, run: int | None = None) -> Child:
-        log = self.home / "logs" / f"{name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
         path = [*self.options.python_path, _PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")]
         env = {
             **os.environ,
@@ -223,15 +206,10 @@ class Supervisor:
                 parent=os.getpid(),
             ).to_env(),
         }
-        with log.open("ab") as out:  # a runner started again names its coordinators from 0 again
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "nopstream", role],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        return Child(name, popen, log)
+        # appended to: a runner started again names its coordinators from 0 again
+        return spawn(
+            name, [sys.executable, "-m", "nopstream", role], log=self.home / "logs" / f"{name}.log", env=env
+        )
 
 
 T = TypeVar("T")
@@ -305,19 +283,4 @@ def _advance_run(etcd: str, layout: Layout, expected: int | None, request: Resto
 def _wait(children: list[Child], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     for child in children:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.popen.wait(max(0.0, deadline - time.monotonic()))
-
-
-def _stop(children: list[Child], grace: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL after `grace` seconds; reap them all."""
-    for child in children:
-        if child.popen.poll() is None:
-            child.popen.terminate()
-    deadline = time.monotonic() + grace
-    for child in children:
-        try:
-            child.popen.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.popen.kill()
-            child.popen.wait(10)
+        child.wait(max(0.0, deadline - time.monotonic()))

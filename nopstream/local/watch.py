@@ -9,6 +9,7 @@ import signal
 import time
 
 from nopstream.local import processes
+from nopstream.local.children import Child
 from nopstream.local.control import ControlServer
 
 
@@ -22,14 +23,14 @@ class TaskDied(RuntimeError):
         self.detail = detail
 
 
-def kill_a_task(procs: list[processes.TaskProcess]) -> None:
+def kill_a_task(procs: list[Child]) -> None:
     """A coordinator fault point fired: SIGKILL the last task process still running."""
     live = [p for p in procs if p.poll() is None]
     if live:
         live[-1].signal(signal.SIGKILL)
 
 
-async def supervise(procs: list[processes.TaskProcess], control: ControlServer) -> None:
+async def supervise(procs: list[Child], control: ControlServer) -> None:
     """Return when every task finished; raise the run's failure, naming its root where it can.
 
     A task killed by a signal comes before the failures its peers report (their
@@ -45,7 +46,7 @@ and an exit for the report its task sent before it: the killed one is the cause,
 broken channels may be reported before it is reaped."""
 
 
-async def _until_finished(procs: list[processes.TaskProcess], control: ControlServer) -> None:
+async def _until_finished(procs: list[Child], control: ControlServer) -> None:
     """Check every process and report at each change (a report, an exit) and every 0.1 s."""
     first_failure: float | None = None
     while True:
@@ -75,8 +76,8 @@ async def _until_finished(procs: list[processes.TaskProcess], control: ControlSe
                 await control.changed.wait()
 
 
-def _died(proc: processes.TaskProcess, code: int, control: ControlServer) -> TaskDied:
+def _died(proc: Child, code: int, control: ControlServer) -> TaskDied:
     """The failure of a task process that exited with `code`, recorded in the job's history."""
     tail = "\n".join(proc.log.read_text(errors="replace").splitlines()[-15:])
-    control.routes.history.failed(control.run, proc.task_id, f"exited with {code}\n{tail}")
-    return TaskDied(f"task {proc.task_id} exited with {code}", tail)
+    control.routes.history.failed(control.run, proc.name, f"exited with {code}\n{tail}")
+    return TaskDied(f"task {proc.name} exited with {code}", tail)
