@@ -65,6 +65,7 @@ KEYS = {
     # a quoted key of a cross-process record: the only module that may write or read it
     '"pending"': "nopstream/records.py",  # SinkState
     '"detail"': "nopstream/cluster/epochlog.py",  # EpochEntry
+    '"candidate"': "nopstream/cluster/election.py",  # LeaderKey
     **{
         f'"NOPSTREAM_{name}"': "nopstream/node/settings.py"  # NodeEnv and from_env
         for name in (

@@ -59,7 +59,7 @@ class Election:
     async def campaign(self, keeper: LeaseKeeper) -> Leadership:
         """Wait until this candidate leads; the key is bound to the keeper's lease."""
         key = self.layout.coordinator
-        value = json.dumps({"candidate": self.candidate, "endpoint": self.endpoint}).encode()
+        value = LeaderKey(self.candidate, 0, self.endpoint).to_json()
         while True:
             start = await self.backend.revision()
             token = await self.backend.create(key, value, lease=keeper.lease)
@@ -77,20 +77,33 @@ class Election:
 
     async def leader(self) -> tuple[str, int] | None:
         """(candidate, token) of the current leader, if any."""
-        return await leader_of(self.backend, self.layout)
+        found = await current_leader(self.backend, self.layout)
+        return None if found is None else (found.candidate, found.token)
 
     async def leader_endpoint(self) -> str | None:
         """Where the current leader serves (tasks send it their ACKs), if there is one."""
-        entry = await self.backend.get(self.layout.coordinator)
-        if entry is None:
-            return None
-        endpoint: str = json.loads(entry.value).get("endpoint", "")
-        return endpoint or None
+        found = await current_leader(self.backend, self.layout)
+        return None if found is None else found.endpoint
 
 
-async def leader_of(backend: Backend, layout: Layout) -> tuple[str, int] | None:
-    """(candidate, fencing token) of the job's current leader, if it has one."""
+@dataclass(frozen=True)
+class LeaderKey:
+    """The coordinator key: who leads, with which fencing token (the key's create revision), serving
+    where; its JSON written by `Election.campaign` and read here only."""
+
+    candidate: str
+    token: int
+    endpoint: str | None = None
+
+    def to_json(self) -> bytes:
+        """The key's value (the token is the key's revision, not in its value)."""
+        return json.dumps({"candidate": self.candidate, "endpoint": self.endpoint}).encode()
+
+
+async def current_leader(backend: Backend, layout: Layout) -> LeaderKey | None:
+    """The job's current leader, if it has one."""
     entry = await backend.get(layout.coordinator)
     if entry is None:
         return None
-    return json.loads(entry.value)["candidate"], entry.create_revision
+    said = json.loads(entry.value)
+    return LeaderKey(str(said["candidate"]), entry.create_revision, said.get("endpoint") or None)

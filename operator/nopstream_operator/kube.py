@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from nopstream.checkpoint.restore import RestoreRequest
-from nopstream.cluster.election import leader_of
+from nopstream.cluster.election import current_leader
 from nopstream.cluster.epochlog import EpochEntry, EpochLog, EpochState
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
@@ -51,6 +50,49 @@ class EpochSummary:
     """Durable epochs whose sink transactions are not all committed yet."""
     leader: tuple[str, int] | None = None
     """The leading coordinator: (its pod, its fencing token)."""
+
+
+@dataclass(frozen=True)
+class JobInEtcd:
+    """What one pass read of a job in etcd (`EtcdView.observe`)."""
+
+    run: int = 0
+    entries: tuple[EpochEntry, ...] = ()
+    durable: int | None = None
+    durable_at: int | None = None
+    leader: tuple[str, int] | None = None
+    """The leading coordinator: (its pod, its fencing token)."""
+    leader_endpoint: str | None = None
+
+    @property
+    def last_epoch(self) -> int:
+        """The highest epoch in the log (0 when empty)."""
+        return self.entries[-1].epoch if self.entries else 0
+
+    def stopped_at(self, *, after: int) -> int | None:
+        """The stop savepoint committed after epoch `after`, if there is one."""
+        return next(
+            (
+                e.epoch
+                for e in self.entries
+                if e.epoch > after and e.state is EpochState.COMMITTED and e.kind == EpochKind.STOP
+            ),
+            None,
+        )
+
+    @property
+    def summary(self) -> EpochSummary:
+        """The epoch log as a pass shows it."""
+        committed = [e for e in self.entries if e.state is EpochState.COMMITTED]
+        return EpochSummary(
+            durable=self.durable,
+            durable_at=self.durable_at,
+            committed=committed[-1].epoch if committed else None,
+            committed_at=committed[-1].at if committed else None,
+            savepoints=tuple(e.epoch for e in committed if e.kind.is_savepoint),
+            pending_commits=tuple(e.epoch for e in self.entries if e.state is EpochState.DURABLE),
+            leader=self.leader,
+        )
 
 
 class NameTaken(RuntimeError):
@@ -254,41 +296,19 @@ class EtcdView:
         request = None if restore is None else restore.to_json()
         return self.loop.run_until_complete(registry.next_run(expected, takeover=takeover, restore=request))
 
-    def epochs(self, layout: Layout) -> EpochSummary:
-        """The epoch log as a pass shows it, with the leading coordinator."""
-        entries = self._entries(layout)
-        durable, durable_at = self.loop.run_until_complete(EpochLog(self.backend, layout).latest_durable_at())
-        committed = [e for e in entries if e.state is EpochState.COMMITTED]
-        leader = self.loop.run_until_complete(leader_of(self.backend, layout))
-        return EpochSummary(
-            durable=durable,
-            durable_at=durable_at,
-            committed=committed[-1].epoch if committed else None,
-            committed_at=committed[-1].at if committed else None,
-            savepoints=tuple(e.epoch for e in committed if e.kind.is_savepoint),
-            pending_commits=tuple(e.epoch for e in entries if e.state is EpochState.DURABLE),
-            leader=leader,
-        )
+    def observe(self, layout: Layout) -> JobInEtcd:
+        """Everything a pass reads of the job in etcd, read once: its run, its epoch log, the latest
+        durable epoch and the leading coordinator."""
 
-    def _entries(self, layout: Layout) -> list[EpochEntry]:
-        return self.loop.run_until_complete(EpochLog(self.backend, layout).entries())
+        async def read() -> JobInEtcd:
+            log = EpochLog(self.backend, layout)
+            run = await Registry(self.backend, layout).current_run()
+            entries = tuple(await log.entries())
+            durable, durable_at = await log.latest_durable_at()
+            leader = await current_leader(self.backend, layout)
+            if leader is None:
+                return JobInEtcd(run, entries, durable, durable_at)
+            who = (leader.candidate, leader.token)
+            return JobInEtcd(run, entries, durable, durable_at, who, leader.endpoint)
 
-    def last_epoch(self, layout: Layout) -> int:
-        """The highest epoch in the log (0 when empty)."""
-        entries = self._entries(layout)
-        return entries[-1].epoch if entries else 0
-
-    def stopped_at(self, layout: Layout, *, after: int) -> int | None:
-        """The stop savepoint committed after epoch `after`, if there is one."""
-        for entry in self._entries(layout):
-            if entry.epoch > after and entry.state is EpochState.COMMITTED and entry.kind == EpochKind.STOP:
-                return entry.epoch
-        return None
-
-    def leader_endpoint(self, layout: Layout) -> str | None:
-        """The leading coordinator's endpoint."""
-        entry = self.loop.run_until_complete(self.backend.get(layout.coordinator))
-        if entry is None:
-            return None
-        endpoint: str = json.loads(entry.value).get("endpoint", "")
-        return endpoint or None
+        return self.loop.run_until_complete(read())

@@ -43,7 +43,7 @@ from nopstream.plan import compat, compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream_operator import health
-from nopstream_operator.kube import EtcdView, Kube, NameTaken
+from nopstream_operator.kube import EtcdView, JobInEtcd, Kube, NameTaken
 from nopstream_operator.resources import (
     ANNOTATION_FINGERPRINT,
     JOB_SECRET_KEY,
@@ -126,12 +126,20 @@ class Observed:
     pods: dict[str, PodView]
     model: StreamModel | None = None
     """The job's spec, typed, once it is known to be valid."""
+    etcd_seen: JobInEtcd | None = None
+    """The job in etcd, read once its deployed plan (and so its keys) is known."""
 
     @property
     def spec(self) -> StreamModel:
         """The job's valid spec, typed (read only after the pass validated it)."""
         assert self.model is not None, "the spec is read once it is valid"
         return self.model
+
+    @property
+    def etcd(self) -> JobInEtcd:
+        """The job in etcd, as this pass read it."""
+        assert self.etcd_seen is not None, "etcd is read once the deployed plan is known"
+        return self.etcd_seen
 
     @property
     def status(self) -> StreamJobStatus:
@@ -232,6 +240,7 @@ def reconcile_once(ctx: Context, namespace: str, name: str) -> None:
         _first_deploy(ctx, seen, desired)
         return
     partitioned, deployment = _deployed_plans(ctx, seen)
+    seen = dataclasses.replace(seen, etcd_seen=ctx.etcd.observe(_layout(deployment)))
     if seen.spec.suspend:
         _suspend(ctx, seen, deployment)
         return
@@ -456,10 +465,10 @@ def _stop_with_savepoint(
     run = seen.run
     stopping = seen.status.stopping
     if stopping is None or stopping.purpose != purpose:
-        stopping = Stopping(purpose=purpose, after=ctx.etcd.last_epoch(layout))
+        stopping = Stopping(purpose=purpose, after=seen.etcd.last_epoch)
         _patch(ctx, seen, **first, stopping=stopping)
         ctx.emit(seen.job, "Normal", *event)
-    stop = ctx.etcd.stopped_at(layout, after=stopping.after)
+    stop = seen.etcd.stopped_at(after=stopping.after)
     if stop is None and stopping.requested_in_run != run and _request_savepoint(ctx, seen, layout, stop=True):
         _patch(ctx, seen, stopping=stopping.model_copy(update={"requested_in_run": run}))
     return stop
@@ -487,7 +496,7 @@ def _label_leader(ctx: Context, seen: Observed, deployment: DeploymentPlan, lead
 
 def _request_savepoint(ctx: Context, seen: Observed, layout: Layout, *, stop: bool) -> bool:
     """Ask the leading coordinator for a savepoint (`stop`: and stop at it); whether it took the request."""
-    endpoint = ctx.etcd.leader_endpoint(layout)
+    endpoint = seen.etcd.leader_endpoint
     uid = seen.job["metadata"]["uid"]
     secret = ctx.kube.owned_secret(layout.namespace, job_secret_name(layout.job_id), JOB_SECRET_KEY, uid)
     if endpoint is None or secret is None:
@@ -568,7 +577,7 @@ def _savepoint_nonce(ctx: Context, seen: Observed, deployment: DeploymentPlan) -
     if not nonce or nonce == seen.status.savepoint_nonce:
         return
     layout = _layout(deployment)
-    after = ctx.etcd.last_epoch(layout)
+    after = seen.etcd.last_epoch
     if _request_savepoint(ctx, seen, layout, stop=False):
         _patch(ctx, seen, savepoint_nonce=nonce, savepoint_request=SavepointRequest(nonce=nonce, after=after))
         ctx.emit(seen.job, "Normal", "SavepointRequested", f"nonce {nonce}")
@@ -641,7 +650,7 @@ def _reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) ->
             current,
         )
         return
-    stored = ctx.etcd.run(_layout(deployment))
+    stored = seen.etcd.run
     if stored < run:  # lost coordination state: a new run past it, never a run reused
         lost_state = f"etcd lost the job's coordination state (its run reads {stored}, the run is {run})"
         _recover(ctx, seen, deployment, run, lost_state, current)
@@ -806,7 +815,7 @@ def _refresh(
     succeeded = len(current) == total and all(p.phase == "Succeeded" for p in current.values())
     phase = seen.status.phase
     conditions = seen.status.conditions
-    epochs = ctx.etcd.epochs(_layout(deployment))
+    epochs = seen.etcd.summary
     _label_leader(ctx, seen, deployment, epochs.leader[0] if epochs.leader else None)
     if succeeded:
         phase = "Succeeded"

@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 import yaml
 from nopstream_operator.health import now_ms, rfc3339
-from nopstream_operator.kube import EpochSummary, NameTaken
+from nopstream_operator.kube import JobInEtcd, NameTaken
 from nopstream_operator.reconcile import Context, reconcile_once
 from nopstream_operator.resources import PodSettings
 
 from nopstream.checkpoint.restore import RestoreRequest
+from nopstream.cluster.epochlog import EpochEntry, EpochState
 from tests.conftest import EXAMPLES
 
 JOB = yaml.safe_load((EXAMPLES / "wordcount.yaml").read_text())
@@ -139,23 +140,11 @@ class FakeEtcd:
                 self.requests[self.current_run] = restore
         return self.current_run
 
-    def epochs(self, layout: Any) -> EpochSummary:
-        return EpochSummary(
-            durable=self.durable,
-            durable_at=self.durable_at,
-            committed=self.durable,
-            committed_at=self.committed_at,
-            leader=self.leader,
-        )
-
-    def last_epoch(self, layout: Any) -> int:
-        return self.durable or 0
-
-    def stopped_at(self, layout: Any, *, after: int) -> int | None:
-        return None
-
-    def leader_endpoint(self, layout: Any) -> str | None:
-        return None
+    def observe(self, layout: Any) -> JobInEtcd:
+        entries = ()
+        if self.durable is not None:  # the durable epoch, committed too
+            entries = (EpochEntry(self.durable, EpochState.COMMITTED, 1, "c", at=self.committed_at),)
+        return JobInEtcd(self.current_run, entries, self.durable, self.durable_at, self.leader)
 
 
 @pytest.fixture
