@@ -25,7 +25,8 @@ import kopf
 
 from nopstream.cluster.layout import operator_pass
 from nopstream_operator.kube import EtcdView, Kube, load_config
-from nopstream_operator.reconcile import Context, cleanup, reconcile_once
+from nopstream_operator.observed import Context
+from nopstream_operator.reconcile import cleanup, reconcile_once
 from nopstream_operator.resources import GROUP, LABEL_JOB, PLURAL, VERSION, PodSettings
 from nopstream_operator.wakeups import Wakeups, is_loss
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from nopstream_operator.reconcile import pod_view
+from nopstream_operator.observed import pod_view
 
 _ENDED = frozenset({"Failed", "Succeeded"})
 

@@ -16,7 +16,8 @@ import pytest
 import yaml
 from nopstream_operator.health import now_ms, rfc3339
 from nopstream_operator.kube import JobInEtcd, NameTaken
-from nopstream_operator.reconcile import Context, reconcile_once
+from nopstream_operator.observed import Context
+from nopstream_operator.reconcile import reconcile_once
 from nopstream_operator.resources import PodSettings
 
 from nopstream.checkpoint.restore import RestoreRequest

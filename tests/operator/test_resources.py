@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import yaml
-from nopstream_operator.reconcile import with_condition
+from nopstream_operator.acts import with_condition
 from nopstream_operator.resources import (
     PodSettings,
     coordinator_pod,
