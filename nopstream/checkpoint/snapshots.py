@@ -109,7 +109,6 @@ def join(
     start afresh (channel ids change; they advance again from the inputs).
     """
     operators: dict[str, dict[str, Any]] = {}
-    source: dict[str, Any] | None = None
     for op_id in operator_ids:
         op_state = _operator_state(plan, segments, epoch, op_id, subtask, "state", rescaled=rescaled)
         if op_state is None:
@@ -129,32 +128,40 @@ def join(
             )
             op_state["sink"] = SinkState(tuple(pending), rest).to_json()
         operators[op_id] = op_state
-    if source_id is not None:
-        enumerators = [
-            payload
-            for (_, kind, name), payload in _under(plan, "operator", epoch, source_id, segments)
-            if (kind, name) == ("operator", "enumerator")
-        ]
-        if enumerators:
-            source = {}
-            for enumerator in enumerators:
-                for key, value in enumerator.items():
-                    if isinstance(value, list):
-                        source[key] = sorted({*source.get(key, []), *value})
-                    elif isinstance(value, dict):  # per split (file heads, object ETags): each split once
-                        source[key] = {**source.get(key, {}), **value}
-                    else:
-                        source[key] = value
-            source["cursors"] = {
-                p["split"]: p["cursor"]
-                for (_, kind, _), p in _under(plan, "source", epoch, source_id, segments)
-                if kind == "source"
-            }
+    source = _joined_source(plan, segments, epoch, source_id) if source_id is not None else None
     state = TaskSnapshot(operators, source)
     if rescaled:
         return state
     progress = segments.get(_path(plan, "operator", epoch, vertex_id, subtask, stateName="watermarks"), {})
     return state.with_progress(progress)
+
+
+def _joined_source(
+    plan: PartitionedPlan, segments: dict[str, Any], epoch: int, source_id: str
+) -> dict[str, Any] | None:
+    """A source's state from every subtask's enumerator and every split cursor (None: it has none)."""
+    enumerators = [
+        payload
+        for (_, kind, name), payload in _under(plan, "operator", epoch, source_id, segments)
+        if (kind, name) == ("operator", "enumerator")
+    ]
+    if not enumerators:
+        return None
+    source: dict[str, Any] = {}
+    for enumerator in enumerators:
+        for key, value in enumerator.items():
+            if isinstance(value, list):
+                source[key] = sorted({*source.get(key, []), *value})
+            elif isinstance(value, dict):  # per split (file heads, object ETags): each split once
+                source[key] = {**source.get(key, {}), **value}
+            else:
+                source[key] = value
+    source["cursors"] = {
+        p["split"]: p["cursor"]
+        for (_, kind, _), p in _under(plan, "source", epoch, source_id, segments)
+        if kind == "source"
+    }
+    return source
 
 
 def needed(
