@@ -26,7 +26,6 @@ DEBT = {
     "operator/nopstream_operator/reconcile.py:reconcile_pods",  # pods of a run: decide and act still mixed
     "nopstream/local/chaos.py:run_chaos",  # the chaos command's schedule and its report
     "nopstream/local/chaos.py:_run",
-    "nopstream/node/jobview.py:job_view",  # the dashboard's view, field by field
 }
 
 

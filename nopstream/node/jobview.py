@@ -203,51 +203,12 @@ def job_view(
     """The document of GET /api/v1/job (docs/dashboard.md)."""
     plan, now = history.plan, history.clock()
     ident = plan.identity
-    current = history.vertex_samples(now)
-    vertices = []
-    for v in plan.vertices:
-        sample = current[v.vertex_id]
-        vertices.append(
-            {
-                "id": v.vertex_id,
-                "parallelism": v.parallelism,
-                "operators": [{"id": n.node_id, "kind": n.kind, "type": n.type} for n in v.operators],
-                "recordsInPerSecond": sample.records_in_per_second,
-                "recordsOutPerSecond": sample.records_out_per_second,
-                "backpressured": sample.backpressured,
-                "busy": sample.busy,
-                "level": backpressure_level(sample.backpressured),
-                "watermark": sample.watermark,
-                "watermarkLagMs": now - sample.watermark if sample.watermark is not None else None,
-            }
-        )
+    vertices = _vertex_rows(history, now)
     edges = [
         {"id": e.edge_id, "source": e.source_vertex, "target": e.target_vertex, "policy": e.policy.value}
         for e in plan.edges
     ]
-    tasks = []
-    for v in plan.vertices:
-        for s in v.subtasks:
-            t = history.tasks.get(s.task_id)
-            if t is None:
-                tasks.append({"id": s.task_id, "vertex": v.vertex_id, "reported": False})
-                continue
-            tasks.append(
-                {
-                    "id": s.task_id,
-                    "vertex": v.vertex_id,
-                    "reported": True,
-                    "run": t.run,
-                    "recordsIn": t.stats.records_in,
-                    "recordsOut": t.stats.records_out,
-                    "deadLetters": t.stats.dead_letters,
-                    "lookups": t.stats.lookups,
-                    "watermark": t.stats.watermark,
-                    "idle": round(t.rates.idle, 3),
-                    "backpressured": round(t.rates.backpressured, 3),
-                    "busy": round(t.rates.busy, 3),
-                }
-            )
+    tasks = [_task_row(history, v.vertex_id, s.task_id) for v in plan.vertices for s in v.subtasks]
     return {
         "apiVersion": API_VERSION,
         "now": now,
@@ -271,6 +232,50 @@ def job_view(
         },
         "runs": [_camel(asdict(r)) for r in reversed(history.runs)],
         "failures": [_camel(asdict(f)) for f in reversed(history.failures)],
+    }
+
+
+def _vertex_rows(history: JobHistory, now: int) -> list[dict[str, Any]]:
+    """Each vertex of the graph with its rates, backpressure and watermark now."""
+    current = history.vertex_samples(now)
+    rows = []
+    for v in history.plan.vertices:
+        sample = current[v.vertex_id]
+        rows.append(
+            {
+                "id": v.vertex_id,
+                "parallelism": v.parallelism,
+                "operators": [{"id": n.node_id, "kind": n.kind, "type": n.type} for n in v.operators],
+                "recordsInPerSecond": sample.records_in_per_second,
+                "recordsOutPerSecond": sample.records_out_per_second,
+                "backpressured": sample.backpressured,
+                "busy": sample.busy,
+                "level": backpressure_level(sample.backpressured),
+                "watermark": sample.watermark,
+                "watermarkLagMs": now - sample.watermark if sample.watermark is not None else None,
+            }
+        )
+    return rows
+
+
+def _task_row(history: JobHistory, vertex_id: str, task_id: str) -> dict[str, Any]:
+    """A task's latest report (`reported` false before its first)."""
+    t = history.tasks.get(task_id)
+    if t is None:
+        return {"id": task_id, "vertex": vertex_id, "reported": False}
+    return {
+        "id": task_id,
+        "vertex": vertex_id,
+        "reported": True,
+        "run": t.run,
+        "recordsIn": t.stats.records_in,
+        "recordsOut": t.stats.records_out,
+        "deadLetters": t.stats.dead_letters,
+        "lookups": t.stats.lookups,
+        "watermark": t.stats.watermark,
+        "idle": round(t.rates.idle, 3),
+        "backpressured": round(t.rates.backpressured, 3),
+        "busy": round(t.rates.busy, 3),
     }
 
 
