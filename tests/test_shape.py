@@ -24,8 +24,6 @@ DEBT = {
     "nopstream/runtime/task.py",  # the record loop and its barrier handling share the task's fields
     "nopstream/runtime/task.py:__init__",  # builds the chain, gate, edges and source of a subtask
     "operator/nopstream_operator/reconcile.py:reconcile_pods",  # pods of a run: decide and act still mixed
-    "nopstream/local/chaos.py:run_chaos",  # the chaos command's schedule and its report
-    "nopstream/local/chaos.py:_run",
 }
 
 

@@ -148,24 +148,7 @@ def run_chaos(job_file: Path, settings: ChaosSettings, *, out: TextIO = sys.stdo
             " records, in both runs",
             file=out,
         )
-    early = sum(e.early for e in events)
-    points = [e.point for e in events if e.point]
-    print(
-        f"  schedule: {settings.kills} kills ({early} at once, the others after a new durable epoch)"
-        f" and {len(points)} fault points, in this order: {', '.join(map(str, events))}",
-        file=out,
-    )
-    reached = faulty.reached
-    done = sum(reached.kills.values())
-    shown = ", ".join(f"{n} {what}" for what, n in sorted(reached.kills.items())) or "none"
-    print(f"  SIGKILLs: {done} ({shown})", file=out)
-    print(
-        f"  fault points hit: {len(reached.hit)} of {len(points)}"
-        + (f" ({', '.join(sorted(reached.hit))})" if reached.hit else ""),
-        file=out,
-    )
-    print(f"  global recoveries: {faulty.recoveries}; runner starts: {faulty.starts}", file=out)
-    print(f"  restores: {faulty.coverage()}", file=out)
+    _print_reach(settings, events, faulty, out)
     total, got = sum(clean.records.values()), sum(faulty.records.values())
     print(f"  committed records: {total} failure-free, {got} under kills", file=out)
     timing = timing_dependence(load_data(raw).model)
@@ -198,6 +181,28 @@ def run_chaos(job_file: Path, settings: ChaosSettings, *, out: TextIO = sys.stdo
     return 0 if exact and (settings.allow_shallow or not shallow) else 1
 
 
+def _print_reach(settings: ChaosSettings, events: list[kills.Event], faulty: Outcome, out: TextIO) -> None:
+    """What the schedule asked for and what the run under kills reached."""
+    early = sum(e.early for e in events)
+    points = [e.point for e in events if e.point]
+    print(
+        f"  schedule: {settings.kills} kills ({early} at once, the others after a new durable epoch)"
+        f" and {len(points)} fault points, in this order: {', '.join(map(str, events))}",
+        file=out,
+    )
+    reached = faulty.reached
+    done = sum(reached.kills.values())
+    shown = ", ".join(f"{n} {what}" for what, n in sorted(reached.kills.items())) or "none"
+    print(f"  SIGKILLs: {done} ({shown})", file=out)
+    print(
+        f"  fault points hit: {len(reached.hit)} of {len(points)}"
+        + (f" ({', '.join(sorted(reached.hit))})" if reached.hit else ""),
+        file=out,
+    )
+    print(f"  global recoveries: {faulty.recoveries}; runner starts: {faulty.starts}", file=out)
+    print(f"  restores: {faulty.coverage()}", file=out)
+
+
 def _run(
     job_file: Path,
     raw: dict[str, Any],
@@ -209,13 +214,7 @@ def _run(
 ) -> Outcome:
     """One run of the job with its own checkpoints and outputs, carrying out the `planned` events with
     the generator that planned them (None: failure-free), started again after each whole-runner kill."""
-    safefiles.trusted_dir(home, what="the chaos work directory")
-    job = _isolated(raw, home, tag)
-    _create_outputs(raw, job)
-    path = home / "job.yaml"
-    path.write_text(yaml.safe_dump(job, sort_keys=False))
-    fault_dir = home / "faults"
-    fault_dir.mkdir()
+    job, path, fault_dir = _prepared(raw, home, tag)
     env = _env(job_file, fault_dir, settings)
     progress = kills.Progress(job)
     deadline = time.monotonic() + settings.timeout
@@ -263,6 +262,24 @@ def _run(
     if schedule is not None:
         schedule.finish()
         outcome.reached, outcome.left = schedule.reached, list(schedule.events)
+    return _ended(outcome, job, home, fault_dir)
+
+
+def _prepared(raw: dict[str, Any], home: Path, tag: str) -> tuple[dict[str, Any], Path, Path]:
+    """The job isolated into `home` (`tag` its names), its outputs made: the job, its file and the folder
+    of its fault points."""
+    safefiles.trusted_dir(home, what="the chaos work directory")
+    job = _isolated(raw, home, tag)
+    _create_outputs(raw, job)
+    path = home / "job.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    fault_dir = home / "faults"
+    fault_dir.mkdir()
+    return job, path, fault_dir
+
+
+def _ended(outcome: Outcome, job: dict[str, Any], home: Path, fault_dir: Path) -> Outcome:
+    """The outcome with what the run left: the steps it passed, its messages and its committed records."""
     outcome.passed = faults.passed(fault_dir)
     outcome.errors = (home / "runner.err").read_text(errors="replace")
     outcome.recoveries = outcome.errors.count("recovering: ")
