@@ -106,22 +106,21 @@ class Task:
         self._failure: BaseException | None = None  # a sink call or snapshot write failed outside the loop
         self._failed = asyncio.Event()
         self._written: asyncio.Future[None] | None = None  # the last snapshot handed over, until written
-        cache = ShardCache(plan.identity.state_shard_count)
         chain = list(self.vertex.operators)
+        self.source_node: StreamNode | None = chain.pop(0) if chain[0].kind == "source" else None
         self.source: SourceReader | None = None
-        self.source_node: StreamNode | None = None
-        if chain[0].kind == "source":
-            self.source_node = chain.pop(0)
+        if self.source_node is not None:
             (splits,) = [s for s in plan.sources if s.operator_id == self.source_node.node_id]
+            parallelism = self.vertex.parallelism
             self.source = connectors.source(
-                self.source_node, splits, subtask=subtask, parallelism=self.vertex.parallelism
+                self.source_node, splits, subtask=subtask, parallelism=parallelism
             )
         self.chain = Chain(
             chain,
             subtask=subtask,
             parallelism=self.vertex.parallelism,
             shards=self.subtask.shards,
-            cache=cache,
+            cache=ShardCache(plan.identity.state_shard_count),
             connectors=connectors,
             clock=clock,
             emit=self._emit,
@@ -134,33 +133,22 @@ class Task:
         self.intake: Intake | None = None  # a source task's: timestamps, marks, dead letters
         self._source_side: list[tuple[str, Batch]] = []
         if self.source_node is not None:
-            watermark_spec = self.source_node.spec.get("watermark")
-            timestamps = timestamp_function(watermark_spec) if watermark_spec else None
-            if watermark_spec:
-                self._generator = WatermarkGenerator(watermark_spec, clock)
-            # asked once: a protocol isinstance check is too slow for every batch
-            split_times = None
-            if self._generator is not None and isinstance(self.source, SplitEventTime):
-                split_times = self.source
-            self.intake = Intake(self.source_node, timestamps, self._generator, split_times, self._set_aside)
-        inputs = []
-        for edge in plan.edges:
-            if edge.target_vertex != vertex_id:
-                continue
-            for ch in edge.channels:
-                if ch.downstream == subtask:
-                    cid = edge.channel_id(ch)
-                    inputs.append(cid)
-                    io.input(
-                        self.gate,
-                        cid,
-                        edge_id=edge.edge_id,
-                        input_index=edge.input_index,
-                        upstream=ch.upstream,
-                    )
-        self.watermarks = InputWatermarks(inputs)
+            self._take_from_source(self.source_node)
+        self.watermarks = InputWatermarks(_input_channels(plan, vertex_id, subtask, io, self.gate))
         self._outputs: list[_OutputEdge] = []
         self._combined = combined_edges(plan)  # edges whose records travel as partial accumulators
+
+    def _take_from_source(self, node: StreamNode) -> None:
+        """The intake of a source task's records: their timestamps, watermarks and bad records."""
+        watermark_spec = node.spec.get("watermark")
+        timestamps = timestamp_function(watermark_spec) if watermark_spec else None
+        if watermark_spec:
+            self._generator = WatermarkGenerator(watermark_spec, self.clock)
+        # asked once: a protocol isinstance check is too slow for every batch
+        split_times = None
+        if self._generator is not None and isinstance(self.source, SplitEventTime):
+            split_times = self.source
+        self.intake = Intake(node, timestamps, self._generator, split_times, self._set_aside)
 
     # --- set-up ------------------------------------------------------------------------
 
@@ -620,3 +608,19 @@ async def run_until(work: Awaitable[T], event: asyncio.Event) -> asyncio.Future[
             with contextlib.suppress(asyncio.CancelledError):
                 await running
     return running
+
+
+def _input_channels(
+    plan: PartitionedPlan, vertex_id: str, subtask: int, io: TaskIO, gate: InputGate
+) -> list[str]:
+    """Register every input channel of the subtask in its gate; their ids."""
+    inputs = []
+    for edge in plan.edges:
+        if edge.target_vertex != vertex_id:
+            continue
+        for ch in edge.channels:
+            if ch.downstream == subtask:
+                cid = edge.channel_id(ch)
+                inputs.append(cid)
+                io.input(gate, cid, edge_id=edge.edge_id, input_index=edge.input_index, upstream=ch.upstream)
+    return inputs
