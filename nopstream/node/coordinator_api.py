@@ -38,7 +38,7 @@ from nopstream.node.epoch_metrics import CoordinatorCollector
 from nopstream.node.epochs import Ack, EpochCoordinator
 from nopstream.node.guard import Guard, GuardCollector, healthz, int_field, json_body
 from nopstream.node.jobview import JobHistory, job_view
-from nopstream.node.taskserver import TaskIdentity, TaskStatus
+from nopstream.node.taskserver import Command, TaskIdentity, TaskStatus
 from nopstream.plan.epochs import EpochKind
 from nopstream.runtime.metrics import TaskStats, exposition
 from nopstream.runtime.task import Task
@@ -310,16 +310,16 @@ class TaskCommands:
         self.sources = sources
         self.tasks = tasks
         self.finished = finished
-        self.fence = {"run": run, "token": token}
+        self.run, self.token = run, token
 
     async def barrier(self, epoch: int, kind: EpochKind) -> None:
         """Ask each source task to inject barrier `epoch` of `kind`."""
-        body = {"epoch": epoch, "kind": kind, **self.fence}
+        body = Command(epoch, self.run, self.token, str(kind)).to_json()
         await asyncio.gather(*(self._call(t, "POST", "/control/barrier", body) for t in self.sources))
 
     async def commit(self, epoch: int) -> None:
         """Tell each task that epochs up to `epoch` are durable."""
-        body = {"epoch": epoch, **self.fence}
+        body = Command(epoch, self.run, self.token).to_json()
         await asyncio.gather(*(self._call(t, "POST", "/control/commit", body) for t in self.tasks))
 
     async def status(self) -> dict[str, TaskStatus]:

@@ -30,7 +30,7 @@ from nopstream.cluster.fencing import TokenGate
 from nopstream.connectors.registry import Connectors
 from nopstream.node import checkpointing
 from nopstream.node.epochs import Ack
-from nopstream.node.guard import Guard, GuardCollector, healthz, int_field, json_body
+from nopstream.node.guard import Guard, GuardCollector, healthz, json_body
 from nopstream.node.settings import int_variable
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.epochs import EpochKind
@@ -102,6 +102,44 @@ class TaskStatus:
         ack = body.get("ack")
         last = (int(ack["epoch"]), Ack.from_json(ack)) if isinstance(ack, dict) else None
         return cls(int(body["run"]), bool(body.get("sourceFinished")), last)
+
+
+@dataclass(frozen=True)
+class Command:
+    """A coordinator's command to a task of its run (POST /control/barrier with its `kind`, POST
+    /control/commit), fenced by the run and the coordinator's token."""
+
+    epoch: int
+    run: int
+    token: int
+    kind: str | None = None
+    """A barrier's kind, as sent: read with `epoch_kind` once the command is admitted."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The command's body."""
+        body: dict[str, Any] = {"epoch": self.epoch, "run": self.run, "token": self.token}
+        return body if self.kind is None else {**body, "kind": self.kind}
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> Command:
+        """From its body (run, token and epoch present); ValueError naming a field that is not an integer."""
+        run, token, epoch = (_integer(body, name) for name in ("run", "token", "epoch"))
+        kind = body.get("kind")
+        return cls(epoch, run, token, None if kind is None else str(kind))
+
+    def epoch_kind(self) -> EpochKind:
+        """The barrier's kind (a checkpoint when it names none); ValueError naming the kinds otherwise."""
+        try:
+            return EpochKind(self.kind if self.kind is not None else EpochKind.CHECKPOINT)
+        except ValueError:
+            raise ValueError(f"kind must be one of {', '.join(EpochKind)}") from None
+
+
+def _integer(body: dict[str, Any], name: str) -> int:
+    value = body.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer")
+    return value
 
 
 @dataclass(frozen=True)
@@ -193,14 +231,17 @@ class TaskServer:
         if self._runner is not None:
             await self._runner.cleanup()
 
-    async def _admitted(self, request: web.Request, command: str) -> dict[str, Any]:
+    async def _admitted(self, request: web.Request, command: str) -> Command:
         try:
             body = await json_body(request, "run", "token", "epoch")
-            run, token = int_field(body, "run"), int_field(body, "token")
-            int_field(body, "epoch")
+            given = Command.from_json(body)
         except web.HTTPBadRequest:
             self.task.metrics.refused_commands += 1
             raise
+        except ValueError as err:
+            self.task.metrics.refused_commands += 1
+            raise web.HTTPBadRequest(text=str(err)) from None
+        run, token = given.run, given.token
         if run != self.run:
             self.task.metrics.refused_commands += 1
             raise web.HTTPConflict(text=f"{command} of run {run} refused: this task is in run {self.run}")
@@ -209,20 +250,20 @@ class TaskServer:
             raise web.HTTPConflict(
                 text=f"{command} refused: token {token} < {self.gate.highest} (a deposed coordinator)"
             )
-        return body
+        return given
 
     async def _barrier(self, request: web.Request) -> web.Response:
-        body = await self._admitted(request, "barrier")
+        command = await self._admitted(request, "barrier")
         try:
-            kind = EpochKind(body.get("kind", EpochKind.CHECKPOINT))
-        except ValueError:
-            raise web.HTTPBadRequest(text=f"kind must be one of {', '.join(EpochKind)}") from None
-        injected = self.task.trigger_barrier(body["epoch"], kind)
+            kind = command.epoch_kind()
+        except ValueError as err:
+            raise web.HTTPBadRequest(text=str(err)) from None
+        injected = self.task.trigger_barrier(command.epoch, kind)
         return web.json_response({"ok": True, "injected": injected})
 
     async def _commit(self, request: web.Request) -> web.Response:
-        body = await self._admitted(request, "commit")
-        await self.task.commit(body["epoch"])
+        command = await self._admitted(request, "commit")
+        await self.task.commit(command.epoch)
         return web.json_response({"ok": True})
 
     async def _status(self, request: web.Request) -> web.Response:
