@@ -118,7 +118,7 @@ def test_a_commit_stalled_by_the_object_store_leaves_the_event_loop_running(
     assert max(gaps) < 0.25, f"the event loop was held for {max(gaps):.2f}s by a stalled commit"
     assert len(gaps) > 20
     assert s3_records(minio_client, bucket, "out/") == Counter(str(i) for i in range(RECORDS))
-    assert [t["records"] for t in listener.snapshots[1].pending_transactions()] == [RECORDS]
+    assert [t.records for t in listener.snapshots[1].pending_transactions()] == [RECORDS]
 
 
 def test_a_sink_call_that_does_not_return_fails_the_task(minio_server, minio_client, bucket, monkeypatch):
