@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from nopstream.checkpoint.epochs import EpochCoordinator, Trigger
 from nopstream.checkpoint.storage import LocalStorage
 from nopstream.cluster.backend import Backend
 from nopstream.cluster.election import Election
-from nopstream.cluster.epochlog import EpochLog
+from nopstream.cluster.epochlog import EpochLog, LeaderLog
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
 from nopstream.node.coordinator_api import CoordinatorRoutes
-from nopstream.node.epochs import EpochCoordinator, Trigger
 from nopstream.plan.compiler import CompiledPlans
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,8 +102,7 @@ async def led_coordinator(
     return EpochCoordinator(
         plans.partitioned,
         LocalStorage(str(storage)),
-        EpochLog(backend, layout),
-        await Election(backend, layout, "c").campaign(keeper),
+        LeaderLog(EpochLog(backend, layout), await Election(backend, layout, "c").campaign(keeper)),
         settings=plans.deployment.checkpoint,
         trigger=trigger,
         notify=nothing,

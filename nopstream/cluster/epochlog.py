@@ -13,22 +13,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from nopstream.cluster.backend import Backend
 from nopstream.cluster.election import Leadership
 from nopstream.cluster.layout import Layout
-from nopstream.plan.epochs import EpochKind
-
-
-class EpochState(StrEnum):
-    """The states an epoch passes through in the log."""
-
-    CREATED = "CREATED"
-    DURABLE = "DURABLE"
-    COMMITTED = "COMMITTED"
-    ABORTED = "ABORTED"
+from nopstream.plan.epochs import EpochKind, EpochState
 
 
 @dataclass(frozen=True)
@@ -141,3 +131,15 @@ class EpochLog:
         """Fenced: the latest-durable pointer no longer names an epoch (checkpoint storage disagrees)."""
         pointer = {"epoch": None, "token": leadership.token, "writer": leadership.candidate, "reason": reason}
         await leadership.write({self.layout.latest_durable: json.dumps(pointer, sort_keys=True).encode()})
+
+
+@dataclass(frozen=True)
+class LeaderLog:
+    """The epoch log as one leadership writes it (what the epoch coordinator is given)."""
+
+    log: EpochLog
+    leadership: Leadership
+
+    async def record(self, epoch: int, state: EpochState, **detail: Any) -> None:
+        """`EpochLog.record` fenced by this leadership."""
+        await self.log.record(self.leadership, epoch, state, **detail)

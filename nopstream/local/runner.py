@@ -28,6 +28,7 @@ import aiohttp
 from nopstream import faults, safefiles
 from nopstream.checkpoint import plans as plans_store
 from nopstream.checkpoint import restore
+from nopstream.checkpoint.epochs import EpochCoordinator
 from nopstream.checkpoint.restore import NewLineage, RestorePoint
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.election import Election
@@ -44,7 +45,6 @@ from nopstream.local.progress import Progress
 from nopstream.local.watch import TaskDied, kill_a_task, supervise
 from nopstream.node import checkpointing, guard, recovery
 from nopstream.node.coordinator_api import DASHBOARD_PATH, TaskCommands
-from nopstream.node.epochs import EpochCoordinator
 from nopstream.node.jobview import JobHistory
 from nopstream.node.leading import Leader, lead_run
 from nopstream.node.taskserver import task_settings

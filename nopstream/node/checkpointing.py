@@ -15,10 +15,10 @@ from typing import Any
 
 from nopstream import faults
 from nopstream.checkpoint import restore, snapshots
+from nopstream.checkpoint.epochs import Ack
 from nopstream.checkpoint.formats import segment_ref
 from nopstream.checkpoint.restore import RestorePoint
 from nopstream.checkpoint.storage import LocalStorage, Storage
-from nopstream.node.epochs import Ack
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.records import SinkRecovery, SinkStart, TaskSnapshot
 from nopstream.runtime.task import Task

@@ -28,11 +28,12 @@ import aiohttp
 from aiohttp import web
 
 from nopstream.checkpoint import catalog, restore
+from nopstream.checkpoint.epochs import Ack, EpochCoordinator
 from nopstream.checkpoint.restore import RestorePoint, RestoreRequest
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.backend import StoreUnavailable, wait_reachable
 from nopstream.cluster.election import Election, Leadership
-from nopstream.cluster.epochlog import EpochEntry, EpochLog, EpochState
+from nopstream.cluster.epochlog import EpochEntry, EpochLog
 from nopstream.cluster.errors import Fenced
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
@@ -41,14 +42,13 @@ from nopstream.cluster.registry import Registry
 from nopstream.errors import RestoreRefused
 from nopstream.node import checkpointing, guard
 from nopstream.node.coordinator_api import CoordinatorRoutes, Endpoint, TaskCommands
-from nopstream.node.epochs import Ack, EpochCoordinator
 from nopstream.node.jobview import JobHistory
 from nopstream.node.leading import Commands, Leader, lead_run
 from nopstream.node.settings import NodeSettings
 from nopstream.node.taskserver import TaskStatus
 from nopstream.plan import compiler
 from nopstream.plan.deployment import DeploymentPlan
-from nopstream.plan.epochs import EpochKind
+from nopstream.plan.epochs import EpochKind, EpochState
 from nopstream.plan.partitioned import PartitionedPlan
 
 log = logging.getLogger(__name__)
@@ -254,13 +254,7 @@ class CoordinatorProcess:
         if last.state is EpochState.DURABLE:
             if same_run:  # tasks of another run re-committed it when they restored
                 await commands.commit(last.epoch)
-            await self.epoch_log.record(
-                coordinator.leadership,
-                last.epoch,
-                EpochState.COMMITTED,
-                kind=kind,
-                run=last.run,
-            )
+            await coordinator.log.record(last.epoch, EpochState.COMMITTED, kind=kind, run=last.run)
         elif last.state is EpochState.CREATED and same_run:
             acks: dict[str, Ack] = {
                 t: s.last_ack[1]
@@ -270,9 +264,7 @@ class CoordinatorProcess:
             log.info("adopting epoch %d in flight (%d ACKs already taken)", last.epoch, len(acks))
             coordinator.adopt(last.epoch, kind, acks)
         elif last.state is EpochState.CREATED:
-            await self.epoch_log.record(
-                coordinator.leadership, last.epoch, EpochState.ABORTED, reason=f"run changed to {run}"
-            )
+            await coordinator.log.record(last.epoch, EpochState.ABORTED, reason=f"run changed to {run}")
 
 
 def _found(endpoints: dict[str, str]) -> Endpoint:

@@ -31,11 +31,11 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from nopstream.checkpoint.epochs import Ack, EpochCoordinator
 from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.errors import Fenced
 from nopstream.errors import Refusal
 from nopstream.node.epoch_metrics import CoordinatorCollector
-from nopstream.node.epochs import Ack, EpochCoordinator
 from nopstream.node.guard import Guard, GuardCollector, healthz, int_field, json_body
 from nopstream.node.jobview import JobHistory, job_view
 from nopstream.node.taskserver import Command, TaskIdentity, TaskStatus
@@ -80,7 +80,6 @@ class CoordinatorRoutes:
         self.current, self.leading_run, self.recoveries = coordinator, run, recoveries
         if coordinator is not None:
             self.state = "running"
-            self.history.led(run, coordinator.leadership.token, coordinator.leadership.candidate)
 
     def add_to(self, app: web.Application) -> None:
         """Add the routes to an application (guarded by the same guard)."""

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from nopstream.node.epochs import EpochCoordinator
+from nopstream.checkpoint.epochs import EpochCoordinator
 
 
 class CoordinatorCollector(Collector):

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.runtime.metrics import TaskStats
 
@@ -135,10 +136,11 @@ class JobHistory:
         """`holder` leads `run` with fencing token `token`."""
         self.leader = {"run": run, "token": token, "holder": holder}
 
-    def epoch(self, row: EpochRow) -> None:
-        """Record an epoch's row, replacing an earlier row of the same epoch."""
+    def epoch_started(self, epoch: int, kind: EpochKind, run: int) -> None:
+        """`epoch` was triggered in `run`: its row, in flight, replaces an earlier row of the same epoch."""
+        row = EpochRow(epoch, str(kind), run, "in-flight", self.clock())
         for i, old in enumerate(self.epochs):
-            if old.epoch == row.epoch:
+            if old.epoch == epoch:
                 self.epochs[i] = row
                 return
         self.epochs.append(row)

@@ -16,12 +16,12 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from nopstream.checkpoint.epochs import EpochCoordinator
 from nopstream.checkpoint.restore import RestorePoint
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.election import Leadership
-from nopstream.cluster.epochlog import EpochLog
+from nopstream.cluster.epochlog import EpochLog, LeaderLog
 from nopstream.node.coordinator_api import CoordinatorRoutes
-from nopstream.node.epochs import EpochCoordinator
 from nopstream.node.jobview import JobHistory
 from nopstream.plan.deployment import CheckpointSettings
 from nopstream.plan.epochs import EpochKind
@@ -53,12 +53,13 @@ class Leader:
         self, run: int, point: RestorePoint, commands: Commands, *, first_epoch: int | None = None
     ) -> EpochCoordinator:
         """The coordinator of run `run`, restored from `point`, numbering epochs from `first_epoch`
-        (the point's next epoch unless given)."""
+        (the point's next epoch unless given); the history, if any, says who leads it."""
+        if self.history is not None:
+            self.history.led(run, self.leadership.token, self.leadership.candidate)
         return EpochCoordinator(
             self.plan,
             self.storage,
-            self.epoch_log,
-            self.leadership,
+            LeaderLog(self.epoch_log, self.leadership),
             settings=self.settings,
             trigger=commands.barrier,
             notify=commands.commit,

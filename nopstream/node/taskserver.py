@@ -25,11 +25,11 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from nopstream.checkpoint.epochs import Ack
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.fencing import TokenGate
 from nopstream.connectors.registry import Connectors
 from nopstream.node import checkpointing
-from nopstream.node.epochs import Ack
 from nopstream.node.guard import Guard, GuardCollector, healthz, json_body
 from nopstream.node.settings import int_variable
 from nopstream.plan.deployment import DeploymentPlan

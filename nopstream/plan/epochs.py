@@ -1,4 +1,4 @@
-"""The kinds of epoch: one name each, shared by barriers, manifests, the epoch log and the status."""
+"""The kinds and states of epoch: one name each, for barriers, manifests, the epoch log and the status."""
 
 from __future__ import annotations
 
@@ -17,3 +17,12 @@ class EpochKind(StrEnum):
     def is_savepoint(self) -> bool:
         """Whether retention keeps it."""
         return self in (EpochKind.SAVEPOINT, EpochKind.STOP)
+
+
+class EpochState(StrEnum):
+    """The states an epoch passes through in the epoch log."""
+
+    CREATED = "CREATED"
+    DURABLE = "DURABLE"
+    COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"

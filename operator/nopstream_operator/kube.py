@@ -19,11 +19,11 @@ from kubernetes.client.exceptions import ApiException
 
 from nopstream.checkpoint.restore import RestoreRequest
 from nopstream.cluster.election import current_leader
-from nopstream.cluster.epochlog import EpochEntry, EpochLog, EpochState
+from nopstream.cluster.epochlog import EpochEntry, EpochLog
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
-from nopstream.plan.epochs import EpochKind
+from nopstream.plan.epochs import EpochKind, EpochState
 from nopstream_operator.resources import GROUP, LABEL_JOB, PLURAL, VERSION
 
 log = logging.getLogger(__name__)

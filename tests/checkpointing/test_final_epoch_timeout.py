@@ -13,14 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 
-from nopstream.cluster.epochlog import EpochLog, EpochState
+from nopstream.checkpoint.epochs import Ack
+from nopstream.cluster.epochlog import EpochLog
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.local import LocalBackend
 from nopstream.model.load import load_data
-from nopstream.node.epochs import Ack
 from nopstream.plan import compiler
-from nopstream.plan.epochs import EpochKind
+from nopstream.plan.epochs import EpochKind, EpochState
 from tests.conftest import led_coordinator
 
 MODEL = {

@@ -16,12 +16,12 @@ import time
 
 import aiohttp
 
+from nopstream.checkpoint.epochs import Ack
 from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.local import LocalBackend
 from nopstream.model.load import load_data
 from nopstream.node import guard
 from nopstream.node.coordinator_api import CoordinatorRoutes
-from nopstream.node.epochs import Ack
 from nopstream.node.jobview import JobHistory
 from nopstream.plan import compiler
 from nopstream.plan.epochs import EpochKind

@@ -19,8 +19,9 @@ import pytest
 from nopstream.model.load import load_data
 from nopstream.node import guard
 from nopstream.node.coordinator_api import DASHBOARD_FILES, CoordinatorRoutes
-from nopstream.node.jobview import EpochRow, JobHistory, backpressure_level, job_view
+from nopstream.node.jobview import JobHistory, backpressure_level, job_view
 from nopstream.plan import compiler
+from nopstream.plan.epochs import EpochKind
 from nopstream.runtime.metrics import TaskStats
 from tests.conftest import serving
 
@@ -113,8 +114,10 @@ def test_epoch_rows_are_replaced_by_epoch_newest_first_and_runs_and_failures_are
     clock = Clock()
     history = JobHistory(plan(), clock=clock)
     history.run_started(1, None, "start")
-    history.epoch(EpochRow(1, "checkpoint", 1, "in-flight", 10))
-    history.epoch(EpochRow(2, "checkpoint", 1, "in-flight", 20))
+    clock.now = 10
+    history.epoch_started(1, EpochKind.CHECKPOINT, 1)
+    clock.now = 20
+    history.epoch_started(2, EpochKind.CHECKPOINT, 1)
     history.epoch_ended(1, state="durable", duration_ms=7, bytes=99, slowest_task="t", alignment_ms=1.5)
     history.epoch_ended(2, state="aborted", reason="timeout: no ACK of t")
     history.failed(1, "viewed/main/src/0", "Traceback ...\nValueError: bad")
@@ -147,11 +150,11 @@ def test_epoch_rows_are_replaced_by_epoch_newest_first_and_runs_and_failures_are
         },
     ]
     assert view["runs"] == [
-        {"run": 2, "startedAt": clock.now, "restoredEpoch": 1, "cause": "task viewed/main/src/0 failed"},
-        {"run": 1, "startedAt": clock.now, "restoredEpoch": None, "cause": "start"},
+        {"run": 2, "startedAt": 20, "restoredEpoch": 1, "cause": "task viewed/main/src/0 failed"},
+        {"run": 1, "startedAt": 1_000_000, "restoredEpoch": None, "cause": "start"},
     ]
     assert view["failures"] == [
-        {"at": clock.now, "run": 1, "taskId": "viewed/main/src/0", "error": "Traceback ...\nValueError: bad"}
+        {"at": 20, "run": 1, "taskId": "viewed/main/src/0", "error": "Traceback ...\nValueError: bad"}
     ]
 
 

@@ -15,11 +15,12 @@ import sys
 import time
 
 from nopstream.cluster.election import Election
-from nopstream.cluster.epochlog import EpochLog, EpochState
+from nopstream.cluster.epochlog import EpochLog
 from nopstream.cluster.errors import Fenced
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
+from nopstream.plan.epochs import EpochState
 
 
 async def main(host: str, port: int, job: str, name: str, ttl: int) -> int:

@@ -11,12 +11,13 @@ import pytest
 
 from nopstream.cluster.backend import LeaseExpired
 from nopstream.cluster.election import Election
-from nopstream.cluster.epochlog import EpochLog, EpochState
+from nopstream.cluster.epochlog import EpochLog
 from nopstream.cluster.errors import Fenced
 from nopstream.cluster.fencing import TokenGate
 from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.local import LocalBackend
 from nopstream.cluster.registry import Change, Registration, Registry
+from nopstream.plan.epochs import EpochState
 
 
 def test_revisions_and_conditional_writes(backend_factory, layout, run_async):

@@ -21,10 +21,11 @@ import pytest
 
 from e2e import servers
 from nopstream.cluster.backend import StoreUnavailable
-from nopstream.cluster.epochlog import EpochLog, EpochState
+from nopstream.cluster.epochlog import EpochLog
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
+from nopstream.plan.epochs import EpochState
 from tests.checkpointing.test_faults import committed, prepare, run, wordcount_model
 from tests.conftest import ROOT
 

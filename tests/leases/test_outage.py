@@ -9,11 +9,12 @@ import pytest
 from e2e import servers
 from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.election import Election
-from nopstream.cluster.epochlog import EpochLog, EpochState
+from nopstream.cluster.epochlog import EpochLog
 from nopstream.cluster.errors import Fenced
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
+from nopstream.plan.epochs import EpochState
 
 
 def test_outage_loses_leases_refuses_writes_and_recovers(tmp_path):

@@ -21,7 +21,8 @@ from nopstream_operator.reconcile import reconcile_once
 from nopstream_operator.resources import PodSettings
 
 from nopstream.checkpoint.restore import RestoreRequest
-from nopstream.cluster.epochlog import EpochEntry, EpochState
+from nopstream.cluster.epochlog import EpochEntry
+from nopstream.plan.epochs import EpochState
 from tests.conftest import EXAMPLES
 
 JOB = yaml.safe_load((EXAMPLES / "wordcount.yaml").read_text())

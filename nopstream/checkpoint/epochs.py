@@ -24,18 +24,15 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from nopstream import faults
 from nopstream.checkpoint.catalog import apply_retention
 from nopstream.checkpoint.formats import Manifest, SegmentRef, encode_manifest, manifest_path
 from nopstream.checkpoint.storage import Storage
-from nopstream.cluster.election import Leadership
-from nopstream.cluster.epochlog import EpochLog, EpochState
-from nopstream.node.jobview import EpochRow, JobHistory, wall_ms
 from nopstream.plan.canonical import fingerprint
 from nopstream.plan.deployment import CheckpointSettings
-from nopstream.plan.epochs import EpochKind
+from nopstream.plan.epochs import EpochKind, EpochState
 from nopstream.plan.partitioned import PartitionedPlan
 
 log = logging.getLogger(__name__)
@@ -44,6 +41,34 @@ Trigger = Callable[[int, EpochKind], Awaitable[None]]
 """Ask every source task to inject barrier (epoch, kind)."""
 Notify = Callable[[int], Awaitable[None]]
 """Tell every task that epochs up to this one are durable (sinks commit)."""
+
+
+class EpochRecorder(Protocol):
+    """The epoch log as the coordinator's leadership writes it: every write fenced (Fenced once deposed)."""
+
+    async def record(
+        self,
+        epoch: int,
+        state: EpochState,
+        *,
+        kind: EpochKind = EpochKind.CHECKPOINT,
+        run: int | None = None,
+        manifest: str | None = None,
+        reason: str | None = None,
+        missing: tuple[str, ...] = (),
+        adopted: bool = False,
+    ) -> None:
+        """Write `epoch`'s new state with what the coordinator says of it."""
+
+
+class EpochHistory(Protocol):
+    """Where each epoch's row goes as it moves (the dashboard's checkpoint history)."""
+
+    def epoch_started(self, epoch: int, kind: EpochKind, run: int) -> None:
+        """`epoch` was triggered in `run`."""
+
+    def epoch_ended(self, epoch: int, **changes: Any) -> None:
+        """`epoch`'s row changes (state, timings, reason)."""
 
 
 @dataclass(frozen=True)
@@ -99,8 +124,7 @@ class EpochCoordinator:
         self,
         plan: PartitionedPlan,
         storage: Storage,
-        epoch_log: EpochLog,
-        leadership: Leadership,
+        epoch_log: EpochRecorder,
         *,
         settings: CheckpointSettings,
         trigger: Trigger,
@@ -110,7 +134,7 @@ class EpochCoordinator:
         finished: bool = False,
         run: int = 0,
         clock: Callable[[], float] = time.monotonic,
-        history: JobHistory | None = None,
+        history: EpochHistory | None = None,
     ) -> None:
         """Coordinate run `run` of `plan`'s tasks, restored from `restored`, numbering from `first_epoch`.
 
@@ -120,7 +144,6 @@ class EpochCoordinator:
         self.plan = plan
         self.storage = storage
         self.log = epoch_log
-        self.leadership = leadership
         self.settings = settings
         self.trigger = trigger
         self.notify = notify
@@ -240,11 +263,9 @@ class EpochCoordinator:
             current = _Epoch(epoch, kind, self.clock())
             adopted = False
         self.in_flight = current
-        await self.log.record(
-            self.leadership, epoch, EpochState.CREATED, kind=kind, run=self.run_number, adopted=adopted
-        )
+        await self.log.record(epoch, EpochState.CREATED, kind=kind, run=self.run_number, adopted=adopted)
         if self.history is not None:
-            self.history.epoch(EpochRow(epoch, str(kind), self.run_number, "in-flight", wall_ms()))
+            self.history.epoch_started(epoch, kind, self.run_number)
         await self.trigger(epoch, kind)
         if set(current.acks) >= set(self.plan.ack_set):
             current.complete.set()
@@ -290,7 +311,6 @@ class EpochCoordinator:
                     continue
                 log.warning("epoch %d timed out waiting for %d ACKs (%s)", current.epoch, len(missing), shown)
                 await self.log.record(
-                    self.leadership,
                     current.epoch,
                     EpochState.ABORTED,
                     reason="timeout",
@@ -334,7 +354,6 @@ class EpochCoordinator:
         )
         await asyncio.shield(self._manifest_write)
         await self.log.record(
-            self.leadership,
             current.epoch,
             EpochState.DURABLE,
             manifest=path,
@@ -349,9 +368,7 @@ class EpochCoordinator:
             faults.reached("after-durable", self.on_fault)
         faults.reached("coordinator-after-durable")  # the coordinator itself crashes, sinks not told
         await self.notify(current.epoch)
-        await self.log.record(
-            self.leadership, current.epoch, EpochState.COMMITTED, kind=current.kind, run=self.run_number
-        )
+        await self.log.record(current.epoch, EpochState.COMMITTED, kind=current.kind, run=self.run_number)
         self.latest_committed = current.epoch
         self._ended(current.epoch, state="committed")
         self.last_duration_ms = int((self.clock() - current.started) * 1000)
