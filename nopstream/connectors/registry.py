@@ -233,6 +233,25 @@ SINKS: dict[str, SinkKind] = {
 }
 
 
+def _http_lookup(spec: Config, _: int) -> LookupClient:
+    from nopstream.connectors.http import HttpLookup
+
+    return HttpLookup(spec)
+
+
+def _postgres_lookup(spec: Config, capacity: int) -> LookupClient:
+    from nopstream.connectors.postgres import PostgresLookup
+
+    return PostgresLookup(spec, capacity)
+
+
+LOOKUPS: dict[str, Callable[[Config, int], LookupClient]] = {
+    "http": _http_lookup,
+    "postgres": _postgres_lookup,
+}
+"""The client of each lookup kind, from its spec and the calls it may make at once."""
+
+
 def sink_kind(sink_type: str) -> SinkKind:
     """The descriptor of a sink type of the catalogue; NotImplementedError for one this build lacks."""
     if sink_type not in SINKS:
@@ -278,10 +297,4 @@ class Connectors:
     def lookup(self, node: StreamNode, *, capacity: int) -> LookupClient:
         """The client of a lookup operator's subtask (`lookup.kind`), for up to `capacity` calls at once."""
         spec = node.spec["lookup"]
-        if spec["kind"] == "http":
-            from nopstream.connectors.http import HttpLookup
-
-            return HttpLookup(spec)
-        from nopstream.connectors.postgres import PostgresLookup
-
-        return PostgresLookup(spec, capacity)
+        return LOOKUPS[spec["kind"]](spec, capacity)

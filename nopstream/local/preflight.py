@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nopstream import safefiles
+from nopstream.model.connectors import local_directory, local_files
 from nopstream.model.errors import Issue
 from nopstream.model.functions import arity_issue
 from nopstream.model.load import LoadedModel
@@ -95,22 +96,19 @@ def machine_issues(loaded: LoadedModel) -> list[Issue]:
         if problem:
             issues.append(Issue(loaded.path("checkpoint", "storage", "local", "path"), problem, "writable"))
     for i, sink in enumerate(model.graph.sinks):
-        if sink.type == "file" and isinstance(sink.config.get("path"), str):
-            problem = _unwritable(Path(sink.config["path"]))
+        if (directory := local_directory(sink.type, sink.config)) is not None:
+            key, path = directory
+            problem = _unwritable(Path(path))
             if problem:
-                issues.append(Issue(loaded.path("model", "sinks", i, "config", "path"), problem, "writable"))
+                issues.append(Issue(loaded.path("model", "sinks", i, "config", key), problem, "writable"))
     for i, source in enumerate(model.graph.sources):
-        path = source.config.get("path")
-        if (
-            source.type == "file"
-            and isinstance(path, str)
-            and source.config.get("discoveryIntervalMs") is None
-        ):
-            problem = _unreadable_glob(path)
+        files = local_files(source.type, source.config)
+        # a source that discovers files as they come may rightly find none at the start
+        if files is not None and source.config.get("discoveryIntervalMs") is None:
+            key, pattern = files
+            problem = _unreadable_glob(pattern)
             if problem:
-                issues.append(
-                    Issue(loaded.path("model", "sources", i, "config", "path"), problem, "readable")
-                )
+                issues.append(Issue(loaded.path("model", "sources", i, "config", key), problem, "readable"))
     return issues
 
 

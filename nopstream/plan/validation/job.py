@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from nopstream.model.capabilities import ALLOWED
-from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES
+from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES, local_directory
 from nopstream.model.errors import Issue
 from nopstream.model.load import LoadedModel
 from nopstream.model.spec import (
@@ -254,10 +254,9 @@ def check_paths(ctx: Context) -> Iterator[Issue]:
     if local is not None and (problem := write_path_problem(local.path)) is not None:
         yield Issue(ctx.path(None, "checkpoint", "storage", "local", "path"), problem, "write-path")
     for n in ctx.nodes:
-        if isinstance(n.spec, SinkSpec) and n.type == "file" and isinstance(n.spec.config.get("path"), str):
-            problem = write_path_problem(n.spec.config["path"])
-            if problem is not None:
-                yield Issue(ctx.path(n, "config", "path"), problem, "write-path")
+        directory = local_directory(n.type, n.spec.config) if isinstance(n.spec, SinkSpec) else None
+        if directory is not None and (problem := write_path_problem(directory[1])) is not None:
+            yield Issue(ctx.path(n, "config", directory[0]), problem, "write-path")
 
 
 def check_semantics(ctx: Context) -> Iterator[Issue]:
