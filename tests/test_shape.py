@@ -21,8 +21,6 @@ DECLARATIVE = {
     "operator/nopstream_operator/resources.py:_pod",  # a pod manifest
 }
 DEBT = {
-    "nopstream/runtime/task.py",  # the record loop and its barrier handling share the task's fields
-    "nopstream/runtime/task.py:__init__",  # 67 lines: the state of a subtask's loop, barriers and snapshots
     "operator/nopstream_operator/reconcile.py:reconcile_pods",  # pods of a run: decide and act still mixed
 }
 

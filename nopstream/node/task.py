@@ -44,7 +44,8 @@ from nopstream.node.taskserver import TaskIdentity
 from nopstream.plan import compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.partitioned import PartitionedPlan
-from nopstream.runtime.task import Task, run_until
+from nopstream.runtime.background import run_until
+from nopstream.runtime.task import Task
 
 log = logging.getLogger(__name__)
 POLL = 0.05

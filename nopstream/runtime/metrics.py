@@ -11,13 +11,15 @@ the dashboard and the run's result.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
+
+T = TypeVar("T")
 
 
 class TaskView(Protocol):
@@ -159,6 +161,15 @@ class TaskMetrics:
     idle_seconds: float = 0.0  # waiting for input, for a barrier, or polling an empty source
     idle_since: float | None = None  # when the wait going on began
     started: float = field(default_factory=time.monotonic)
+
+    async def idle(self, waiting: Awaitable[T]) -> T:
+        """Await what the task waits on (input, a barrier, an empty source's poll): its time is idle."""
+        self.idle_since = time.monotonic()
+        try:
+            return await waiting
+        finally:
+            self.idle_seconds += time.monotonic() - self.idle_since
+            self.idle_since = None
 
     def idle_now(self) -> float:
         """Seconds idle so far, a wait still going on included."""

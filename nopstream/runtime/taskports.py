@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from nopstream.plan.epochs import EpochKind
+from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.records import TaskSnapshot
 from nopstream.runtime.gate import InputChannel, InputGate
 from nopstream.runtime.transport import OutputChannel
@@ -47,3 +48,19 @@ class TaskListener(Protocol):
     async def on_source_finished(self, task: Task) -> None:
         """A source task has read all its input and waits for the final barrier."""
         ...
+
+
+def input_channels(
+    plan: PartitionedPlan, vertex_id: str, subtask: int, io: TaskIO, gate: InputGate
+) -> list[str]:
+    """Register every input channel of the subtask in its gate; their ids."""
+    inputs = []
+    for edge in plan.edges:
+        if edge.target_vertex != vertex_id:
+            continue
+        for ch in edge.channels:
+            if ch.downstream == subtask:
+                cid = edge.channel_id(ch)
+                inputs.append(cid)
+                io.input(gate, cid, edge_id=edge.edge_id, input_index=edge.input_index, upstream=ch.upstream)
+    return inputs
