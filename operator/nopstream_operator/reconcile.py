@@ -21,7 +21,6 @@ import dataclasses
 from dataclasses import dataclass
 
 from nopstream.checkpoint.restore import NewLineage, RestoreRequest
-from nopstream.errors import REFUSED_EXITS, TASK_LINE, Refusal
 from nopstream.model.errors import ModelError
 from nopstream.model.status import (
     Leader,
@@ -40,6 +39,7 @@ from nopstream_operator.changes import (
     spec_change,
     suspend,
 )
+from nopstream_operator.decide import Lost, Refused, Whole, decide_pods
 from nopstream_operator.kube import Kube, NameTaken
 from nopstream_operator.observed import (
     Context,
@@ -144,7 +144,8 @@ def _savepoints(
 
 
 def reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
-    """Coordinators present, old runs gone, the current run whole (or recovered), status current."""
+    """Carry out `decide.decide_pods`: coordinators present, old runs gone, the current run whole (or
+    recovered), status current."""
     if seen.status.phase == "Failed":
         return  # its pods are gone; a spec change or a new StreamJob starts it again
     ns, run = deployment.namespace, seen.run
@@ -153,81 +154,29 @@ def reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> 
     ):
         raise RuntimeError("the deployed plan's ConfigMap is gone")
     _ensure_fences(ctx, seen, deployment)  # before any pod mounts the secret or listens
-    for name in deployment.coordinators:
-        pod = seen.pods.get(name)
-        if pod is None:
-            ctx.kube.create(coordinator_pod(seen.job, deployment, name, ctx.pods))
-        elif (
-            pod.phase == "Failed" or pod.fingerprint != deployment.partitioned_fingerprint
-        ) and not pod.deleting:
-            ctx.kube.delete_pod(ns, name, grace=0)
-    tasks = [p for p in seen.pods.values() if p.role == "task"]
-    standbys = {p.task: p for p in tasks if _next_runs_standby(seen, deployment, p)}
-    for pod in tasks:
-        if pod.run != run and not pod.deleting and standbys.get(pod.task) is not pod:
-            ctx.kube.delete_pod(ns, pod.name, grace=0)
-    current = {p.task: p for p in tasks if p.run == run}
-    if seen.status.phase == "Succeeded":
-        return
-    lost = [p.name for p in current.values() if p.phase == "Failed" or p.deleting]
-    if seen.status.deployed_run == run:
-        lost += [task_pod_name(t, run) + " (gone)" for t in deployment.tasks if t.name not in current]
-    refused = next((p for p in current.values() if p.exit_code in REFUSED_EXITS), None)
-    if refused is not None:  # the same in every run: not recovered
-        last = _last_line(refused.message)
-        refusal = Refusal.from_exit(refused.exit_code, last)
-        reason = "BadInput" if refusal is not None and refusal.kind == "input" else "CannotStart"
-        said = last.removeprefix(TASK_LINE) or f"exit code {refused.exit_code}"
-        fail(ctx, seen, deployment, reason, f"{refused.name}: {said}")
-        return
-    if lost:
-        # the last line of a failed task's log: its error, with the user's file and line
-        why = next(
-            (_last_line(p.message) for p in current.values() if p.phase == "Failed" and p.message.strip()), ""
-        )
-        _recover(
-            ctx,
-            seen,
-            deployment,
-            run,
-            f"{', '.join(sorted(lost))} failed" + (f": {why}" if why else ""),
-            current,
-        )
-        return
-    stored = seen.etcd.run
-    if stored < run:  # lost coordination state: a new run past it, never a run reused
-        lost_state = f"etcd lost the job's coordination state (its run reads {stored}, the run is {run})"
-        _recover(ctx, seen, deployment, run, lost_state, current)
-        return
-    for t in deployment.tasks:
-        if t.name not in current:
-            ctx.kube.create(task_pod(seen.job, deployment, t, run, ctx.pods))
-    running = _refresh(ctx, seen, deployment, current) == "Running"
-    if running and _standby_tasks(seen) and health.committed_since_ready(seen.status):
-        # Made once the run has committed an epoch (a recovery's start and first output
-        # have the cores first: standbys starting beside it slowed it by seconds on two
-        # cores, even between its first durable epoch and that epoch's commit), once per
-        # run: one that failed stays, and is not adopted, until the next run replaces it,
-        # so a standby that cannot start never churns pods.
-        for t in deployment.tasks:
-            if t.name not in standbys:
-                ctx.kube.create(task_pod(seen.job, deployment, t, run + 1, ctx.pods, standby=True))
-
-
-def _standby_tasks(seen: Observed) -> bool:
-    """Whether the job keeps a standby pod per task for the next run (spec.standbyTasks)."""
-    return seen.spec.standby_tasks
-
-
-def _next_runs_standby(seen: Observed, deployment: DeploymentPlan, pod: PodView) -> bool:
-    """Whether `pod` is a standby of this plan for the next run, kept while the job goes on."""
-    return (
-        _standby_tasks(seen)
-        and pod.standby
-        and pod.run == seen.run + 1
-        and pod.fingerprint == deployment.partitioned_fingerprint
-        and seen.status.phase != "Succeeded"
-    )
+    pods = decide_pods(seen, deployment)
+    for name in pods.create_coordinators:
+        ctx.kube.create(coordinator_pod(seen.job, deployment, name, ctx.pods))
+    for name in pods.delete:
+        ctx.kube.delete_pod(ns, name, grace=0)
+    match pods.outcome:
+        case Refused(reason, message):
+            fail(ctx, seen, deployment, reason, message)
+        case Lost(cause):
+            _recover(ctx, seen, deployment, run, cause, pods.current)
+        case Whole(missing):
+            for task in missing:
+                ctx.kube.create(task_pod(seen.job, deployment, task, run, ctx.pods))
+            running = _refresh(ctx, seen, deployment, pods.current) == "Running"
+            if running and seen.spec.standby_tasks and health.committed_since_ready(seen.status):
+                # Made once the run has committed an epoch (a recovery's start and first output
+                # have the cores first: standbys starting beside it slowed it by seconds on two
+                # cores, even between its first durable epoch and that epoch's commit), once per
+                # run: one that failed stays, and is not adopted, until the next run replaces it,
+                # so a standby that cannot start never churns pods.
+                for task in deployment.tasks:
+                    if task.name not in pods.standbys:
+                        ctx.kube.create(task_pod(seen.job, deployment, task, run + 1, ctx.pods, standby=True))
 
 
 @dataclass
@@ -291,12 +240,6 @@ class _PodSteps:
             if standby is not None and (standby.phase not in ("Pending", "Running") or standby.deleting):
                 self.ctx.kube.delete_pod(ns, standby.name, grace=0)
             self.ctx.kube.create(task_pod(self.seen.job, self.deployment, task, run, self.ctx.pods))
-
-
-def _last_line(message: str) -> str:
-    """The last line of a container's termination message ('' for none)."""
-    lines = message.strip().splitlines()
-    return lines[-1] if lines else ""
 
 
 def _recover(

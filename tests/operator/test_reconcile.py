@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 import yaml
+from nopstream_operator.decide import Lost, Refused, RunPods, Whole, decide_pods
 from nopstream_operator.health import now_ms, rfc3339
 from nopstream_operator.kube import JobInEtcd, NameTaken
-from nopstream_operator.observed import Context
+from nopstream_operator.observed import Context, compiled, deployed_plans, observe
 from nopstream_operator.reconcile import reconcile_once
 from nopstream_operator.resources import PodSettings
 
@@ -592,3 +593,34 @@ def test_a_failed_or_invalid_job_is_degraded_with_its_reason(world):
     assert status(kube)["phase"] == "Invalid"
     status_, reason, message = condition(kube, "Degraded")
     assert (status_, reason) == ("True", "ValidationFailed") and "parallelism" in message
+
+
+def test_the_pods_of_a_run_are_decided_from_what_was_observed_alone(world):
+    """`decide_pods` takes no context: the same observation gives the same decision, and a
+    failed task, a refusal and a lost etcd each give theirs, exactly."""
+    ctx, kube, etcd, _events = world
+    passes(ctx, 2)
+    kube.set_pods("coordinator", "Running")
+    kube.set_pods("task", "Running")
+
+    def decided() -> RunPods:
+        seen = observe(ctx, "prod", NAME)
+        assert seen is not None
+        _, deployment = deployed_plans(ctx, seen)
+        seen = dataclasses.replace(seen, etcd_seen=etcd.observe(None))
+        return decide_pods(dataclasses.replace(seen, model=compiled(seen.job, None)[0]), deployment)
+
+    before = list(kube.writes)
+    whole = decided()
+    assert (whole.create_coordinators, whole.delete, whole.outcome) == ((), (), Whole(()))
+    assert decided() == whole and kube.writes == before  # nothing written by deciding
+    etcd.current_run = 0
+    assert decided().outcome == Lost("etcd lost the job's coordination state (its run reads 0, the run is 1)")
+    etcd.current_run = 1
+    one = min(n for k, n in kube.objects if k == "Pod" and "coordinator" not in n)
+    kube.set_pods("task", "Failed", ready=False, exit_code=1, log="Traceback\nValueError: boom", names={one})
+    assert decided().outcome == Lost(f"{one} failed: ValueError: boom")
+    kube.set_pods(
+        "task", "Failed", ready=False, exit_code=6, log="nopstream task: bad input: line 3", names={one}
+    )
+    assert decided().outcome == Refused("BadInput", f"{one}: bad input: line 3")

@@ -1,0 +1,117 @@
+"""What a pass does to a run's pods, decided from what it observed alone: no I/O here.
+
+`decide_pods` reads the pods and the job in etcd as `observed` saw them and says which
+coordinators to create, which pods to delete, and how the run stands: refused (the same
+in every run: the job fails), lost (a global recovery), or whole once its missing task
+pods are created. `reconcile.reconcile_pods` carries the decision out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nopstream.errors import REFUSED_EXITS, TASK_LINE, Refusal
+from nopstream.plan.deployment import DeploymentPlan, TaskDeployment
+from nopstream_operator.observed import Observed, PodView
+from nopstream_operator.resources import task_pod_name
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A task refused to start (bad input, a missing secret): no run would start it."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The run lost a task pod or its coordination state: a global recovery from `cause`."""
+
+    cause: str
+
+
+@dataclass(frozen=True)
+class Whole:
+    """Nothing lost: the run goes on once its missing task pods are created."""
+
+    missing: tuple[TaskDeployment, ...]
+
+
+@dataclass(frozen=True)
+class RunPods:
+    """The decision over a run's pods."""
+
+    create_coordinators: tuple[str, ...]
+    delete: tuple[str, ...]
+    """Pods deleted at once: failed or outdated coordinators, pods of other runs (standbys kept)."""
+    current: dict[str | None, PodView]
+    """The run's task pods by task, as observed."""
+    standbys: frozenset[str | None]
+    """The tasks that have a standby pod for the next run."""
+    outcome: Refused | Lost | Whole | None
+    """How the run stands; None once it succeeded (nothing more to do)."""
+
+
+def decide_pods(seen: Observed, deployment: DeploymentPlan) -> RunPods:
+    """Coordinators present, old runs gone, the current run whole or recovered: what to do for it."""
+    run = seen.run
+    create, delete = [], []
+    for name in deployment.coordinators:
+        pod = seen.pods.get(name)
+        if pod is None:
+            create.append(name)
+        elif (
+            pod.phase == "Failed" or pod.fingerprint != deployment.partitioned_fingerprint
+        ) and not pod.deleting:
+            delete.append(name)
+    tasks = [p for p in seen.pods.values() if p.role == "task"]
+    standbys = {p.task: p for p in tasks if next_runs_standby(seen, deployment, p)}
+    delete += [p.name for p in tasks if p.run != run and not p.deleting and standbys.get(p.task) is not p]
+    current = {p.task: p for p in tasks if p.run == run}
+    outcome = None if seen.status.phase == "Succeeded" else _outcome(seen, deployment, current)
+    return RunPods(tuple(create), tuple(delete), current, frozenset(standbys), outcome)
+
+
+def _outcome(
+    seen: Observed, deployment: DeploymentPlan, current: dict[str | None, PodView]
+) -> Refused | Lost | Whole:
+    """Refused, lost or whole, in that order: a refusal is not recovered from."""
+    run = seen.run
+    refused = next((p for p in current.values() if p.exit_code in REFUSED_EXITS), None)
+    if refused is not None:
+        last = last_line(refused.message)
+        refusal = Refusal.from_exit(refused.exit_code, last)
+        reason = "BadInput" if refusal is not None and refusal.kind == "input" else "CannotStart"
+        said = last.removeprefix(TASK_LINE) or f"exit code {refused.exit_code}"
+        return Refused(reason, f"{refused.name}: {said}")
+    lost = [p.name for p in current.values() if p.phase == "Failed" or p.deleting]
+    if seen.status.deployed_run == run:
+        lost += [task_pod_name(t, run) + " (gone)" for t in deployment.tasks if t.name not in current]
+    if lost:
+        # the last line of a failed task's log: its error, with the user's file and line
+        why = next(
+            (last_line(p.message) for p in current.values() if p.phase == "Failed" and p.message.strip()), ""
+        )
+        return Lost(f"{', '.join(sorted(lost))} failed" + (f": {why}" if why else ""))
+    stored = seen.etcd.run
+    if stored < run:  # lost coordination state: a new run past it, never a run reused
+        return Lost(f"etcd lost the job's coordination state (its run reads {stored}, the run is {run})")
+    return Whole(tuple(t for t in deployment.tasks if t.name not in current))
+
+
+def next_runs_standby(seen: Observed, deployment: DeploymentPlan, pod: PodView) -> bool:
+    """Whether `pod` is a standby of this plan for the next run, kept while the job goes on."""
+    return (
+        seen.spec.standby_tasks
+        and pod.standby
+        and pod.run == seen.run + 1
+        and pod.fingerprint == deployment.partitioned_fingerprint
+        and seen.status.phase != "Succeeded"
+    )
+
+
+def last_line(message: str) -> str:
+    """The last line of a container's termination message ('' for none)."""
+    lines = message.strip().splitlines()
+    return lines[-1] if lines else ""
