@@ -29,6 +29,26 @@ from nopstream.node.guard import Guard
 from nopstream.node.jobview import JobHistory
 
 
+@dataclass(frozen=True)
+class Registration:
+    """A task process's POST /register (beside its task id and run): its attempt and its server's endpoint."""
+
+    attempt: str
+    endpoint: str
+
+    def to_json(self) -> dict[str, str]:
+        """The body's fields."""
+        return {"attempt": self.attempt, "endpoint": self.endpoint}
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> Registration:
+        """From a body; ValueError naming the field that is not a string."""
+        for name in ("attempt", "endpoint"):
+            if not isinstance(body.get(name), str):
+                raise ValueError(f"{name} of a registration is a string, not {body.get(name)!r}")
+        return cls(body["attempt"], body["endpoint"])
+
+
 @dataclass
 class TaskReport:
     """What the runner knows of one task."""
@@ -98,7 +118,11 @@ class ControlServer:
 
     async def _register(self, request: web.Request) -> web.Response:
         task, body = await self._message(request, "endpoint", "attempt")
-        task.endpoint, task.attempt = str(body["endpoint"]), str(body["attempt"])
+        try:
+            registration = Registration.from_json(body)
+        except ValueError as error:
+            raise web.HTTPBadRequest(text=str(error)) from None
+        task.endpoint, task.attempt = registration.endpoint, registration.attempt
         task.registered_at = time.monotonic()
         task.registered.set()
         return web.json_response({"ok": True})

@@ -17,6 +17,7 @@ import aiohttp
 
 from nopstream import errors
 from nopstream.checkpoint.restore import RestorePoint
+from nopstream.local.control import Registration
 from nopstream.node import guard, tasklife
 from nopstream.node.coordinator_api import CoordinatorLink
 from nopstream.node.taskserver import TaskIdentity
@@ -59,7 +60,7 @@ class _ControlServer:
             return endpoint
 
     async def register(self, endpoint: str) -> None:
-        await self.report("/register", {"attempt": self.settings.attempt, "endpoint": endpoint})
+        await self.report("/register", Registration(self.settings.attempt, endpoint).to_json())
 
     async def restore_point(self) -> RestorePoint:
         return self.settings.restore

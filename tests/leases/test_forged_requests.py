@@ -207,6 +207,10 @@ def test_forged_requests_to_the_local_runner_and_its_tasks_are_refused(tmp_path,
                     answers[f"{path} no run {task_id}"] = (
                         await status(session, "POST", control + path, json={"taskId": task_id}, headers=ok)
                     )[0]
+            forged = {"taskId": sink_task, "run": 1, "attempt": "forger", "endpoint": 5}
+            answers["/register no endpoint"] = await status(
+                session, "POST", control + "/register", json=forged, headers=ok
+            )
             async with session.get(f"{control}/endpoint", params={"task": sink_task}, headers=ok) as resp:
                 task_url = (await resp.json())["endpoint"]
             tasks = await forge_task(session, task_url, 1, secret)
@@ -224,6 +228,7 @@ def test_forged_requests_to_the_local_runner_and_its_tasks_are_refused(tmp_path,
         for task_id in sources:
             assert answers[f"{path} old run {task_id}"] == (409, "stale run 0: the current run is 1")
             assert answers[f"{path} no run {task_id}"] == 400
+    assert answers["/register no endpoint"] == (400, "endpoint of a registration is a string, not 5")
     assert tasks == TASK_ANSWERS
     assert channels[:2] == ["401", "401"]
     assert channels[2] == "stale run 0 of attempt forger: the current run is 1"
