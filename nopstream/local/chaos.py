@@ -39,6 +39,7 @@ import yaml
 from nopstream import faults, safefiles, stacks
 from nopstream.connectors import registry
 from nopstream.local import kills
+from nopstream.local.children import Child, spawn
 from nopstream.model.load import load_data
 from nopstream.node.checkpointing import RestoreReport
 from nopstream.plan.timing import timing_dependence
@@ -244,13 +245,13 @@ def _run(
             else:
                 kills.take_savepoint(proc, progress, savepoint, deadline)
             code = proc.wait(max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            waits = _where_it_waits(proc)
-            late = f"{tag}: the job did not finish within {settings.timeout:.0f}s"
-            raise ChaosFailed(f"{late}; where its processes wait:\n{waits}") from None
+            if code is None:
+                waits = _where_it_waits(proc)
+                late = f"{tag}: the job did not finish within {settings.timeout:.0f}s"
+                raise ChaosFailed(f"{late}; where its processes wait:\n{waits}")
         finally:
             if proc.poll() is None:  # timed out, or chaos itself was interrupted: leave nothing behind
-                kills.kill_group(proc)
+                proc.kill()
                 _wait_group_gone(proc)
             _read_restores(home, outcome)  # before a new runner writes its run-1 logs again
         if code == -signal.SIGKILL:  # the whole runner was killed: start it again, as a user would
@@ -281,7 +282,7 @@ def _prepared(raw: dict[str, Any], home: Path, tag: str) -> tuple[dict[str, Any]
 def _ended(outcome: Outcome, job: dict[str, Any], home: Path, fault_dir: Path) -> Outcome:
     """The outcome with what the run left: the steps it passed, its messages and its committed records."""
     outcome.passed = faults.passed(fault_dir)
-    outcome.errors = (home / "runner.err").read_text(errors="replace")
+    outcome.errors = (home / "runner.log").read_text(errors="replace")
     outcome.recoveries = outcome.errors.count("recovering: ")
     outcome.records = committed(job)
     outcome.job = job
@@ -328,20 +329,13 @@ def _command(settings: ChaosSettings, *args: str) -> list[str]:
     return [sys.executable, "-m", "nopstream", *args, *extra]
 
 
-def _start(path: Path, home: Path, settings: ChaosSettings, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """`nopstream run` of the isolated job file, in a session of its own (so all of it can be killed)."""
+def _start(path: Path, home: Path, settings: ChaosSettings, env: dict[str, str]) -> Child:
+    """`nopstream run` of the isolated job file, in a session of its own (so all of it can be killed),
+    what it says in runner.log."""
     # its kills are deliberate: no failure budget, and no backoff (it would only slow the proof down)
     options = ("--max-restarts", "1000", "--restart-backoff", "0", "--workdir", str(home / "work"))
     command = _command(settings, "run", str(path), *options)
-    with (home / "runner.err").open("ab") as err:
-        return subprocess.Popen(
-            command,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            start_new_session=True,
-        )
+    return spawn("runner", command, log=home / "runner.log", env=env, session=True)
 
 
 def _savepoint(path: Path, home: Path, settings: ChaosSettings, env: dict[str, str]) -> bool:
@@ -354,7 +348,7 @@ def _savepoint(path: Path, home: Path, settings: ChaosSettings, env: dict[str, s
     return done.returncode == 0
 
 
-def _where_it_waits(proc: subprocess.Popen[bytes], settle: float = 1.0, lines: int = 12) -> str:
+def _where_it_waits(proc: Child, settle: float = 1.0, lines: int = 12) -> str:
     """Each live process of the run: its last log line and where it waits (`nopstream.stacks`)."""
     pids = [proc.pid, *kills.children(proc.pid)]
     for pid in pids:
@@ -377,10 +371,10 @@ def _where_it_waits(proc: subprocess.Popen[bytes], settle: float = 1.0, lines: i
     return "\n".join(found)
 
 
-def _wait_group_gone(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+def _wait_group_gone(proc: Child, timeout: float = 30.0) -> None:
     """Wait until no process of the killed runner's session is left (they hold its lock)."""
-    proc.wait()
     deadline = time.monotonic() + timeout
+    proc.wait(timeout)
     while time.monotonic() < deadline:
         try:
             os.killpg(proc.pid, 0)

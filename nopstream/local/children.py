@@ -59,6 +59,10 @@ class Child:
         except FileNotFoundError:
             return ""
 
+    def kill(self) -> None:
+        """SIGKILL it at once (its whole process group when it leads one)."""
+        self._send(signal.SIGKILL)
+
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after `grace` seconds; reap it."""
         stop_all([self], grace)

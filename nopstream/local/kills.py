@@ -17,7 +17,6 @@ import contextlib
 import os
 import random
 import signal
-import subprocess
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from nopstream import faults
 from nopstream.checkpoint import catalog
 from nopstream.checkpoint.storage import Storage
 from nopstream.errors import RestoreRefused
+from nopstream.local.children import Child
 from nopstream.model.load import load_data
 from nopstream.node import checkpointing
 from nopstream.plan import compiler
@@ -117,7 +117,7 @@ class Schedule:
         self.baseline = 0  # the durable epoch when the last event landed
         self.armed: str | None = None  # a point armed and not yet reached
 
-    def drive(self, proc: subprocess.Popen[bytes]) -> None:
+    def drive(self, proc: Child) -> None:
         """Carry out events while this start of the runner lives; return once it ended, or all are done."""
         if self.armed is not None:  # armed when the runner died: its next start reaches it
             self._await(proc)
@@ -150,7 +150,7 @@ class Schedule:
         if self.armed is not None:
             self._settle()
 
-    def _progressed(self, proc: subprocess.Popen[bytes]) -> bool:
+    def _progressed(self, proc: Child) -> bool:
         """Wait until an epoch after the baseline is durable; False when the run ended (or time ran out)."""
         while proc.poll() is None and time.monotonic() < self.deadline:
             if self.progress.durable() > self.baseline:
@@ -158,14 +158,14 @@ class Schedule:
             time.sleep(POLL)
         return False
 
-    def _kill(self, proc: subprocess.Popen[bytes], *, roll: float | None = None) -> bool:
+    def _kill(self, proc: Child, *, roll: float | None = None) -> bool:
         """SIGKILL a task, a coordinator candidate or the whole runner (by `roll`, random by default:
         1.0 is a task); True for the whole runner."""
         victims = _victims(proc.pid, etcd=self.etcd)
         roll = self.rng.random() if roll is None else roll
         kind = "coordinator" if roll < 0.4 and victims["coordinator"] else "task"
         if roll < 0.2 or not victims[kind]:  # no task process between two attempts: the runner then
-            kill_group(proc)
+            proc.kill()
             self.reached.kills["whole runner"] += 1
             return True
         with contextlib.suppress(ProcessLookupError):
@@ -173,7 +173,7 @@ class Schedule:
         self.reached.kills[kind] += 1
         return False
 
-    def _await(self, proc: subprocess.Popen[bytes]) -> None:
+    def _await(self, proc: Child) -> None:
         """Wait until a process of the run reaches the armed point, the run ends, or `fault_wait`
         seconds passed; a runner SIGKILLed meanwhile leaves it armed for its next start."""
         assert self.armed is not None
@@ -196,9 +196,7 @@ class Schedule:
         (self.reached.missed if faults.disarm(self.faults_dir, point) else self.reached.hit).append(point)
 
 
-def take_savepoint(
-    proc: subprocess.Popen[bytes], progress: Progress, savepoint: Callable[[], bool], deadline: float
-) -> None:
+def take_savepoint(proc: Child, progress: Progress, savepoint: Callable[[], bool], deadline: float) -> None:
     """Ask the running job for one savepoint once an epoch is durable (a failure-free run takes the
     savepoint step too, so that its fault points count as steps the job has); give up when it ends
     or at `deadline`."""
@@ -208,7 +206,7 @@ def take_savepoint(
         time.sleep(POLL)
 
 
-def _sleep(proc: subprocess.Popen[bytes], seconds: float) -> None:
+def _sleep(proc: Child, seconds: float) -> None:
     """Sleep `seconds`, or less when the runner ends meanwhile."""
     end = time.monotonic() + seconds
     while proc.poll() is None and (left := end - time.monotonic()) > 0:
@@ -234,9 +232,3 @@ def children(pid: int) -> list[int]:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
-
-
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the runner and every process of its session at once."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
