@@ -24,7 +24,7 @@ from nopstream.cluster.election import Election
 from nopstream.cluster.epochlog import EpochLog, LeaderLog
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
-from nopstream.node.coordinator_api import CoordinatorRoutes
+from nopstream.node.wire.coordinator_api import CoordinatorRoutes
 from nopstream.plan.compiler import CompiledPlans
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ from nopstream.model.load import load_file
 from nopstream.plan import compiler
 
 if TYPE_CHECKING:
-    from nopstream.node.coordinator_client import CoordinatorClient
+    from nopstream.node.wire.coordinator_client import CoordinatorClient
 
 
 def cmd_savepoint(args: argparse.Namespace) -> int:
@@ -46,8 +46,8 @@ def _ask_coordinator(
 ) -> T | None:
     """What `ask` gets from the job's coordinator; None (said on stderr) when none takes it."""
     from nopstream.cluster.backend import StoreUnavailable
-    from nopstream.node import guard
-    from nopstream.node.coordinator_client import CoordinatorClient, CoordinatorError
+    from nopstream.node.wire import guard
+    from nopstream.node.wire.coordinator_client import CoordinatorClient, CoordinatorError
 
     job = plans.partitioned.identity.job_id
     url = getattr(args, "url", None)
@@ -117,7 +117,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return exits.INVALID
     import json
 
-    from nopstream.node.jobview import render_view
+    from nopstream.node.view.jobview import render_view
 
     plans = compiler.compile_model(load_file(args.target))
     view = _ask_coordinator(plans, args, lambda coordinator: coordinator.job_view())

@@ -14,6 +14,7 @@ import json
 import logging
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from typing import Any
 
 from nopstream.cluster.backend import Backend, StoreUnavailable
 from nopstream.cluster.layout import Layout
@@ -23,11 +24,23 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Registration:
-    """A task's registration in a run."""
+    """A task's registration in a run: in etcd, and in a task process's POST /register to the local runner."""
 
     task_id: str
     attempt: str
     endpoint: str
+
+    def to_json(self) -> dict[str, str]:
+        """Its value (the task id is its key, or beside it in a message)."""
+        return {"attempt": self.attempt, "endpoint": self.endpoint}
+
+    @classmethod
+    def from_json(cls, task_id: str, value: dict[str, Any]) -> Registration:
+        """From `to_json`'s object; ValueError naming the field that is not a string."""
+        for name in ("attempt", "endpoint"):
+            if not isinstance(value.get(name), str):
+                raise ValueError(f"{name} of a registration is a string, not {value.get(name)!r}")
+        return cls(task_id, value["attempt"], value["endpoint"])
 
 
 @dataclass(frozen=True)
@@ -113,7 +126,7 @@ class Registry:
 
     async def register(self, run: int, registration: Registration, *, lease: int) -> None:
         """Register a task under a run, bound to its lease."""
-        value = json.dumps({"attempt": registration.attempt, "endpoint": registration.endpoint}).encode()
+        value = json.dumps(registration.to_json()).encode()
         await self.backend.put(self.layout.task(run, registration.task_id), value, lease=lease)
 
     async def tasks(self, run: int) -> dict[str, Registration]:
@@ -139,5 +152,4 @@ class Registry:
 
     @staticmethod
     def _registration(task_id: str, value: bytes) -> Registration:
-        data = json.loads(value)
-        return Registration(task_id, data["attempt"], data["endpoint"])
+        return Registration.from_json(task_id, json.loads(value))

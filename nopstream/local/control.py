@@ -1,6 +1,6 @@
 """The local runner's control server: where task processes register, report and find each other.
 
-JSON over HTTP on loopback, beside the coordinator's own routes (`node.coordinator_api`:
+JSON over HTTP on loopback, beside the coordinator's own routes (`node.wire.coordinator_api`:
 /ack, /source-finished, /stats, /failed, /savepoint, /api/v1/job, /dashboard/, /metrics):
   POST /register {taskId, run, attempt, endpoint}    a task's server is up
   GET  /endpoint?task=ID                              that task's endpoint (waits until known)
@@ -8,7 +8,7 @@ JSON over HTTP on loopback, beside the coordinator's own routes (`node.coordinat
   GET  /run                                           the current run
 A task's POST /failed carries its refusal (`errors.Refusal`) when it cannot go on in any
 run: its restore point or a connector refused, or it met a bad record.
-Everything but /metrics and the dashboard's files needs the run's secret (`node.guard`:
+Everything but /metrics and the dashboard's files needs the run's secret (`node.wire.guard`:
 401); a task's message without its task id and run is refused with 400, one of another
 run with 409.
 """
@@ -23,30 +23,11 @@ from typing import Any
 
 from aiohttp import web
 
+from nopstream.cluster.registry import Registration
 from nopstream.errors import Refusal
-from nopstream.node.coordinator_api import CoordinatorRoutes
-from nopstream.node.guard import Guard
-from nopstream.node.jobview import JobHistory
-
-
-@dataclass(frozen=True)
-class Registration:
-    """A task process's POST /register (beside its task id and run): its attempt and its server's endpoint."""
-
-    attempt: str
-    endpoint: str
-
-    def to_json(self) -> dict[str, str]:
-        """The body's fields."""
-        return {"attempt": self.attempt, "endpoint": self.endpoint}
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any]) -> Registration:
-        """From a body; ValueError naming the field that is not a string."""
-        for name in ("attempt", "endpoint"):
-            if not isinstance(body.get(name), str):
-                raise ValueError(f"{name} of a registration is a string, not {body.get(name)!r}")
-        return cls(body["attempt"], body["endpoint"])
+from nopstream.node.view.jobview import JobHistory
+from nopstream.node.wire.coordinator_api import CoordinatorRoutes
+from nopstream.node.wire.guard import Guard
 
 
 @dataclass
@@ -119,7 +100,7 @@ class ControlServer:
     async def _register(self, request: web.Request) -> web.Response:
         task, body = await self._message(request, "endpoint", "attempt")
         try:
-            registration = Registration.from_json(body)
+            registration = Registration.from_json(body["taskId"], body)
         except ValueError as error:
             raise web.HTTPBadRequest(text=str(error)) from None
         task.endpoint, task.attempt = registration.endpoint, registration.attempt

@@ -55,7 +55,7 @@ def launch(loaded: LoadedModel, options: runner.RunOptions, *, etcd: str | None 
     """Compile, check and run the job to its end; ModelError when it is invalid, RunError when it cannot
     run or fails."""
     from nopstream.node.settings import SettingsError
-    from nopstream.node.taskserver import task_settings
+    from nopstream.node.tasklife import task_settings
 
     plans = compiler.compile_model(loaded)
     job = plans.partitioned.identity.job_id

@@ -43,11 +43,12 @@ from nopstream.local.children import Child
 from nopstream.local.control import ControlServer
 from nopstream.local.progress import Progress
 from nopstream.local.watch import TaskDied, kill_a_task, supervise
-from nopstream.node import checkpointing, guard, recovery
-from nopstream.node.coordinator_api import DASHBOARD_PATH, TaskCommands
-from nopstream.node.jobview import JobHistory
+from nopstream.node import checkpointing, recovery
 from nopstream.node.leading import Leader, lead_run
-from nopstream.node.taskserver import task_settings
+from nopstream.node.tasklife import task_settings
+from nopstream.node.view.jobview import JobHistory
+from nopstream.node.wire import guard
+from nopstream.node.wire.coordinator_api import DASHBOARD_PATH, TaskCommands
 from nopstream.plan import compiler
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan

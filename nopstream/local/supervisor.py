@@ -29,8 +29,9 @@ from nopstream.errors import REFUSED_EXITS, Refusal, StartRefused
 from nopstream.local import ownership
 from nopstream.local.children import Child, spawn, stop_all
 from nopstream.local.runner import JobFailed, RunOptions, RunResult, new_lineage, starting_point
-from nopstream.node import checkpointing, guard, recovery
+from nopstream.node import checkpointing, recovery
 from nopstream.node.settings import DEPLOYMENT_FILE, PARTITIONED_FILE, NodeEnv
+from nopstream.node.wire import guard
 from nopstream.plan import compiler
 from nopstream.plan.deployment import resource_name
 

@@ -17,10 +17,11 @@ import aiohttp
 
 from nopstream import errors
 from nopstream.checkpoint.restore import RestorePoint
-from nopstream.local.control import Registration
-from nopstream.node import guard, tasklife
-from nopstream.node.coordinator_api import CoordinatorLink
-from nopstream.node.taskserver import TaskIdentity
+from nopstream.cluster.registry import Registration
+from nopstream.node import tasklife
+from nopstream.node.wire import guard
+from nopstream.node.wire.coordinator_api import CoordinatorLink
+from nopstream.node.wire.messages import TaskIdentity
 from nopstream.plan import compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.partitioned import PartitionedPlan
@@ -60,7 +61,9 @@ class _ControlServer:
             return endpoint
 
     async def register(self, endpoint: str) -> None:
-        await self.report("/register", Registration(self.settings.attempt, endpoint).to_json())
+        await self.report(
+            "/register", Registration(self.settings.task_id, self.settings.attempt, endpoint).to_json()
+        )
 
     async def restore_point(self) -> RestorePoint:
         return self.settings.restore

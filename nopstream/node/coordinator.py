@@ -13,9 +13,9 @@ running, and leads the new run. The job is over when the final epoch is committe
 a standby that wins after that finds it so in the log and exits 0 too. A lost
 lease or a refused fenced write ends the process non-zero (crash-only).
 
-HTTP: the coordinator's routes (`node.coordinator_api`, the dashboard among them) and
+HTTP: the coordinator's routes (`node.wire.coordinator_api`, the dashboard among them) and
 GET /healthz; all but /metrics, /healthz and the dashboard's files need the job's
-secret (`node.guard`). The dashboard's history begins when this process first leads.
+secret (`node.wire.guard`). The dashboard's history begins when this process first leads.
 """
 
 from __future__ import annotations
@@ -40,12 +40,13 @@ from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.registry import Registry
 from nopstream.errors import RestoreRefused
-from nopstream.node import checkpointing, guard
-from nopstream.node.coordinator_api import CoordinatorRoutes, Endpoint, TaskCommands
-from nopstream.node.jobview import JobHistory
+from nopstream.node import checkpointing
 from nopstream.node.leading import Commands, Leader, lead_run
 from nopstream.node.settings import NodeSettings
-from nopstream.node.taskserver import TaskStatus
+from nopstream.node.view.jobview import JobHistory
+from nopstream.node.wire import guard
+from nopstream.node.wire.coordinator_api import CoordinatorRoutes, Endpoint, TaskCommands
+from nopstream.node.wire.messages import TaskStatus
 from nopstream.plan import compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.epochs import EpochKind, EpochState

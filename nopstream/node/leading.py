@@ -21,8 +21,8 @@ from nopstream.checkpoint.restore import RestorePoint
 from nopstream.checkpoint.storage import Storage
 from nopstream.cluster.election import Leadership
 from nopstream.cluster.epochlog import EpochLog, LeaderLog
-from nopstream.node.coordinator_api import CoordinatorRoutes
-from nopstream.node.jobview import JobHistory
+from nopstream.node.view.jobview import JobHistory
+from nopstream.node.wire.coordinator_api import CoordinatorRoutes
 from nopstream.plan.deployment import CheckpointSettings
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan

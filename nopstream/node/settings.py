@@ -13,9 +13,9 @@ The operator (and `nopstream run --etcd`) sets these on every pod (process):
   NOPSTREAM_PORT        port to listen on (default 0: any free port)
   NOPSTREAM_HEALTH_PORT port of the liveness endpoint (`node.liveness`; default none)
   NOPSTREAM_LEASE_TTL   seconds of the process's etcd lease (default 10)
-  NOPSTREAM_SECRET_FILE the file holding the job's secret (`node.guard`; default SECRET_FILE)
+  NOPSTREAM_SECRET_FILE the file holding the job's secret (`node.wire.guard`; default SECRET_FILE)
   NOPSTREAM_PARENT_PID  the process ends when this one, its parent, does (local supervisors only)
-Every task process, of any runner, also reads (`taskserver.task_settings`):
+Every task process, of any runner, also reads (`tasklife.task_settings`):
   NOPSTREAM_BATCH_SIZE  the most records a source reads at once (default 1000; its first read)
   NOPSTREAM_BATCH_TARGET_MS  how long one source batch may hold the task's event loop (default 50)
   NOPSTREAM_SOURCE_PAUSE_MS  a source's pause after each batch (default 0; `nopstream chaos --pace`)
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nopstream.model.errors import ModelError
-from nopstream.node.guard import SecretError, read_secret
+from nopstream.node.wire.guard import SecretError, read_secret
 from nopstream.plan import compiler
 from nopstream.plan.partitioned import PartitionedPlan
 

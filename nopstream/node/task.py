@@ -1,11 +1,11 @@
 """A task pod's process (`nopstream task`): one task of one run, coordinated through etcd.
 
 It lives the life of every task process (`node.tasklife`), with etcd as its directory:
-it serves its channels and commands (`node.taskserver`), registers under its run
+it serves its channels and commands (`node.wire.taskserver`), registers under its run
 with its endpoint bound to its own lease, waits for the run's restore point (chosen
 by the coordinator), restores, connects its outputs (peers found in the registry),
 runs, and exits 0 once the final epoch is committed. ACKs and source-finished go to
-whichever coordinator leads, retried through a failover (`node.coordinator_api`). When
+whichever coordinator leads, retried through a failover (`node.wire.coordinator_api`). When
 its lease is lost the process exits non-zero (crash-only): its pod's failure is what
 triggers the global recovery.
 
@@ -37,10 +37,11 @@ from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import ThreadedLeaseKeeper
 from nopstream.cluster.registry import Registration, Registry
 from nopstream.errors import RestoreRefused
-from nopstream.node import guard, recovery, tasklife
-from nopstream.node.coordinator_api import CoordinatorLink
+from nopstream.node import recovery, tasklife
 from nopstream.node.settings import NodeSettings
-from nopstream.node.taskserver import TaskIdentity
+from nopstream.node.wire import guard
+from nopstream.node.wire.coordinator_api import CoordinatorLink
+from nopstream.node.wire.messages import TaskIdentity
 from nopstream.plan import compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.partitioned import PartitionedPlan

@@ -12,17 +12,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import aiohttp
 
+from nopstream.checkpoint.epochs import Ack
 from nopstream.checkpoint.restore import RestorePoint
-from nopstream.node import checkpointing, guard
-from nopstream.node.coordinator_api import CoordinatorLink, push_stats
-from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task
+from nopstream.checkpoint.storage import Storage
+from nopstream.connectors.registry import Connectors
+from nopstream.node import checkpointing
+from nopstream.node.settings import int_variable
+from nopstream.node.wire import guard
+from nopstream.node.wire.coordinator_api import CoordinatorLink, push_stats
+from nopstream.node.wire.messages import TaskIdentity, TaskStatus
+from nopstream.node.wire.taskserver import TaskServer
 from nopstream.plan.deployment import DeploymentPlan
+from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
+from nopstream.records import TaskSnapshot
+from nopstream.runtime.pacing import TaskSettings
 from nopstream.runtime.task import Task
+from nopstream.runtime.transport_http import Fencing, HttpIO, HttpReceiver
 
 log = logging.getLogger(__name__)
 
@@ -106,3 +118,80 @@ async def _run(task: Task, directory: Directory) -> None:
         stats.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await stats
+
+
+Send = Callable[[str, dict[str, Any]], Awaitable[None]]
+"""Send a message (path, JSON body) to the coordinator."""
+Resolve = Callable[[str], Awaitable[str]]
+"""The endpoint of a task of the same run."""
+
+
+def locate(plan: PartitionedPlan, task_id: str) -> tuple[str, int]:
+    """(vertex id, subtask index) of a task id of the plan."""
+    for v in plan.vertices:
+        for s in v.subtasks:
+            if s.task_id == task_id:
+                return v.vertex_id, s.index
+    raise KeyError(f"task {task_id} is not in the plan")
+
+
+class ReportingListener:
+    """Writes a task's segments and reports to its coordinator; remembers what it reported.
+
+    A coordinator that takes over mid-epoch asks each task (GET /control/status)
+    for what it may have sent to its predecessor: whether its source finished and
+    its last ACK.
+    """
+
+    def __init__(self, storage: Storage, send: Send) -> None:
+        """Write segments to `storage`; send ACKs and source-finished through `send`."""
+        self.storage = storage
+        self.send = send
+        self.source_finished = False
+        self.last_ack: tuple[int, Ack] | None = None
+
+    async def on_snapshot(self, task: Task, epoch: int, kind: EpochKind, state: TaskSnapshot) -> None:
+        ack = await checkpointing.write_snapshot_async(self.storage, task, epoch, state)
+        self.last_ack = (epoch, ack)
+        await self.send("/ack", ack.to_json(epoch))
+
+    async def on_source_finished(self, task: Task) -> None:
+        self.source_finished = True
+        await self.send("/source-finished", {})
+
+    def status(self, run: int) -> TaskStatus:
+        """What it reported, as a coordinator that takes over asks for it (GET /control/status)."""
+        return TaskStatus(run, self.source_finished, self.last_ack)
+
+
+def task_settings(env: Mapping[str, str] = os.environ) -> TaskSettings:
+    """The settings of a task process (`node.settings` lists the variables); SettingsError names a
+    malformed one."""
+    target = int(TaskSettings.batch_target_ms)
+    return TaskSettings(
+        batch_size=int_variable(env, "NOPSTREAM_BATCH_SIZE", TaskSettings.batch_size, minimum=1),
+        batch_target_ms=int_variable(env, "NOPSTREAM_BATCH_TARGET_MS", target, minimum=1),
+        source_pause_ms=int_variable(env, "NOPSTREAM_SOURCE_PAUSE_MS", 0, minimum=0),
+    )
+
+
+def build_task(
+    plan: PartitionedPlan,
+    deployment: DeploymentPlan | None,
+    who: TaskIdentity,
+    *,
+    session: aiohttp.ClientSession,
+    resolve: Resolve,
+    send: Send,
+) -> tuple[Task, HttpReceiver, ReportingListener | None]:
+    """A task over http channels; checkpointing when a deployment plan binds storage."""
+    vertex_id, subtask = locate(plan, who.task_id)
+    receiver = HttpReceiver(Fencing(plan.identity.job_id, plan.identity.pipeline_id, lambda: who.run))
+    io = HttpIO(receiver, session, resolve, run=who.run, attempt=who.attempt)
+    listener = None
+    if deployment is not None:
+        listener = ReportingListener(checkpointing.open_storage(deployment), send)
+    connectors = Connectors(plan.identity)
+    settings = task_settings()
+    task = Task(plan, vertex_id, subtask, io=io, connectors=connectors, listener=listener, settings=settings)
+    return task, receiver, listener

@@ -12,7 +12,7 @@ from nopstream.model.status import (
     ConditionStatus,
     StreamJobStatus,
 )
-from nopstream.node.coordinator_client import CoordinatorClient, CoordinatorError
+from nopstream.node.wire.coordinator_client import CoordinatorClient, CoordinatorError
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream_operator import health
 from nopstream_operator.kube import Kube

@@ -27,7 +27,8 @@ from nopstream.model.status import (
     Savepoint,
     SavepointRequest,
 )
-from nopstream.node import guard, recovery
+from nopstream.node import recovery
+from nopstream.node.wire import guard
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream_operator import health
 from nopstream_operator.acts import delete_pods, fail, has_condition, invalid, patch, with_condition

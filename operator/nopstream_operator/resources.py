@@ -1,7 +1,7 @@
 """The Kubernetes objects of a job, built from its plans: pure functions, no API calls.
 
 A job's plans live in an immutable ConfigMap per plan (`{jobId}-plan-{fingerprint}`),
-mounted into every pod at PLAN_MOUNT; its secret (`node.guard`) in a Secret
+mounted into every pod at PLAN_MOUNT; its secret (`node.wire.guard`) in a Secret
 (`{jobId}-secret`) mounted at JOB_SECRET_MOUNT, the checkpoint storage's credentials
 (its `secretRef`) at STORAGE_CREDENTIALS_MOUNT: files, never environment variables.
 Task pods are named `{task name}-r{run}` and never restart (a task failure is a

@@ -20,9 +20,9 @@ from nopstream.checkpoint.epochs import Ack
 from nopstream.cluster.leases import LeaseKeeper
 from nopstream.cluster.local import LocalBackend
 from nopstream.model.load import load_data
-from nopstream.node import guard
-from nopstream.node.coordinator_api import CoordinatorRoutes
-from nopstream.node.jobview import JobHistory
+from nopstream.node.view.jobview import JobHistory
+from nopstream.node.wire import guard
+from nopstream.node.wire.coordinator_api import CoordinatorRoutes
 from nopstream.plan import compiler
 from nopstream.plan.epochs import EpochKind
 from tests.conftest import led_coordinator, serving

@@ -22,7 +22,7 @@ from nopstream.connectors.staged import OutputConflict, SinkName
 from nopstream.errors import StartRefused
 from nopstream.local import ownership
 from nopstream.model.load import load_data
-from nopstream.node import guard
+from nopstream.node.wire import guard
 from nopstream.plan import compiler
 from nopstream.records import Batch
 from tests.checkpointing.test_every_start import (

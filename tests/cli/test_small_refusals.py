@@ -20,9 +20,9 @@ import aiohttp
 import pytest
 
 from nopstream.model.load import load_data
-from nopstream.node import guard
-from nopstream.node.coordinator_api import CoordinatorRoutes
-from nopstream.node.jobview import JobHistory
+from nopstream.node.view.jobview import JobHistory
+from nopstream.node.wire import guard
+from nopstream.node.wire.coordinator_api import CoordinatorRoutes
 from nopstream.plan import compiler
 from tests.cli.test_bad_input import job, one_issue, validate, write
 from tests.conftest import ROOT, run_nopstream, serving

@@ -22,7 +22,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from nopstream.model.load import load_file
-from nopstream.node import guard
+from nopstream.node.wire import guard
 from nopstream.plan import compiler
 from tests.conftest import ROOT
 

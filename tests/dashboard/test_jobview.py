@@ -17,9 +17,9 @@ import aiohttp
 import pytest
 
 from nopstream.model.load import load_data
-from nopstream.node import guard
-from nopstream.node.coordinator_api import DASHBOARD_FILES, CoordinatorRoutes
-from nopstream.node.jobview import JobHistory, backpressure_level, job_view
+from nopstream.node.view.jobview import DASHBOARD_FILES, JobHistory, backpressure_level, job_view
+from nopstream.node.wire import guard
+from nopstream.node.wire.coordinator_api import CoordinatorRoutes
 from nopstream.plan import compiler
 from nopstream.plan.epochs import EpochKind
 from nopstream.runtime.metrics import TaskStats

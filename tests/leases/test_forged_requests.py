@@ -28,7 +28,7 @@ from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
 from nopstream.model.load import load_file
-from nopstream.node import guard
+from nopstream.node.wire import guard
 from nopstream.plan import compiler
 from nopstream.runtime.codec import DEFAULT_CODEC
 from nopstream.runtime.frames import Hello, Refused, decode, encode

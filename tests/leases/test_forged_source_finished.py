@@ -15,7 +15,7 @@ from collections import Counter
 
 import aiohttp
 
-from nopstream.node import guard
+from nopstream.node.wire import guard
 from tests.leases.test_forged_requests import COUNT, output, start, wait_for
 
 

@@ -25,7 +25,7 @@ from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
 from nopstream.model.load import load_data
-from nopstream.node import guard
+from nopstream.node.wire import guard
 from nopstream.plan import compiler
 from tests.conftest import ROOT
 

@@ -8,8 +8,10 @@ import time
 import aiohttp
 
 from nopstream.model.load import load_data
-from nopstream.node import guard
-from nopstream.node.taskserver import TaskIdentity, TaskServer, build_task
+from nopstream.node.tasklife import build_task
+from nopstream.node.wire import guard
+from nopstream.node.wire.messages import TaskIdentity
+from nopstream.node.wire.taskserver import TaskServer
 from nopstream.plan import compiler
 from nopstream.runtime.codec import DEFAULT_CODEC
 from nopstream.runtime.frames import Hello, Welcome, decode, encode

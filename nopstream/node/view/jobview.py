@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from nopstream.plan.epochs import EpochKind
@@ -28,6 +29,8 @@ SAMPLE_SECONDS = 1.0
 SAMPLES_KEPT = 300
 LOW, HIGH = 0.10, 0.50
 API_VERSION = 1
+DASHBOARD_FILES = Path(__file__).parent / "dashboard"
+"""The dashboard's page, its script and its vendored libraries."""
 
 
 def wall_ms() -> int:

@@ -13,7 +13,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from nopstream.node import guard
+from nopstream.node.wire import guard
 
 
 class CoordinatorError(Exception):
@@ -47,7 +47,7 @@ class CoordinatorClient:
         return tuple(int(epoch) for epoch in answer.get("savepoints", []))
 
     def job_view(self) -> dict[str, Any]:
-        """The job's view (`node.jobview`), as the dashboard reads it."""
+        """The job's view (`node.view.jobview`), as the dashboard reads it."""
         return self._ask("GET", "/api/v1/job")
 
     def _ask(self, method: str, path: str) -> dict[str, Any]:

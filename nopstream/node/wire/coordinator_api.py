@@ -8,14 +8,14 @@ runner's control server (`nopstream run`) and each coordinator process
   POST /stats {taskId, run, recordsIn, recordsOut, ...}       a task's counters (`TaskStats`)
   POST /failed {taskId, run, error[, refused]}                a task failed (its traceback)
   POST /savepoint  (`?stop=true`: stop at it, for an upgrade)  make the next epoch a savepoint
-  GET  /api/v1/job                                            the job's view (`node.jobview`)
+  GET  /api/v1/job                                            the job's view (`node.view.jobview`)
   GET  /dashboard/                                            the dashboard's page (open: no data)
   GET  /metrics                                               Prometheus metrics
 A task's message without its task id and run is refused with 400, one for a run this
 coordinator does not lead with 409, and an ACK or source-finished while it leads no
 run with 503 (tasks retry it). `CoordinatorLink` is the one client of these routes
 (every task's), `TaskCommands` the one client of the tasks' commands
-(`node.taskserver`): barrier, commit and status, fenced by run and token.
+(`node.wire.taskserver`): barrier, commit and status, fenced by run and token.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -35,10 +34,10 @@ from nopstream.checkpoint.epochs import Ack, EpochCoordinator
 from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.errors import Fenced
 from nopstream.errors import Refusal
-from nopstream.node.epoch_metrics import CoordinatorCollector
-from nopstream.node.guard import Guard, GuardCollector, healthz, int_field, json_body
-from nopstream.node.jobview import JobHistory, job_view
-from nopstream.node.taskserver import Command, TaskIdentity, TaskStatus
+from nopstream.node.view.epoch_metrics import CoordinatorCollector
+from nopstream.node.view.jobview import DASHBOARD_FILES, JobHistory, job_view
+from nopstream.node.wire.guard import Guard, GuardCollector, healthz, int_field, json_body
+from nopstream.node.wire.messages import Command, TaskIdentity, TaskStatus
 from nopstream.plan.epochs import EpochKind
 from nopstream.runtime.metrics import TaskStats, exposition
 from nopstream.runtime.task import Task
@@ -47,7 +46,6 @@ log = logging.getLogger(__name__)
 RETRY = 0.2
 STATS_INTERVAL = 0.5
 DASHBOARD_PATH = "/dashboard/"
-DASHBOARD_FILES = Path(__file__).parent / "dashboard"  # the page, its script and vendored libraries
 
 
 Failed = Callable[[str, str, Refusal | None], None]
