@@ -276,7 +276,7 @@ def test_a_run_that_does_not_end_is_reported_with_where_each_process_waits(tmp_p
     assert re.fullmatch(
         r"chaos: chaos-\w+-clean: the job did not finish within 12s; where its processes wait:", first
     ), result.err
-    assert re.match(r"runner\.err \(pid \d+\)", waits[0]) and "supervisor.py" in waits[1], result.err
+    assert re.match(r"runner\.log \(pid \d+\)", waits[0]) and "supervisor.py" in waits[1], result.err
     assert re.search(r"  thread MainThread: chaosfns\.py:\d+ stall <- ", result.err), result.err
     # the leader waits on them: for their status, to take its first barrier, or for its ACKs
     waits_on_tasks = r"  task run \d+: .*(coordinator_api\.py:\d+ (status|barrier)|epochs\.py:\d+ _take)"
