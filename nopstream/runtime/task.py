@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TypeVar
 
 import orjson
 
@@ -51,8 +50,6 @@ from nopstream.runtime.pacing import LoopHold, TaskSettings, next_batch_size, wa
 from nopstream.runtime.sink_calls import SinkCalls
 from nopstream.runtime.taskports import TaskIO, TaskListener, input_channels
 from nopstream.runtime.watermarks import InputWatermarks, WatermarkGenerator, timestamp_function
-
-T = TypeVar("T")
 
 
 class Task:
