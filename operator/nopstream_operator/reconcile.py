@@ -2,8 +2,9 @@
 
 `observed.observe` reads the StreamJob, its pods and (once its plan is known) the job in
 etcd, and changes nothing. `observed.validate` is the compiler's validation, the same
-function as `nopstream validate`. The pass here decides; `acts` writes status, Events and
-pod deletions, `changes` answers changes of the spec. Its status is a write-ahead log:
+function as `nopstream validate`. `decide` says what a run's pods need from the observation
+alone; the pass here carries it out, `acts` writes status, Events and pod deletions,
+`changes` answers changes of the spec. Its status is a write-ahead log:
 the target run and plan are recorded in status before any pod is touched, so a pass
 interrupted anywhere is finished by the next. A pass over a job whose world is as it should be writes nothing.
 
