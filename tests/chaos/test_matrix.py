@@ -29,7 +29,7 @@ from tests.lookup_server import LookupServer, lookup_server
 KILLS = 4
 MODES = ["run", "etcd"]
 PACED = {"NOPSTREAM_BATCH_SIZE": "100", "NOPSTREAM_BATCH_TARGET_MS": "10"}
-ETCD_PACE = {"CHAOS_PACE": "0.006"}
+ETCD_PACE = {"CHAOS_PACE": "0.008"}
 ETCD_KILLS = 2
 """With --etcd a dead coordinator leads again only once its lease ran out (`supervisor.LEASE_TTL`,
 4 s), while the tasks read on, and a recovery starts new task processes (not forks): at the

@@ -120,7 +120,7 @@ def test_the_wheel_installs_and_runs_an_example_on_this_python(wheel, house, tmp
     )
     check = (
         "import importlib.resources, nopstream_operator.handlers, kopf, sys;"
-        "d = importlib.resources.files('nopstream') / 'node' / 'dashboard';"
+        "d = importlib.resources.files('nopstream') / 'node' / 'view' / 'dashboard';"
         "print(sys.version_info[:2], sorted(p.name for p in d.iterdir() if p.suffix in ('.html', '.js')))"
     )
     printed = run(venv / "bin" / "python", "-c", check, cwd=tmp_path, env=env)
