@@ -23,9 +23,13 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nopstream.local import children
 from nopstream.local.children import Child
+
+if TYPE_CHECKING:
+    from e2e.certs import Pki
 
 CACHE = Path(os.environ.get("NOPSTREAM_CACHE", Path.home() / ".cache" / "nopstream"))
 BIN = CACHE / "bin"
@@ -220,6 +224,8 @@ class Postgres:
     password: str
     data_dir: Path = field(repr=False)
     workdir: Path = field(repr=False)
+    tls: PostgresTls | None = None
+    """A client's TLS files (server verified, client certificate for the server's own user)."""
 
     @property
     def env(self) -> dict[str, str]:
@@ -228,8 +234,12 @@ class Postgres:
 
     @property
     def conninfo(self) -> str:
-        """A libpq connection string for the `postgres` database."""
-        return f"host=127.0.0.1 port={self.port} dbname=postgres user={self.user} password={self.password}"
+        """A libpq connection string for the `postgres` database (over verified TLS when it has TLS)."""
+        info = f"host=127.0.0.1 port={self.port} dbname=postgres user={self.user} password={self.password}"
+        if self.tls is not None:
+            t = self.tls
+            info += f" sslmode=verify-full sslrootcert={t.ca} sslcert={t.cert} sslkey={t.key}"
+        return info
 
     def stop(self, grace: float = 10.0) -> None:
         """Stop the server by PID: a fast shutdown (SIGINT: sessions ended, prepared transactions
@@ -242,7 +252,7 @@ class Postgres:
         """Stop the server and, `down` seconds later, start it again on the same port and data."""
         self.stop()
         time.sleep(down)
-        self.process = _postgres_process(self.workdir, self.data_dir, self.port)
+        self.process = _postgres_process(self.workdir, self.data_dir, self.port, tls=self.tls is not None)
         _wait_postgres(self)
 
     def close(self) -> None:
@@ -256,7 +266,18 @@ def _postgres_user() -> str | None:
     return "postgres" if os.geteuid() == 0 else None
 
 
-def _postgres_process(workdir: Path, data: Path, port: int, *, prepared: int = 64) -> Child:
+@dataclass(frozen=True)
+class PostgresTls:
+    """The files a client of a TLS test server uses."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def _postgres_process(
+    workdir: Path, data: Path, port: int, *, prepared: int = 64, tls: bool = False
+) -> Child:
     argv = [
         str(PG_BIN / "postgres"),
         "-D",
@@ -272,6 +293,9 @@ def _postgres_process(workdir: Path, data: Path, port: int, *, prepared: int = 6
         "-c",
         "fsync=on",
     ]
+    if tls:  # the files `_serve_tls` put in the data directory
+        argv += ["-c", "ssl=on", "-c", "ssl_cert_file=server.crt", "-c", "ssl_key_file=server.key"]
+        argv += ["-c", "ssl_ca_file=ca.crt"]
     return spawn("postgres", argv, log=workdir / "postgres.log", user=_postgres_user())
 
 
@@ -288,8 +312,27 @@ def _wait_postgres(pg: Postgres) -> None:
     wait_until("postgres", ready, process=pg.process)
 
 
-def start_postgres(workdir: Path, *, prepared: int = 64) -> Postgres:
-    """initdb a fresh cluster (superuser `nopstream`, a random password) and start it.
+def _serve_tls(data: Path, user: str | None, pki: Pki) -> PostgresTls:
+    """Make the cluster in `data` take TLS only, with a SCRAM password and a client certificate of its
+    CA for the user it names (pg_hba `clientcert=verify-full`); the client's files."""
+    server = pki.issue("postgres-server", "127.0.0.1", server_names=("localhost",), server_ips=("127.0.0.1",))
+    client = pki.issue("postgres-client", "nopstream")
+    for source, name in ((server.cert, "server.crt"), (server.key, "server.key"), (pki.ca.cert, "ca.crt")):
+        shutil.copy(source, data / name)
+        (data / name).chmod(0o600)
+        if user is not None:
+            shutil.chown(data / name, user, user)
+    (data / "pg_hba.conf").write_text(
+        "local all all scram-sha-256\n"
+        "hostnossl all all 0.0.0.0/0 reject\n"
+        "hostssl all all 127.0.0.1/32 scram-sha-256 clientcert=verify-full\n"
+    )
+    return PostgresTls(pki.ca.cert, client.cert, client.key)
+
+
+def start_postgres(workdir: Path, *, prepared: int = 64, tls: Pki | None = None) -> Postgres:
+    """initdb a fresh cluster (superuser `nopstream`, a random password) and start it; with `tls` (an
+    `e2e.certs.Pki`), it takes only TLS connections with a client certificate of that CA.
 
     The data directory lives in a directory of its own under the system temporary
     directory, owned by the server's user: pytest's directories are private to root.
@@ -318,10 +361,10 @@ def start_postgres(workdir: Path, *, prepared: int = 64) -> Postgres:
         group=user,
     )
     (home / "pw").unlink()
+    client = _serve_tls(data, user, tls) if tls is not None else None
     port = free_port()
-    pg = Postgres(
-        _postgres_process(workdir, data, port, prepared=prepared), port, "nopstream", password, data, workdir
-    )
+    process = _postgres_process(workdir, data, port, prepared=prepared, tls=client is not None)
+    pg = Postgres(process, port, "nopstream", password, data, workdir, client)
     _wait_postgres(pg)
     return pg
 

@@ -41,7 +41,7 @@ from psycopg.rows import dict_row
 
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
 from nopstream.errors import StartRefused
-from nopstream.model.connectors import SECRETS_DIR, PostgresSinkConfig
+from nopstream.model.connectors import SECRETS_DIR, PostgresSinkConfig, PostgresTls
 from nopstream.records import Batch, SinkRecovery, SinkStart
 
 PASSWORD_ENV = "NOPSTREAM_POSTGRES_PASSWORD"
@@ -317,21 +317,78 @@ def password_of(secret_ref: str | None) -> str:
     return os.environ.get(PASSWORD_ENV, "")
 
 
+def tls_options(tls: PostgresTls | None, secret_ref: str | None) -> dict[str, str]:
+    """libpq's TLS parameters for `tls` (none without it): its files, else the mounted Secret's
+    `ca.crt`, `tls.crt` and `tls.key`; StartRefused when a verifying mode has no CA."""
+    if tls is None:
+        return {}
+    mounted = Path(SECRETS_DIR) / secret_ref if secret_ref is not None else None
+
+    def given(path: str | None, key: str) -> str | None:
+        if path is not None or mounted is None or not (mounted / key).is_file():
+            return path
+        return str(mounted / key)
+
+    ca, cert, key = (
+        given(tls.ca_file, "ca.crt"),
+        given(tls.cert_file, "tls.crt"),
+        given(tls.key_file, "tls.key"),
+    )
+    options: dict[str, str] = {"sslmode": tls.mode}
+    if ca is not None:
+        options["sslrootcert"] = ca
+    elif tls.mode != "require":
+        where = f" or ca.crt in Secret '{secret_ref}'" if secret_ref else ""
+        raise StartRefused(f"tls.mode {tls.mode} verifies the server against a CA: give tls.caFile{where}")
+    if cert is not None and key is not None:
+        options |= {"sslcert": cert, "sslkey": key}
+    return options
+
+
+REFUSING = (
+    "password authentication failed",
+    "pg_hba.conf",  # no entry for this client, or one that rejects it
+    "certificate",  # not verified, not for this host, required, unreadable
+    "private key file",
+    "does not exist",
+)
+"""Words of a connection failure no retry can mend (credentials, certificates, a missing database or
+role): a refusal at start. A server that is down or restarting is retried."""
+
+
 def connect(
     config: PostgresSinkConfig | dict[str, Any], *, autocommit: bool = True, **extra: Any
 ) -> psycopg.Connection[Any]:
-    """A connection to the sink's database (its password: `password_of`)."""
+    """A connection to the sink's database (its password: `password_of`; TLS: `tls_options`);
+    StartRefused, in the server's words on one line, for a failure in `REFUSING`."""
     c = config if isinstance(config, PostgresSinkConfig) else PostgresSinkConfig.model_validate(config)
-    return psycopg.connect(
-        host=c.host,
-        port=c.port,
-        dbname=c.database,
-        user=c.user,
-        password=password_of(c.secret_ref),
-        autocommit=autocommit,
-        connect_timeout=10,
-        **extra,
-    )
+    options: dict[str, Any] = {**tls_options(c.tls, c.secret_ref), **extra}
+    try:
+        return psycopg.connect(
+            host=c.host,
+            port=c.port,
+            dbname=c.database,
+            user=c.user,
+            password=password_of(c.secret_ref),
+            autocommit=autocommit,
+            connect_timeout=10,
+            **options,
+        )
+    except psycopg.OperationalError as err:
+        refusal = _refusal(err, c.host, c.port, c.database, c.user)
+        if refusal is None:
+            raise
+        raise refusal from None
+
+
+def _refusal(
+    err: psycopg.OperationalError, host: str, port: int, database: str, user: str
+) -> StartRefused | None:
+    """The refusal a connection failure is, in the server's words, one line; None when a retry may mend it."""
+    said = " ".join(str(err).split())
+    if not any(words in said for words in REFUSING):
+        return None
+    return StartRefused(f"postgresql://{host}:{port}/{database} refused user {user}: {said}")
 
 
 def create_like(config: dict[str, Any], table: str) -> None:
@@ -396,7 +453,15 @@ class PostgresLookup:
             "dbname": s["database"],
             "user": s["user"],
             "password": password_of(s.get("secretRef")),
+            **tls_options(PostgresTls.model_validate(s["tls"]) if s.get("tls") else None, s.get("secretRef")),
         }
+        try:  # once, so that a refusal says so instead of the pool retrying it until its timeout
+            await (await psycopg.AsyncConnection.connect(**conninfo, connect_timeout=10)).close()
+        except psycopg.OperationalError as err:
+            refusal = _refusal(err, s.get("host", "127.0.0.1"), s.get("port", 5432), s["database"], s["user"])
+            if refusal is None:
+                raise
+            raise refusal from None
         pool = AsyncConnectionPool(
             kwargs={**conninfo, "autocommit": True, "row_factory": dict_row},
             min_size=1,

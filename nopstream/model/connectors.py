@@ -174,13 +174,35 @@ SQL_NAME = r"^[a-z_][a-z0-9_]{0,62}$"
 """A PostgreSQL identifier as nopstream writes it: lower case, unquoted, at most 63 bytes."""
 
 
+class PostgresTls(ConnectorConfig):
+    """TLS to a PostgreSQL server (libpq's `sslmode`): the CA its certificate is verified against, and a
+    client certificate for a server that asks for one.
+
+    Files on the machine that runs the task; on a cluster, the connector's Secret
+    (`secretRef`) may hold them instead as `ca.crt`, `tls.crt` and `tls.key`. Without
+    `tls` the connection is libpq's default (TLS when the server offers it, unverified).
+    """
+
+    mode: Literal["require", "verify-ca", "verify-full"] = "verify-full"
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _certificate_with_its_key(self) -> PostgresTls:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("certFile and keyFile go together: a client certificate and its private key")
+        return self
+
+
 class PostgresSinkConfig(ConnectorConfig):
     """A table that receives each epoch's rows in one prepared transaction (TWO_PHASE_COMMIT).
 
     Each record is a mapping whose fields fill `columns` by name (a missing field is
     NULL); `upsert` replaces the row of the same `keys` (ON CONFLICT ... DO UPDATE).
     The password is the key `password` of the Secret `secretRef` names, mounted on a
-    cluster (`SECRETS_DIR`), else NOPSTREAM_POSTGRES_PASSWORD.
+    cluster (`SECRETS_DIR`), else NOPSTREAM_POSTGRES_PASSWORD; the server checks it with
+    SCRAM or MD5, as its pg_hba.conf says. `tls` verifies the server (`PostgresTls`).
     """
 
     host: str = "127.0.0.1"
@@ -192,6 +214,7 @@ class PostgresSinkConfig(ConnectorConfig):
     mode: Literal["insert", "upsert"] = "insert"
     keys: list[str] | None = None
     secret_ref: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+    tls: PostgresTls | None = None
 
     def rows_replace_by_key(self) -> bool:
         """Upsert replaces a key's row."""

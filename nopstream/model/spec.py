@@ -23,6 +23,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from nopstream.model.capabilities import SemanticMode
+from nopstream.model.connectors import PostgresTls
 from nopstream.model.functions import reference
 
 FunctionRef = Annotated[str, BeforeValidator(reference)]
@@ -175,6 +176,8 @@ class LookupSpec(Spec):
     secret_ref: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
     """postgres: the password is this Secret's `password` (mounted on a cluster), else
     NOPSTREAM_POSTGRES_PASSWORD, as the PostgreSQL sink's."""
+    tls: PostgresTls | None = None
+    """postgres: TLS to the server, as the PostgreSQL sink's."""
     cache: LookupCacheSpec | None = None
 
 

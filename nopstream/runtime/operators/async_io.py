@@ -19,7 +19,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from nopstream.errors import StartRefused
+from nopstream.errors import RestoreRefused, StartRefused
 from nopstream.records import Batch
 from nopstream.runtime.functions import resolve
 from nopstream.runtime.operators.base import Context, DeadLetters, StatelessOperator
@@ -82,6 +82,10 @@ class AsyncMap(StatelessOperator):
                 try:
                     result = await self._call(records[i])
                     made[i] = list(result) if self.flat else [result]
+                except (
+                    RestoreRefused
+                ):  # a client that cannot start (a lookup's refused login): no record's fault
+                    raise
                 except Exception as exc:
                     self.dead.at(batch, i, exc)  # raises it unless the operator dead-letters
                 finally:
@@ -106,6 +110,8 @@ class AsyncMap(StatelessOperator):
             try:
                 async with asyncio.timeout(self.timeout_ms / 1000):
                     return await self.fn(record)
+            except RestoreRefused:  # no retry mends it
+                raise
             except TimeoutError as exc:
                 failure: Exception = exc
             except Exception as exc:
