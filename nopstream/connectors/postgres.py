@@ -349,11 +349,13 @@ REFUSING = (
     "password authentication failed",
     "pg_hba.conf",  # no entry for this client, or one that rejects it
     "certificate",  # not verified, not for this host, required, unreadable
+    "SSL error:",  # a handshake that failed on what was presented (a broken chain, an unknown CA)
     "private key file",
     "does not exist",
 )
 """Words of a connection failure no retry can mend (credentials, certificates, a missing database or
-role): a refusal at start. A server that is down or restarting is retried."""
+role): a refusal at start. A server that is down or restarting is retried (a reset during the
+handshake is an "SSL SYSCALL error", not one of these)."""
 
 
 def connect(

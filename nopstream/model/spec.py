@@ -341,6 +341,27 @@ class StreamModel(Spec):
     graph: GraphSpec = Field(alias="model")
 
 
+SecretPath = tuple[str | int, ...]
+
+
+def secret_refs(model: StreamModel) -> list[tuple[SecretPath, str]]:
+    """Every Secret the job names by `secretRef`, with its path in the spec: the S3 storage's, then
+    the sources', sinks' and lookups' (`model`, section, index, ...), in that order."""
+    refs: list[tuple[SecretPath, str | None]] = []
+    if model.checkpoint.storage.s3 is not None:
+        refs.append((("checkpoint", "storage", "s3", "secretRef"), model.checkpoint.storage.s3.secret_ref))
+    connectors: list[tuple[str, int, SourceSpec | SinkSpec]] = [
+        *(("sources", i, node) for i, node in enumerate(model.graph.sources)),
+        *(("sinks", i, node) for i, node in enumerate(model.graph.sinks)),
+    ]
+    for section, i, node in connectors:
+        refs.append((("model", section, i, "config", "secretRef"), node.config.get("secretRef")))
+    for i, op in enumerate(model.graph.operators):
+        if op.lookup is not None:
+            refs.append((("model", "operators", i, "lookup", "secretRef"), op.lookup.secret_ref))
+    return [(at, name) for at, name in refs if isinstance(name, str)]
+
+
 def canonical_model(model: StreamModel) -> dict[str, Any]:
     """The canonical plain-data form: camelCase keys, defaults filled, unset fields left out."""
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from nopstream.cluster.layout import Layout
 from nopstream.model.errors import Issue, ModelError
 from nopstream.model.load import LoadedModel, load_data
-from nopstream.model.spec import SinkSpec, SourceSpec, StreamModel
+from nopstream.model.spec import StreamModel, secret_refs
 from nopstream.model.status import (
     StreamJobStatus,
 )
@@ -164,17 +164,6 @@ def compiled(
 
 def _secret_issues(loaded: LoadedModel, allowed: frozenset[str]) -> list[Issue]:
     """An issue for every `secretRef` of the job that names a Secret not in `allowed`."""
-    model = loaded.model
-    refs: list[tuple[tuple[str | int, ...], str | None]] = []
-    if model.checkpoint.storage.s3 is not None:
-        refs.append((("checkpoint", "storage", "s3", "secretRef"), model.checkpoint.storage.s3.secret_ref))
-    connectors: list[tuple[str, Sequence[SourceSpec | SinkSpec]]] = [
-        ("sources", model.graph.sources),
-        ("sinks", model.graph.sinks),
-    ]
-    for section, nodes in connectors:
-        for i, node in enumerate(nodes):
-            refs.append((("model", section, i, "config", "secretRef"), node.config.get("secretRef")))
     shown = ", ".join(sorted(allowed)) or "none"
     return [
         Issue(
@@ -183,8 +172,8 @@ def _secret_issues(loaded: LoadedModel, allowed: frozenset[str]) -> list[Issue]:
             " jobs.allowedSecrets)",
             "secret-allowed",
         )
-        for at, name in refs
-        if isinstance(name, str) and name not in allowed
+        for at, name in secret_refs(loaded.model)
+        if name not in allowed
     ]
 
 

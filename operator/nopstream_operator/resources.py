@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nopstream.model.connectors import SECRETS_DIR
+from nopstream.model.load import load_data
+from nopstream.model.spec import secret_refs
 from nopstream.node.settings import ADVERTISE, ATTEMPT, HOST, SECRET_FILE, NodeEnv
 from nopstream.plan import compiler
 from nopstream.plan.deployment import TASK_PORT, DeploymentPlan, TaskDeployment, resource_name
@@ -39,6 +41,8 @@ LABEL_LEADER = "nopstream.io/leader"  # "true" on the coordinator pod that leads
 ANNOTATION_FINGERPRINT = "nopstream.io/plan-fingerprint"
 HEALTH_PORT = 7701
 """Where a pod's process answers its liveness probe (`nopstream.node.liveness`)."""
+POD_USER = 10001
+"""The uid and group of every process in a job's pods (never root; the image's USER)."""
 MANAGED = {"app.kubernetes.io/name": "nopstream", "app.kubernetes.io/managed-by": "nopstream-operator"}
 
 
@@ -260,7 +264,7 @@ def _pod(
         {"name": "job-secret", "secret": {"secretName": job_secret_name(deployment.job_id)}},
         *([{"name": "storage-credentials", "secret": {"secretName": storage}}] if storage else []),
         {"name": "scratch", "emptyDir": {"sizeLimit": "256Mi"}},
-        *({"name": f"secret-{i}", "secret": {"secretName": s}} for i, s in enumerate(secrets)),
+        *(connector_secret_volume(f"secret-{i}", s) for i, s in enumerate(secrets)),
     ]
     return {
         "apiVersion": "v1",
@@ -277,7 +281,8 @@ def _pod(
             "automountServiceAccountToken": False,
             "securityContext": {
                 "runAsNonRoot": True,
-                "runAsUser": 10001,
+                "runAsUser": POD_USER,
+                "fsGroup": POD_USER,  # the group of the mounted Secrets' files
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
             "containers": [
@@ -306,16 +311,17 @@ def _pod(
     }
 
 
+def connector_secret_volume(volume: str, secret: str) -> dict[str, Any]:
+    """A volume of a connector's Secret: root's files that the pod's group (its fsGroup, POD_USER)
+    reads and nobody else, the only modes libpq takes for a client key."""
+    return {"name": volume, "secret": {"secretName": secret, "defaultMode": 0o440}}
+
+
 def connector_secrets(job: dict[str, Any]) -> list[str]:
-    """The Secrets the job's sources and sinks name by `secretRef`, mounted at SECRETS_DIR in every pod."""
-    model = (job.get("spec") or {}).get("model") or {}
-    refs = {
-        str(node["config"]["secretRef"])
-        for section in ("sources", "sinks")
-        for node in model.get(section) or []
-        if isinstance(node, dict) and isinstance(node.get("config"), dict) and node["config"].get("secretRef")
-    }
-    return sorted(refs)
+    """The Secrets the job's sources, sinks and lookups name by `secretRef`, mounted at SECRETS_DIR
+    in every pod (the storage's is mounted apart, at STORAGE_CREDENTIALS_MOUNT)."""
+    model = load_data(job, origin=f"streamjob/{job['metadata']['name']}").model
+    return sorted({name for at, name in secret_refs(model) if at[0] == "model"})
 
 
 def task_pod_name(task: TaskDeployment, run: int) -> str:

@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from nopstream_operator.resources import POD_USER, connector_secret_volume
 
 from e2e.cluster import Cluster
 from e2e.netns import ns_inode
@@ -111,9 +112,13 @@ def test_crd_is_accepted_and_a_streamjob_round_trips(cluster):
 
 
 def test_a_scheduled_pod_runs_as_a_container_with_its_env_and_secret(cluster):
+    """Its Secret as an env variable and as the operator mounts a connector's (a client key that libpq
+    takes: root's, 0440, the pod's group)."""
     cluster.kubectl("create", "secret", "generic", "creds", "--from-literal=token=s3cr3t")
+    key = "/var/run/creds/token"
     script = (
-        "import os; print(os.environ['POD_NAME'], os.environ['POD_IP'], os.environ['TOKEN'], os.getuid())"
+        f"import os; s = os.stat('{key}'); e = os.environ; print(e['POD_NAME'], e['POD_IP'], e['TOKEN'],"
+        f" os.getuid(), oct(s.st_mode & 0o777), s.st_uid, s.st_gid, open('{key}').read())"
     )
     env = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -126,7 +131,16 @@ def test_a_scheduled_pod_runs_as_a_container_with_its_env_and_secret(cluster):
         "metadata": {"name": "hello"},
         "spec": {
             "restartPolicy": "Never",
-            "containers": [container("main", ["python", "-c", script], env=env)],
+            "securityContext": {"fsGroup": POD_USER},
+            "containers": [
+                container(
+                    "main",
+                    ["python", "-c", script],
+                    env=env,
+                    volumeMounts=[{"name": "creds", "mountPath": "/var/run/creds", "readOnly": True}],
+                )
+            ],
+            "volumes": [connector_secret_volume("creds", "creds")],
         },
     }
     cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
@@ -141,7 +155,8 @@ def test_a_scheduled_pod_runs_as_a_container_with_its_env_and_secret(cluster):
     assert status["containerID"].startswith("containerd://")
     assert status["state"]["terminated"]["exitCode"] == 0
     # the logs come from the kubelet, through the API server (its kubelet client certificate)
-    assert cluster.kubectl("logs", "hello").stdout == f"hello {ip} s3cr3t 10001\n"  # the image's user
+    said = cluster.kubectl("logs", "hello").stdout
+    assert said == f"hello {ip} s3cr3t 10001 0o440 0 10001 s3cr3t\n"  # the image's user
 
 
 def running_pod(cluster, name: str, command: list[str], **spec) -> dict:

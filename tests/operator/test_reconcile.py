@@ -345,6 +345,13 @@ def test_a_secret_ref_outside_the_allowed_secrets_is_invalid_and_mounts_nothing(
     kube.streamjob["spec"]["checkpoint"]["storage"]["s3"]["secretRef"] = "nopstream-storage"
     passes(ctx, 2)
     assert status(kube)["phase"] != "Invalid"
+    lookup = {"kind": "http", "url": "http://tiers/{word}", "into": "tier", "secretRef": "db-admin"}
+    operators = kube.streamjob["spec"]["model"]["operators"]
+    operators.append({"id": "tier", "type": "lookup", "inputs": [operators[-1]["id"]], "lookup": lookup})
+    kube.streamjob["spec"]["model"]["sinks"][0]["inputs"] = ["tier"]
+    passes(ctx, 2)
+    valid = next(c for c in status(kube)["conditions"] if c["type"] == "Valid")
+    assert valid["message"].startswith("spec.model.operators[3].lookup.secretRef: Secret 'db-admin' is not")
 
 
 def test_etcd_that_lost_the_run_gets_a_new_run_past_it_never_a_run_reused(world):

@@ -92,6 +92,7 @@ def test_a_task_pod_has_its_identity_run_plan_and_probes():
     assert spec["securityContext"] == {
         "runAsNonRoot": True,
         "runAsUser": 10001,
+        "fsGroup": 10001,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     assert c["securityContext"] == {
@@ -187,12 +188,26 @@ def test_operator_replicas_get_distinct_stable_peering_priorities():
     assert peering_priority(names[0]) == priorities[0]
 
 
-def test_the_secrets_that_connectors_name_are_mounted_read_only_in_every_pod():
+def test_the_secrets_that_connectors_and_lookups_name_are_mounted_read_only_in_every_pod():
+    """Root's files the pod's group reads and nobody else (0440, fsGroup): libpq refuses a client key
+    that others may read."""
     job = {**JOB, "spec": {**JOB["spec"], "model": {**JOB["spec"]["model"]}}}
+    lookup = {"kind": "postgres", "database": "d", "user": "u", "query": "SELECT 1", "into": "r"}
+    lookup["secretRef"] = "lookup-cred"
+    job["spec"]["model"]["operators"] = [
+        *JOB["spec"]["model"]["operators"],
+        {
+            "id": "tier",
+            "type": "lookup",
+            "inputs": ["count"],
+            "lookup": {**lookup, "secretRef": "lookup-cred"},
+        },
+    ]
     job["spec"]["model"]["sinks"] = [
         {
             "id": "db",
             "type": "postgres",
+            "inputs": ["tier"],
             "config": {"database": "d", "user": "u", "table": "t", "columns": ["c"], "secretRef": "pg-cred"},
         }
     ]
@@ -202,8 +217,13 @@ def test_the_secrets_that_connectors_name_are_mounted_read_only_in_every_pod():
         coordinator_pod(job, p.deployment, "c-0", SETTINGS),
     ):
         spec = pod["spec"]
-        assert spec["volumes"][-1:] == [{"name": "secret-0", "secret": {"secretName": "pg-cred"}}]
+        assert spec["volumes"][-2:] == [
+            {"name": "secret-0", "secret": {"secretName": "lookup-cred", "defaultMode": 0o440}},
+            {"name": "secret-1", "secret": {"secretName": "pg-cred", "defaultMode": 0o440}},
+        ]
+        assert spec["securityContext"]["fsGroup"] == 10001
         mounts = spec["containers"][0]["volumeMounts"]
-        assert mounts[-1:] == [
-            {"name": "secret-0", "mountPath": "/var/run/secrets/nopstream/pg-cred", "readOnly": True}
+        assert mounts[-2:] == [
+            {"name": "secret-0", "mountPath": "/var/run/secrets/nopstream/lookup-cred", "readOnly": True},
+            {"name": "secret-1", "mountPath": "/var/run/secrets/nopstream/pg-cred", "readOnly": True},
         ]
