@@ -225,7 +225,7 @@ def test_the_password_comes_from_the_mounted_secret_when_one_is_named(
     (tmp_path / "pg-cred" / "password").write_text(postgres_server.password + "\n")
     sink = PostgresSink(config(postgres_server, database, secretRef="pg-cred"), name=NAME)
     sink.recover(SinkStart(None))  # connects with the mounted password
-    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+    with pytest.raises(StartRefused, match='password authentication failed for user "nopstream"'):
         PostgresSink(config(postgres_server, database), name=NAME).recover(SinkStart(None))
 
 
