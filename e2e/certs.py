@@ -90,10 +90,15 @@ class Pki:
         server_names: tuple[str, ...] = (),
         server_ips: tuple[str, ...] = (),
         client: bool = True,
+        expired: bool = False,
     ) -> KeyPair:
-        """A certificate for `cn` (client, and serving when names or IPs are given)."""
+        """A certificate for `cn` (client, and serving when names or IPs are given); an `expired` one
+        ended a day ago."""
         key = _key()
         now = datetime.datetime.now(datetime.UTC)
+        starts, ends = now - datetime.timedelta(minutes=5), now + _VALID
+        if expired:
+            starts, ends = now - _VALID, now - datetime.timedelta(days=1)
         usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
         builder = (
             x509.CertificateBuilder()
@@ -101,8 +106,8 @@ class Pki:
             .issuer_name(self._ca_cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + _VALID)
+            .not_valid_before(starts)
+            .not_valid_after(ends)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         )
         if server_names or server_ips:

@@ -29,7 +29,7 @@ from nopstream.local import children
 from nopstream.local.children import Child
 
 if TYPE_CHECKING:
-    from e2e.certs import Pki
+    from e2e.certs import KeyPair, Pki
 
 CACHE = Path(os.environ.get("NOPSTREAM_CACHE", Path.home() / ".cache" / "nopstream"))
 BIN = CACHE / "bin"
@@ -411,12 +411,13 @@ class KafkaListeners:
     advertised: tuple[str, int]
     controller: tuple[str, int]
     pods: tuple[str, int] | None = None
+    auth: KafkaAuth | None = None
 
     @classmethod
-    def loopback(cls) -> KafkaListeners:
-        """Free loopback ports of this machine."""
+    def loopback(cls, auth: KafkaAuth | None = None) -> KafkaListeners:
+        """Free loopback ports of this machine (and the listeners of `auth`)."""
         port = free_port()
-        return cls(("127.0.0.1", port), ("127.0.0.1", port), ("127.0.0.1", free_port()))
+        return cls(("127.0.0.1", port), ("127.0.0.1", port), ("127.0.0.1", free_port()), auth=auth)
 
     def properties(self) -> list[str]:
         """The server.properties lines of these listeners."""
@@ -427,7 +428,13 @@ class KafkaListeners:
             listeners.append("PODS://{}:{}".format(*self.pods))
             advertised.append("PODS://{}:{}".format(*self.pods))
             protocols.append("PODS:PLAINTEXT")
+        if self.auth is not None:
+            for name, (host, port) in (("SASL_SSL", self.auth.sasl_ssl), ("SSL", self.auth.ssl)):
+                listeners.append(f"{name}://{host}:{port}")
+                advertised.append(f"{name}://{host}:{port}")
+                protocols.append(f"{name}:{name}")
         return [
+            *(self.auth.properties() if self.auth is not None else []),
             f"controller.quorum.voters=1@{self.controller[0]}:{self.controller[1]}",
             f"listeners={','.join(listeners)}",
             f"advertised.listeners={','.join(advertised)}",
@@ -435,6 +442,68 @@ class KafkaListeners:
             # the broker talks to itself on the pods' listener when there is one: its
             # advertised client address may be a forward that only this machine reaches
             f"inter.broker.listener.name={'PODS' if self.pods is not None else 'PLAINTEXT'}",
+        ]
+
+
+@dataclass(frozen=True)
+class KafkaAuth:
+    """Two loopback listeners of a broker that authenticate every client, and the files they need:
+    SASL_SSL (PLAIN and SCRAM-SHA-256/512 for each of `users`), and SSL requiring a client
+    certificate of the CA. The broker's certificate names 127.0.0.1 and localhost."""
+
+    sasl_ssl: tuple[str, int]
+    ssl: tuple[str, int]
+    users: tuple[tuple[str, str], ...]  # (name, password)
+    ca: Path
+    keystore: Path  # the broker's key and certificate in one PEM file
+    client: KeyPair  # a client certificate of the CA, for `nopstream`
+
+    @classmethod
+    def issue(cls, pki: Pki, users: dict[str, str]) -> KafkaAuth:
+        """Certificates of `pki` for the broker and a client, on free loopback ports."""
+        server = pki.issue(
+            "kafka-server", "127.0.0.1", server_names=("localhost",), server_ips=("127.0.0.1",)
+        )
+        keystore = pki.dir / "kafka-server.pem"
+        keystore.write_bytes(server.key.read_bytes() + server.cert.read_bytes())
+        client = pki.issue("kafka-client", "nopstream")
+        ports = ("127.0.0.1", free_port()), ("127.0.0.1", free_port())
+        return cls(*ports, tuple(users.items()), pki.ca.cert, keystore, client)
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        """`bootstrap.servers` of the SASL_SSL listener."""
+        return "{}:{}".format(*self.sasl_ssl)
+
+    @property
+    def ssl_bootstrap(self) -> str:
+        """`bootstrap.servers` of the SSL listener."""
+        return "{}:{}".format(*self.ssl)
+
+    def properties(self) -> list[str]:
+        """The server.properties lines of both listeners (besides their addresses)."""
+        plain = " ".join(f'user_{name}="{password}"' for name, password in self.users)
+        scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        return [
+            "ssl.keystore.type=PEM",
+            f"ssl.keystore.location={self.keystore}",
+            "ssl.truststore.type=PEM",
+            f"ssl.truststore.location={self.ca}",
+            "listener.name.sasl_ssl.sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+            "listener.name.sasl_ssl.plain.sasl.jaas.config="
+            f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain};",
+            f"listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config={scram}",
+            f"listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config={scram}",
+            "listener.name.ssl.ssl.client.auth=required",
+        ]
+
+    def format_arguments(self) -> list[str]:
+        """StorageTool's arguments that store the SCRAM credentials of `users` (in KRaft's log)."""
+        return [
+            argument
+            for name, password in self.users
+            for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512")
+            for argument in ("--add-scram", f"{mechanism}=[name={name},password={password}]")
         ]
 
 
@@ -487,17 +556,19 @@ def start_kafka(
     *,
     listeners: KafkaListeners | None = None,
     wrap: Callable[[list[str]], list[str]] = lambda argv: argv,
+    auth: KafkaAuth | None = None,
 ) -> Kafka:
     """Format a fresh KRaft log directory and start the broker (replication factors 1).
 
     By default it listens on free loopback ports; `wrap` runs its JVM some other way
     (inside the test cluster's namespace, say), `listeners` says where it listens then.
+    With `auth` it also listens where `auth` says, authenticating every client there.
     """
     import base64
     import uuid
 
     workdir.mkdir(parents=True, exist_ok=True)
-    listeners = listeners or KafkaListeners.loopback()
+    listeners = listeners or KafkaListeners.loopback(auth)
     config = workdir / "server.properties"
     config.write_text(
         "\n".join(
@@ -521,7 +592,11 @@ def start_kafka(
     )
     cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     formatted = subprocess.run(
-        [*_java(workdir), "kafka.tools.StorageTool", "format", f"--cluster-id={cluster}", "-c", str(config)],
+        [
+            *_java(workdir),
+            *("kafka.tools.StorageTool", "format", f"--cluster-id={cluster}", "-c", str(config)),
+            *(listeners.auth.format_arguments() if listeners.auth is not None else []),
+        ],
         capture_output=True,
         text=True,
     )

@@ -46,16 +46,15 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+from confluent_kafka.admin._metadata import ClusterMetadata
 
 from nopstream.connectors.event_time import SplitHighs
+from nopstream.connectors.kafka_clients import TIMEOUT, admin, client_config, consumer, reach
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
 from nopstream.errors import BadInput, StartRefused
 from nopstream.model.connectors import KafkaSinkConfig, KafkaSourceConfig
 from nopstream.plan.keys import stable_hash
 from nopstream.records import MIN_TIMESTAMP, Batch, SinkRecovery, SinkStart, Unreadable
-
-_TIMEOUT = 30.0  # seconds for a metadata request, init_transactions or a commit
-_QUIET = {"log_level": 3}  # librdkafka logs errors only; they come back as exceptions too
 
 
 def _decode(value: bytes | None, fmt: str) -> Any:
@@ -114,15 +113,16 @@ class KafkaSource:
         self.subtask = subtask
         self.parallelism = parallelism
         self._pattern = re.compile(self.config.topic_pattern) if self.config.topic_pattern else None
-        self.consumer = _consumer(
-            self.config.bootstrap_servers, **{"enable.auto.offset.store": False, "auto.offset.reset": "error"}
+        cluster = reach(self.config, self.config.topic)  # first: it refuses what no retry mends
+        self.consumer = consumer(
+            self.config, **{"enable.auto.offset.store": False, "auto.offset.reset": "error"}
         )
         self.cursors: dict[Split, int] = {}
         self.ends: dict[Split, int] | None = {} if self.config.bounded else None
         self.event_times: SplitHighs[Split] = SplitHighs()
         self._last_read: dict[Split, float] = {}
         self._discovered_at = self._started = clock()
-        for split in self._splits():
+        for split in self._splits(cluster):
             self.cursors[split] = self._start_offset(split)
             if self.ends is not None:
                 self.ends[split] = self._watermarks(split)[1]
@@ -133,24 +133,25 @@ class KafkaSource:
         topic, partition = split
         return (stable_hash(topic) + partition) % self.parallelism == self.subtask
 
-    def _splits(self) -> list[Split]:
-        """This subtask's partitions of the topic (or of the topics matching the pattern);
-        StartRefused when the topic does not exist."""
+    def _splits(self, cluster: ClusterMetadata) -> list[Split]:
+        """This subtask's partitions of the topic (or of the topics matching the pattern) in the
+        cluster's metadata; StartRefused when the topic does not exist."""
         c = self.config
         if self._pattern is None:
             assert c.topic is not None  # the config has a topic or a pattern
-            meta = self.consumer.list_topics(c.topic, timeout=_TIMEOUT).topics.get(c.topic)
+            meta = cluster.topics.get(c.topic)
             if meta is None or meta.error is not None:
                 raise StartRefused(f"kafka source: topic '{c.topic}' does not exist on {c.bootstrap_servers}")
             topics = {c.topic: meta}
         else:
-            found = self.consumer.list_topics(timeout=_TIMEOUT).topics
-            topics = {t: m for t, m in found.items() if self._pattern.fullmatch(t) and m.error is None}
+            topics = {
+                t: m for t, m in cluster.topics.items() if self._pattern.fullmatch(t) and m.error is None
+            }
         every = ((t, p) for t, meta in topics.items() for p in meta.partitions)
         return sorted(split for split in every if self._owns(split))
 
     def _watermarks(self, split: Split) -> tuple[int, int]:
-        low, high = self.consumer.get_watermark_offsets(TopicPartition(*split), timeout=_TIMEOUT)
+        low, high = self.consumer.get_watermark_offsets(TopicPartition(*split), timeout=TIMEOUT)
         return int(low), int(high)
 
     def _start_offset(self, split: Split) -> int:
@@ -160,7 +161,7 @@ class KafkaSource:
         if self.config.starting_offsets == "latest":
             return high
         at = self.consumer.offsets_for_times(
-            [TopicPartition(*split, self.config.start_timestamp_ms or 0)], timeout=_TIMEOUT
+            [TopicPartition(*split, self.config.start_timestamp_ms or 0)], timeout=TIMEOUT
         )[0]
         return int(at.offset) if at.offset >= 0 else high
 
@@ -179,7 +180,8 @@ class KafkaSource:
         if self._clock() - self._discovered_at < interval / 1000:
             return
         self._discovered_at = self._clock()
-        new = [s for s in self._splits() if s not in self.cursors]
+        cluster = self.consumer.list_topics(self.config.topic, timeout=TIMEOUT)
+        new = [s for s in self._splits(cluster) if s not in self.cursors]
         for split in new:
             self.cursors[split] = self._watermarks(split)[0]
         if new:
@@ -309,14 +311,12 @@ class KafkaSink(StagedSink):
     def marker(self) -> Consumer:
         """The consumer whose group holds the published epoch (its committed offset)."""
         if self._marker is None:
-            self._marker = _consumer(
-                self.config.bootstrap_servers, **{"group.id": f"nopstream.{self.sink_id}"}
-            )
+            self._marker = consumer(self.config, **{"group.id": f"nopstream.{self.sink_id}"})
         return self._marker
 
     def _read_marker(self) -> tuple[int, int]:
         """(lineage, epoch) of the last published epoch; (0, 0) before the first."""
-        (tp,) = self.marker.committed([TopicPartition(self.config.topic, 0)], timeout=_TIMEOUT)
+        (tp,) = self.marker.committed([TopicPartition(self.config.topic, 0)], timeout=TIMEOUT)
         if tp.error is not None:
             raise KafkaException(tp.error)
         if tp.offset == OFFSET_INVALID or tp.offset < 0:
@@ -330,15 +330,14 @@ class KafkaSink(StagedSink):
         if self._producer is None:
             producer = Producer(
                 {
-                    "bootstrap.servers": self.config.bootstrap_servers,
+                    **client_config(self.config),
                     "transactional.id": f"nopstream.{self.sink_id}",
                     "transaction.timeout.ms": self.config.transaction_timeout_ms,
                     "enable.idempotence": True,
                     "linger.ms": 5,
-                    **_QUIET,
                 }
             )
-            producer.init_transactions(_TIMEOUT)
+            producer.init_transactions(TIMEOUT)
             self._producer = producer
         return self._producer
 
@@ -383,8 +382,8 @@ class KafkaSink(StagedSink):
                     producer.poll(0.05)
             producer.poll(0)
         marker = TopicPartition(c.topic, 0, epoch, f"lineage={lineage}")
-        producer.send_offsets_to_transaction([marker], self.marker.consumer_group_metadata(), _TIMEOUT)
-        producer.commit_transaction(_TIMEOUT)
+        producer.send_offsets_to_transaction([marker], self.marker.consumer_group_metadata(), TIMEOUT)
+        producer.commit_transaction(TIMEOUT)
         self.published = (lineage, epoch)
 
     # recovery
@@ -393,7 +392,7 @@ class KafkaSink(StagedSink):
         """Fence earlier producers, read the marker, then the rule of every start (`StagedSink.recover`)."""
         self._open = []
         self._producer = None
-        topics = self.marker.list_topics(self.config.topic, timeout=_TIMEOUT).topics
+        topics = reach(self.config, self.config.topic).topics
         if self.config.topic not in topics or topics[self.config.topic].error is not None:
             raise StartRefused(
                 f"kafka sink '{self.name.operator_id}': topic '{self.config.topic}' does not exist on"
@@ -421,63 +420,43 @@ class KafkaSink(StagedSink):
         """End of input: the open epoch waits for the final barrier."""
 
 
-def _consumer(bootstrap: str, **extra: Any) -> Consumer:
-    """A read_committed consumer that commits nothing by itself; a group only when `extra` names one."""
-    # librdkafka wants a group.id; without one of ours no group is joined or committed to
-    config = {
-        "group.id": "nopstream-unused",
-        "enable.auto.commit": False,
-        "isolation.level": "read_committed",
-    }
-    return Consumer({"bootstrap.servers": bootstrap, **config, **_QUIET, **extra})
-
-
 def create_like(config: dict[str, Any], topic: str) -> None:
     """Create `topic` with the partitions of the sink's topic (`nopstream chaos`: a run's own output)."""
-    from confluent_kafka.admin import AdminClient
     from confluent_kafka.cimpl import NewTopic
 
     c = KafkaSinkConfig.model_validate(config)
-    consumer = _consumer(c.bootstrap_servers)
-    try:
-        meta = consumer.list_topics(c.topic, timeout=_TIMEOUT).topics.get(c.topic)
-        partitions = len(meta.partitions) if meta is not None and meta.error is None else 1
-    finally:
-        consumer.close()
-    admin = AdminClient({"bootstrap.servers": c.bootstrap_servers, **_QUIET})
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-        future.result(_TIMEOUT)
+    meta = reach(c, c.topic).topics.get(c.topic)
+    partitions = len(meta.partitions) if meta is not None and meta.error is None else 1
+    for future in admin(c).create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result(TIMEOUT)
 
 
 def topic_records(config: dict[str, Any]) -> list[Any]:
     """Every committed record of the sink's topic, from the beginning (read_committed)."""
     c = KafkaSinkConfig.model_validate(config)
-    consumer = _consumer(c.bootstrap_servers)
+    reader = consumer(c)
     try:
-        meta = consumer.list_topics(c.topic, timeout=_TIMEOUT).topics[c.topic]
+        meta = reader.list_topics(c.topic, timeout=TIMEOUT).topics[c.topic]
         ends = {}
         for p in meta.partitions:
-            _, ends[p] = consumer.get_watermark_offsets(TopicPartition(c.topic, p), timeout=_TIMEOUT)
-        consumer.assign([TopicPartition(c.topic, p, 0) for p in ends])
+            _, ends[p] = reader.get_watermark_offsets(TopicPartition(c.topic, p), timeout=TIMEOUT)
+        reader.assign([TopicPartition(c.topic, p, 0) for p in ends])
         out: list[Any] = []
         todo = {p for p, end in ends.items() if end > 0}
         while todo:
-            for m in consumer.consume(500, timeout=0.2):
+            for m in reader.consume(500, timeout=0.2):
                 if m.error() is None:
                     out.append(_decode(m.value(), c.format))
-            for tp in consumer.position([TopicPartition(c.topic, p) for p in todo]):
+            for tp in reader.position([TopicPartition(c.topic, p) for p in todo]):
                 if tp.offset >= ends[tp.partition]:  # read_committed moves past markers and aborted records
                     todo.discard(tp.partition)
         return out
     finally:
-        consumer.close()
+        reader.close()
 
 
 def delete_topic(config: dict[str, Any]) -> None:
     """Delete the sink's topic (`nopstream chaos`, once a run's output compared equal)."""
-    from confluent_kafka.admin import AdminClient
-
     c = KafkaSinkConfig.model_validate(config)
-    admin = AdminClient({"bootstrap.servers": c.bootstrap_servers, **_QUIET})
-    for future in admin.delete_topics([c.topic]).values():
-        future.result(_TIMEOUT)
+    for future in admin(c).delete_topics([c.topic]).values():
+        future.result(TIMEOUT)

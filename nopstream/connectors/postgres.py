@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import re
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -39,9 +37,10 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from nopstream.connectors.credentials import password, tls_paths
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
 from nopstream.errors import StartRefused
-from nopstream.model.connectors import SECRETS_DIR, PostgresSinkConfig, PostgresTls
+from nopstream.model.connectors import PostgresSinkConfig, PostgresTls
 from nopstream.records import Batch, SinkRecovery, SinkStart
 
 PASSWORD_ENV = "NOPSTREAM_POSTGRES_PASSWORD"
@@ -308,32 +307,12 @@ def _row_json(columns: list[str], row: tuple[Any, ...]) -> str:
     return orjson.dumps(dict(zip(columns, row, strict=True))).decode()
 
 
-def password_of(secret_ref: str | None) -> str:
-    """The mounted Secret's `password` when `secret_ref` names one that is mounted, else the environment's."""
-    if secret_ref is not None:
-        mounted = Path(SECRETS_DIR) / secret_ref / "password"
-        if mounted.is_file():
-            return mounted.read_text().rstrip("\n")
-    return os.environ.get(PASSWORD_ENV, "")
-
-
 def tls_options(tls: PostgresTls | None, secret_ref: str | None) -> dict[str, str]:
-    """libpq's TLS parameters for `tls` (none without it): its files, else the mounted Secret's
-    `ca.crt`, `tls.crt` and `tls.key`; StartRefused when a verifying mode has no CA."""
+    """libpq's TLS parameters for `tls` (none without it), its files by `credentials.tls_paths`;
+    StartRefused when a verifying mode has no CA."""
     if tls is None:
         return {}
-    mounted = Path(SECRETS_DIR) / secret_ref if secret_ref is not None else None
-
-    def given(path: str | None, key: str) -> str | None:
-        if path is not None or mounted is None or not (mounted / key).is_file():
-            return path
-        return str(mounted / key)
-
-    ca, cert, key = (
-        given(tls.ca_file, "ca.crt"),
-        given(tls.cert_file, "tls.crt"),
-        given(tls.key_file, "tls.key"),
-    )
+    ca, cert, key = tls_paths(tls, secret_ref)
     options: dict[str, str] = {"sslmode": tls.mode}
     if ca is not None:
         options["sslrootcert"] = ca
@@ -361,7 +340,7 @@ handshake is an "SSL SYSCALL error", not one of these)."""
 def connect(
     config: PostgresSinkConfig | dict[str, Any], *, autocommit: bool = True, **extra: Any
 ) -> psycopg.Connection[Any]:
-    """A connection to the sink's database (its password: `password_of`; TLS: `tls_options`);
+    """A connection to the sink's database (its password: `credentials.password`; TLS: `tls_options`);
     StartRefused, in the server's words on one line, for a failure in `REFUSING`."""
     c = config if isinstance(config, PostgresSinkConfig) else PostgresSinkConfig.model_validate(config)
     options: dict[str, Any] = {**tls_options(c.tls, c.secret_ref), **extra}
@@ -371,7 +350,7 @@ def connect(
             port=c.port,
             dbname=c.database,
             user=c.user,
-            password=password_of(c.secret_ref),
+            password=password(c.secret_ref, PASSWORD_ENV),
             autocommit=autocommit,
             connect_timeout=10,
             **options,
@@ -454,7 +433,7 @@ class PostgresLookup:
             "port": s.get("port", 5432),
             "dbname": s["database"],
             "user": s["user"],
-            "password": password_of(s.get("secretRef")),
+            "password": password(s.get("secretRef"), PASSWORD_ENV),
             **tls_options(PostgresTls.model_validate(s["tls"]) if s.get("tls") else None, s.get("secretRef")),
         }
         try:  # once, so that a refusal says so instead of the pool retrying it until its timeout

@@ -94,7 +94,75 @@ KAFKA_TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
 """A Kafka topic name."""
 
 
-class KafkaSourceConfig(ConnectorConfig):
+class TlsFiles(ConnectorConfig):
+    """The PEM files of a TLS client: the CA the server is verified against, and a client certificate
+    with its key for a server that asks for one.
+
+    Files on the machine that runs the task; on a cluster, the connector's Secret
+    (`secretRef`) may hold them instead as `ca.crt`, `tls.crt` and `tls.key`.
+    """
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _certificate_with_its_key(self) -> TlsFiles:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("certFile and keyFile go together: a client certificate and its private key")
+        return self
+
+
+class KafkaTls(TlsFiles):
+    """TLS to the brokers (protocol SSL or SASL_SSL): verified against `caFile` (the system's CAs
+    without one), the broker's name checked unless `verifyHostname` is false."""
+
+    verify_hostname: StrictBool = True
+
+
+class KafkaSasl(ConnectorConfig):
+    """SASL authentication (protocol SASL_SSL or SASL_PLAINTEXT). The password (OAUTHBEARER: the
+    client secret) is the key `password` of the `secretRef` Secret on a cluster, else
+    NOPSTREAM_KAFKA_PASSWORD; never in the model."""
+
+    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
+    username: str = Field(min_length=1, max_length=1000)
+    """The user; for OAUTHBEARER the OAuth client id."""
+    token_endpoint: str | None = Field(None, pattern=r"^https?://")
+    """OAUTHBEARER: the OIDC token endpoint that grants the client its token (client credentials)."""
+    scope: str | None = None
+    """OAUTHBEARER: the scope asked for."""
+
+    @model_validator(mode="after")
+    def _oauth_has_an_endpoint(self) -> KafkaSasl:
+        if (self.mechanism == "OAUTHBEARER") != (self.token_endpoint is not None):
+            raise ValueError("tokenEndpoint is given exactly when the mechanism is OAUTHBEARER")
+        return self
+
+
+class KafkaConnection(ConnectorConfig):
+    """How a Kafka client reaches and authenticates to its cluster (librdkafka's `security.protocol`)."""
+
+    bootstrap_servers: str = Field(min_length=1)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl: KafkaSasl | None = None
+    tls: KafkaTls | None = None
+    secret_ref: str | None = None
+    """The Secret holding `password` and, for TLS, `ca.crt`, `tls.crt`, `tls.key` (mounted on a cluster)."""
+
+    @model_validator(mode="after")
+    def _protocol_has_its_settings(self) -> KafkaConnection:
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl != (self.sasl is not None):
+            raise ValueError(
+                f"sasl is given exactly when securityProtocol is SASL_..., not {self.security_protocol}"
+            )
+        if self.tls is not None and not self.security_protocol.endswith("SSL"):
+            raise ValueError(f"tls needs securityProtocol SSL or SASL_SSL, not {self.security_protocol}")
+        return self
+
+
+class KafkaSourceConfig(KafkaConnection):
     """The partitions of a topic (or of the topics `topicPattern` matches in full), read
     `read_committed`; one split per partition, offsets in checkpoints.
 
@@ -103,7 +171,6 @@ class KafkaSourceConfig(ConnectorConfig):
     restart stops at the same place). Record timestamps are the Kafka timestamps.
     """
 
-    bootstrap_servers: str = Field(min_length=1)
     topic: str | None = Field(None, pattern=KAFKA_TOPIC)
     topic_pattern: str | None = Field(None, min_length=1, max_length=1000)
     format: Literal["json", "string", "bytes"] = "json"
@@ -126,14 +193,13 @@ class KafkaSourceConfig(ConnectorConfig):
         return self
 
 
-class KafkaSinkConfig(ConnectorConfig):
+class KafkaSinkConfig(KafkaConnection):
     """A topic that receives each durable epoch's records in one Kafka transaction (OUTBOX_EPOCH_LOG).
 
     `keyField` names the record field written as the message key; `topicField` the
     field naming each record's topic (the `topic` otherwise).
     """
 
-    bootstrap_servers: str = Field(min_length=1)
     topic: str = Field(pattern=KAFKA_TOPIC)
     format: Literal["json", "string", "bytes"] = "json"
     key_field: str | None = None
@@ -174,25 +240,11 @@ SQL_NAME = r"^[a-z_][a-z0-9_]{0,62}$"
 """A PostgreSQL identifier as nopstream writes it: lower case, unquoted, at most 63 bytes."""
 
 
-class PostgresTls(ConnectorConfig):
-    """TLS to a PostgreSQL server (libpq's `sslmode`): the CA its certificate is verified against, and a
-    client certificate for a server that asks for one.
-
-    Files on the machine that runs the task; on a cluster, the connector's Secret
-    (`secretRef`) may hold them instead as `ca.crt`, `tls.crt` and `tls.key`. Without
-    `tls` the connection is libpq's default (TLS when the server offers it, unverified).
-    """
+class PostgresTls(TlsFiles):
+    """TLS to a PostgreSQL server (libpq's `sslmode`). Without `tls` the connection is libpq's default
+    (TLS when the server offers it, unverified)."""
 
     mode: Literal["require", "verify-ca", "verify-full"] = "verify-full"
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-
-    @model_validator(mode="after")
-    def _certificate_with_its_key(self) -> PostgresTls:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("certFile and keyFile go together: a client certificate and its private key")
-        return self
 
 
 class PostgresSinkConfig(ConnectorConfig):

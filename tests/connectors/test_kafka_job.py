@@ -50,10 +50,11 @@ def model(kafka: Topics, source: str, out: str) -> dict:
     }
 
 
-def rolling_counts(kafka: Topics, source: str) -> Counter:
-    """What a rolling word count of the source's committed lines publishes: counts 1..N of each word."""
+def rolling_counts(kafka: Topics, source: str, lines: int = 3000) -> Counter:
+    """What a rolling word count of the source's committed lines (`fill_kafka`'s, `lines` a partition)
+    publishes: counts 1..N of each word."""
     words = Counter(w for line in kafka.committed(source) for w in json.loads(line).split())
-    assert "aborted" not in words and sum(words.values()) == 3 * 3000 * 6  # every committed line's words
+    assert "aborted" not in words and sum(words.values()) == 3 * lines * 6  # every committed line's words
     return Counter(
         json.dumps({"key": w, "value": v}, sort_keys=True) for w, n in words.items() for v in range(1, n + 1)
     )

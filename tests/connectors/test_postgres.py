@@ -217,7 +217,7 @@ def test_a_server_without_prepared_transactions_is_refused_with_its_hint(tmp_pat
 def test_the_password_comes_from_the_mounted_secret_when_one_is_named(
     postgres_server, database, db, tmp_path, monkeypatch
 ):
-    import nopstream.connectors.postgres as module
+    import nopstream.connectors.credentials as module
 
     monkeypatch.setattr(module, "SECRETS_DIR", str(tmp_path))
     monkeypatch.setenv("NOPSTREAM_POSTGRES_PASSWORD", "wrong")
