@@ -387,6 +387,13 @@ class Kafka:
         """The `bootstrap.servers` of the broker, for clients on this machine."""
         return "{}:{}".format(*self.listeners.advertised)
 
+    @property
+    def auth(self) -> KafkaAuth:
+        """The listeners that authenticate (a broker started with `auth`)."""
+        if self.listeners.auth is None:
+            raise ServerError("this broker was started without listeners that authenticate")
+        return self.listeners.auth
+
     def stop(self, grace: float = 20.0) -> None:
         """Stop the broker by PID (SIGTERM: a controlled shutdown)."""
         self.process.stop(grace)
@@ -457,6 +464,7 @@ class KafkaAuth:
     ca: Path
     keystore: Path  # the broker's key and certificate in one PEM file
     client: KeyPair  # a client certificate of the CA, for `nopstream`
+    pki: Pki = field(repr=False, compare=False)  # the CA, for more certificates
 
     @classmethod
     def issue(cls, pki: Pki, users: dict[str, str]) -> KafkaAuth:
@@ -468,7 +476,7 @@ class KafkaAuth:
         keystore.write_bytes(server.key.read_bytes() + server.cert.read_bytes())
         client = pki.issue("kafka-client", "nopstream")
         ports = ("127.0.0.1", free_port()), ("127.0.0.1", free_port())
-        return cls(*ports, tuple(users.items()), pki.ca.cert, keystore, client)
+        return cls(*ports, tuple(users.items()), pki.ca.cert, keystore, client, pki)
 
     @property
     def sasl_bootstrap(self) -> str:

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 from collections import Counter
@@ -198,12 +199,22 @@ def kube_cluster(tmp_path_factory):
             yield cluster
 
 
+KAFKA_USERS = {"app": secrets.token_hex(12), "reader": secrets.token_hex(12)}
+"""The SCRAM and PLAIN users of the session's broker, and their passwords."""
+
+
 @pytest.fixture(scope="session")
 def kafka_server(tmp_path_factory):
-    """A real single-node Kafka broker (KRaft) shared by the session; each test makes its topics."""
-    from e2e import servers
+    """A real single-node Kafka broker (KRaft) shared by the session; each test makes its topics.
 
-    server = servers.start_kafka(tmp_path_factory.mktemp("kafka"))
+    Besides its PLAINTEXT listener it authenticates clients on a SASL_SSL and an SSL listener
+    (`KAFKA_USERS`; `tests/connectors/test_kafka_security.py`)."""
+    from e2e import servers
+    from e2e.certs import Pki
+
+    base = tmp_path_factory.mktemp("kafka")
+    auth = servers.KafkaAuth.issue(Pki(base / "pki"), KAFKA_USERS)
+    server = servers.start_kafka(base / "broker", auth=auth)
     yield server
     import gc
 

@@ -427,7 +427,8 @@ def create_like(config: dict[str, Any], topic: str) -> None:
     c = KafkaSinkConfig.model_validate(config)
     meta = reach(c, c.topic).topics.get(c.topic)
     partitions = len(meta.partitions) if meta is not None and meta.error is None else 1
-    for future in admin(c).create_topics([NewTopic(topic, partitions, 1)]).values():
+    client = admin(c)  # held until the futures are done: a destroyed client fails them
+    for future in client.create_topics([NewTopic(topic, partitions, 1)]).values():
         future.result(TIMEOUT)
 
 
@@ -458,5 +459,6 @@ def topic_records(config: dict[str, Any]) -> list[Any]:
 def delete_topic(config: dict[str, Any]) -> None:
     """Delete the sink's topic (`nopstream chaos`, once a run's output compared equal)."""
     c = KafkaSinkConfig.model_validate(config)
-    for future in admin(c).delete_topics([c.topic]).values():
+    client = admin(c)  # held until the futures are done
+    for future in client.delete_topics([c.topic]).values():
         future.result(TIMEOUT)

@@ -154,9 +154,8 @@ class KafkaConnection(ConnectorConfig):
     def _protocol_has_its_settings(self) -> KafkaConnection:
         sasl = self.security_protocol.startswith("SASL_")
         if sasl != (self.sasl is not None):
-            raise ValueError(
-                f"sasl is given exactly when securityProtocol is SASL_..., not {self.security_protocol}"
-            )
+            needs = "needs sasl" if sasl else "takes no sasl (it needs SASL_SSL or SASL_PLAINTEXT)"
+            raise ValueError(f"securityProtocol {self.security_protocol} {needs}")
         if self.tls is not None and not self.security_protocol.endswith("SSL"):
             raise ValueError(f"tls needs securityProtocol SSL or SASL_SSL, not {self.security_protocol}")
         return self

@@ -690,12 +690,14 @@ def _kafka_count(source: dict[str, Any], sink: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def kafka_to_kafka(home: Path, *, kafka: Any) -> dict[str, Any]:
-    """A rolling word count from a 3-partition topic to a 2-partition topic, keyed by word."""
+def kafka_to_kafka(home: Path, *, kafka: Any, connection: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A rolling word count from a 3-partition topic to a 2-partition topic, keyed by word; both
+    connecting with `connection` (bootstrap servers and security) when given."""
     source = fill_kafka(kafka, random.Random(15))
     out = kafka.create("counts", partitions=2)
-    src = {"bootstrapServers": kafka.bootstrap, "topic": source, "bounded": True}
-    sink = {"bootstrapServers": kafka.bootstrap, "topic": out, "keyField": "key"}
+    reach = connection or {"bootstrapServers": kafka.bootstrap}
+    src = {**reach, "topic": source, "bounded": True}
+    sink = {**reach, "topic": out, "keyField": "key"}
     return _job(
         "kafka-count",
         _kafka_count(

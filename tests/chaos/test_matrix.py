@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos import jobs
-from tests.conftest import run_nopstream
+from tests.conftest import KAFKA_USERS, run_nopstream
 from tests.lookup_server import LookupServer, lookup_server
 
 KILLS = 4
@@ -197,6 +197,24 @@ def test_chaos_cell_kafka(shape, mode, tmp_path, etcd_server, kafka, capsys):
     job = jobs.prepare(home, build(home, kafka=kafka))
     seed = 40 + 2 * (shape == "files-to-kafka") + MODES.index(mode)
     check(chaos(job, tmp_path, mode=mode, etcd_server=etcd_server, seed=seed), capsys, f"{shape} / {mode}")
+
+
+def test_chaos_cell_kafka_sasl_ssl_to_sasl_ssl(tmp_path, etcd_server, kafka_server, kafka, capsys):
+    """Both ends over SASL_SSL (SCRAM-SHA-512, the broker verified): every restarted client logs in
+    again, chaos's own topics and reads go the same way."""
+    auth = kafka_server.auth
+    connection = {
+        "bootstrapServers": auth.sasl_bootstrap,
+        "securityProtocol": "SASL_SSL",
+        "sasl": {"mechanism": "SCRAM-SHA-512", "username": "app"},
+        "tls": {"caFile": str(auth.ca)},
+    }
+    home = tmp_path / "job"
+    job = jobs.prepare(home, jobs.kafka_to_kafka(home, kafka=kafka, connection=connection))
+    env = {"NOPSTREAM_KAFKA_PASSWORD": KAFKA_USERS["app"]}
+    result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=47, env=env)
+    check(result, capsys, "kafka-sasl-ssl / run")
+    assert KAFKA_USERS["app"] not in result.out + result.err
 
 
 @pytest.mark.parametrize("mode", ["run"])

@@ -2,44 +2,32 @@
 SSL with client certificates, each exact; every wrong credential or certificate refused at start in
 one line, nothing published, the password said nowhere.
 
-The broker (`e2e.servers.KafkaAuth`) also keeps a PLAINTEXT listener, which only the test uses to
-create and read topics.
+The session's broker (`tests/conftest.py`, `e2e.servers.KafkaAuth`) also keeps a PLAINTEXT listener,
+which only the test uses to create and read topics.
 """
 
 from __future__ import annotations
 
 import random
-import secrets
 from pathlib import Path
 
 import pytest
+import yaml
 
 from e2e.certs import Pki
 from tests.chaos.jobs import fill_kafka
 from tests.checkpointing.test_faults import prepare, run_job
+from tests.conftest import KAFKA_USERS, run_nopstream
 from tests.connectors.test_kafka_job import model, rolling_counts
 from tests.kafka_util import Topics
 
-PASSWORD = secrets.token_hex(12)
-
-
-@pytest.fixture(scope="module")
-def secured(tmp_path_factory):
-    """A broker with SASL_SSL and SSL listeners (users `app` and `reader`), and its PKI."""
-    from e2e import servers
-
-    base = tmp_path_factory.mktemp("kafka-auth")
-    pki = Pki(base / "pki")
-    auth = servers.KafkaAuth.issue(pki, {"app": PASSWORD, "reader": "reader-" + PASSWORD})
-    server = servers.start_kafka(base / "kafka", auth=auth)
-    yield server, auth, pki
-    server.stop()
+PASSWORD = KAFKA_USERS["app"]
 
 
 @pytest.fixture
-def topics(secured, request) -> Topics:
-    """Topics on the broker's PLAINTEXT listener."""
-    return Topics(secured[0].bootstrap, request.node.name)
+def secured(kafka_server, kafka):
+    """The session broker's listeners that authenticate, and the test's topics (made on its PLAINTEXT one)."""
+    return kafka_server.auth, kafka
 
 
 def sasl(auth, mechanism: str, **tls) -> dict:
@@ -82,14 +70,17 @@ ENV = {"NOPSTREAM_KAFKA_PASSWORD": PASSWORD}
     ],
     ids=["scram512-to-mtls", "plain-to-scram256"],
 )
-def test_a_job_over_authenticated_connections_is_exact(reading, writing, tmp_path, secured, topics):
-    _, auth, _ = secured
+def test_a_job_over_authenticated_connections_is_exact(reading, writing, tmp_path, secured):
+    auth, topics = secured
     source = fill_kafka(topics, random.Random(3), lines=600)
     out = topics.create("out", partitions=2)
     prepare(tmp_path / "job", secured_job(topics, source, out, reading(auth), writing(auth)), {})
     result = run_job(tmp_path / "job", env=ENV)
     assert result.returncode == 0, result.stderr
     assert topics.committed(out) == rolling_counts(topics, source, lines=600)
+    # the password is in no file the job wrote (plan, checkpoints, logs) and in none of its output
+    written = b"".join(p.read_bytes() for p in (tmp_path / "job").rglob("*") if p.is_file())
+    assert PASSWORD.encode() not in written + (result.stdout + result.stderr).encode()
 
 
 def _refused(tmp_path: Path, topics: Topics, reading: dict, writing: dict, env: dict[str, str]) -> str:
@@ -110,8 +101,8 @@ def _refused(tmp_path: Path, topics: Topics, reading: dict, writing: dict, env: 
     return line
 
 
-def test_a_wrong_password_is_refused_at_start_without_saying_it(tmp_path, secured, topics):
-    _, auth, _ = secured
+def test_a_wrong_password_is_refused_at_start_without_saying_it(tmp_path, secured):
+    auth, topics = secured
     wrong = {"NOPSTREAM_KAFKA_PASSWORD": "not-" + PASSWORD}
     line = _refused(tmp_path, topics, sasl(auth, "SCRAM-SHA-256"), mtls(auth), wrong)
     assert (
@@ -120,35 +111,65 @@ def test_a_wrong_password_is_refused_at_start_without_saying_it(tmp_path, secure
     assert "invalid credentials with SASL mechanism SCRAM-SHA-256" in line, line
 
 
-def test_a_broker_certificate_of_an_untrusted_ca_is_refused_at_start(tmp_path, secured, topics):
-    _, auth, _ = secured
+def test_a_broker_certificate_of_an_untrusted_ca_is_refused_at_start(tmp_path, secured):
+    auth, topics = secured
     other = Pki(tmp_path / "other")
     line = _refused(tmp_path, topics, mtls(auth), sasl(auth, "SCRAM-SHA-512", caFile=str(other.ca.cert)), ENV)
     assert f"kafka at {auth.sasl_bootstrap} refused user app (SCRAM-SHA-512): SSL handshake failed:" in line
     assert "certificate verify failed" in line, line
 
 
-def test_an_expired_client_certificate_is_refused_at_start(tmp_path, secured, topics):
-    _, auth, pki = secured
-    expired = pki.issue("expired-client", "nopstream", expired=True)
+def test_an_expired_client_certificate_is_refused_at_start(tmp_path, secured):
+    auth, topics = secured
+    expired = auth.pki.issue("expired-client", "nopstream", expired=True)
     line = _refused(tmp_path, topics, mtls(auth, expired), mtls(auth), ENV)
     assert f"kafka at {auth.ssl_bootstrap} refused the client:" in line
     assert "ssl/tls alert certificate unknown" in line, line
 
 
-def test_no_client_certificate_where_the_broker_requires_one_is_refused_at_start(tmp_path, secured, topics):
-    _, auth, _ = secured
+def test_no_client_certificate_where_the_broker_requires_one_is_refused_at_start(tmp_path, secured):
+    auth, topics = secured
     bare = {**mtls(auth), "tls": {"caFile": str(auth.ca)}}
     line = _refused(tmp_path, topics, mtls(auth), bare, ENV)
     assert f"kafka at {auth.ssl_bootstrap} refused the client:" in line
     assert "ssl/tls alert" in line, line
 
 
-def test_a_ca_file_that_is_not_there_is_refused_at_start(tmp_path, secured, topics):
-    _, auth, _ = secured
+def test_a_ca_file_that_is_not_there_is_refused_at_start(tmp_path, secured):
+    auth, topics = secured
     line = _refused(
         tmp_path, topics, sasl(auth, "SCRAM-SHA-256", caFile=str(tmp_path / "no-ca.crt")), mtls(auth), ENV
     )
     assert f"kafka at {auth.sasl_bootstrap}: Failed to create admin client: ssl.ca.location failed" in line, (
         line
     )
+
+
+def test_security_settings_that_do_not_fit_their_protocol_are_invalid(tmp_path):
+    """Checked before anything connects, each naming its field; a password has no field to be put in."""
+    connection = {"bootstrapServers": "kafka:9093", "topic": "t"}
+    configs = [
+        {**connection, "sasl": {"mechanism": "PLAIN", "username": "u"}},
+        {**connection, "securityProtocol": "SASL_SSL"},
+        {**connection, "securityProtocol": "SASL_SSL", "sasl": {"mechanism": "OAUTHBEARER", "username": "u"}},
+        {**connection, "tls": {"caFile": "ca.crt"}},
+        {**connection, "securityProtocol": "SSL", "tls": {"certFile": "c.crt"}, "password": "hunter2"},
+    ]
+    sources = [{"id": f"s{i}", "type": "kafka", "config": c} for i, c in enumerate(configs)]
+    sink = {"id": "out", "type": "file", "inputs": [s["id"] for s in sources], "config": {"path": "out"}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"jobId": "bad", "model": {"sources": sources, "sinks": [sink]}}))
+    result = run_nopstream("validate", str(job))
+    assert result.code == 1
+    assert result.err.splitlines()[1:] == [
+        "  model.sources[0].config: Value error, securityProtocol PLAINTEXT takes no sasl (it needs SASL_SSL"
+        " or SASL_PLAINTEXT) (rule: schema)",
+        "  model.sources[1].config: Value error, securityProtocol SASL_SSL needs sasl (rule: schema)",
+        "  model.sources[2].config.sasl: Value error, tokenEndpoint is given exactly when the mechanism is"
+        " OAUTHBEARER (rule: schema)",
+        "  model.sources[3].config: Value error, tls needs securityProtocol SSL or SASL_SSL, not PLAINTEXT"
+        " (rule: schema)",
+        "  model.sources[4].config.password: unknown field (rule: known-fields)",
+        "  model.sources[4].config.tls: Value error, certFile and keyFile go together: a client certificate"
+        " and its private key (rule: schema)",
+    ]
