@@ -240,8 +240,10 @@ SQL_NAME = r"^[a-z_][a-z0-9_]{0,62}$"
 
 
 class PostgresTls(TlsFiles):
-    """TLS to a PostgreSQL server (libpq's `sslmode`). Without `tls` the connection is libpq's default
-    (TLS when the server offers it, unverified)."""
+    """TLS to a PostgreSQL server (libpq's `sslmode`): the CA file its certificate is verified
+    against, and a client certificate and key for a server that asks for one; on a cluster the
+    `secretRef` Secret's `ca.crt`, `tls.crt` and `tls.key` may hold them instead. Without `tls` the
+    connection is libpq's default (TLS when the server offers it, unverified)."""
 
     mode: Literal["require", "verify-ca", "verify-full"] = "verify-full"
 
