@@ -292,6 +292,8 @@ def _postgres_process(
         f"max_prepared_transactions={prepared}",
         "-c",
         "fsync=on",
+        # logical decoding for the postgres-cdc source: slots of its tests and nopstream chaos's runs
+        *("-c", "wal_level=logical", "-c", "max_replication_slots=32", "-c", "max_wal_senders=32"),
     ]
     if tls:  # the files `_serve_tls` put in the data directory
         argv += ["-c", "ssl=on", "-c", "ssl_cert_file=server.crt", "-c", "ssl_key_file=server.key"]
@@ -326,6 +328,7 @@ def _serve_tls(data: Path, user: str | None, pki: Pki) -> PostgresTls:
         "local all all scram-sha-256\n"
         "hostnossl all all 0.0.0.0/0 reject\n"
         "hostssl all all 127.0.0.1/32 scram-sha-256 clientcert=verify-full\n"
+        "hostssl replication all 127.0.0.1/32 scram-sha-256 clientcert=verify-full\n"
     )
     return PostgresTls(pki.ca.cert, client.cert, client.key)
 

@@ -199,6 +199,20 @@ class SourceReader(Protocol):
 
 
 @runtime_checkable
+class AcknowledgingSource(Protocol):
+    """A reader whose origin keeps what it was not told is safe to let go (a replication slot): it
+    learns which epoch each snapshot is, and which epochs are durable."""
+
+    def snapshotted(self, epoch: int) -> None:
+        """The last `snapshot` taken is epoch `epoch`'s."""
+        ...
+
+    def durable(self, epoch: int) -> None:
+        """Epochs up to `epoch` are durable: what their snapshots read will never be asked for again."""
+        ...
+
+
+@runtime_checkable
 class SplitEventTime(Protocol):
     """A reader that keeps the event time of each of its splits (file stripes, Kafka partitions)."""
 

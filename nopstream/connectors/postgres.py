@@ -40,7 +40,7 @@ from psycopg.rows import dict_row
 from nopstream.connectors.credentials import password, tls_paths
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
 from nopstream.errors import StartRefused
-from nopstream.model.connectors import PostgresSinkConfig, PostgresTls
+from nopstream.model.connectors import PostgresConnection, PostgresSinkConfig, PostgresTls
 from nopstream.records import Batch, SinkRecovery, SinkStart
 
 PASSWORD_ENV = "NOPSTREAM_POSTGRES_PASSWORD"
@@ -337,39 +337,41 @@ role): a refusal at start. A server that is down or restarting is retried (a res
 handshake is an "SSL SYSCALL error", not one of these)."""
 
 
+def libpq_options(c: PostgresConnection) -> dict[str, Any]:
+    """libpq's parameters of the connection: server, database, user, password
+    (`credentials.password`) and TLS (`tls_options`)."""
+    return {
+        "host": c.host,
+        "port": c.port,
+        "dbname": c.database,
+        "user": c.user,
+        "password": password(c.secret_ref, PASSWORD_ENV),
+        "connect_timeout": 10,
+        **tls_options(c.tls, c.secret_ref),
+    }
+
+
 def connect(
-    config: PostgresSinkConfig | dict[str, Any], *, autocommit: bool = True, **extra: Any
+    config: PostgresConnection | dict[str, Any], *, autocommit: bool = True, **extra: Any
 ) -> psycopg.Connection[Any]:
-    """A connection to the sink's database (its password: `credentials.password`; TLS: `tls_options`);
-    StartRefused, in the server's words on one line, for a failure in `REFUSING`."""
-    c = config if isinstance(config, PostgresSinkConfig) else PostgresSinkConfig.model_validate(config)
-    options: dict[str, Any] = {**tls_options(c.tls, c.secret_ref), **extra}
+    """A connection to the database of `config` (a sink's when plain data); StartRefused, in the
+    server's words on one line, for a failure in `REFUSING`."""
+    c = config if isinstance(config, PostgresConnection) else PostgresSinkConfig.model_validate(config)
     try:
-        return psycopg.connect(
-            host=c.host,
-            port=c.port,
-            dbname=c.database,
-            user=c.user,
-            password=password(c.secret_ref, PASSWORD_ENV),
-            autocommit=autocommit,
-            connect_timeout=10,
-            **options,
-        )
+        return psycopg.connect(**libpq_options(c), autocommit=autocommit, **extra)
     except psycopg.OperationalError as err:
-        refusal = _refusal(err, c.host, c.port, c.database, c.user)
-        if refusal is None:
+        refused = refusal(err, c)
+        if refused is None:
             raise
-        raise refusal from None
+        raise refused from None
 
 
-def _refusal(
-    err: psycopg.OperationalError, host: str, port: int, database: str, user: str
-) -> StartRefused | None:
+def refusal(err: Exception, c: PostgresConnection) -> StartRefused | None:
     """The refusal a connection failure is, in the server's words, one line; None when a retry may mend it."""
     said = " ".join(str(err).split())
     if not any(words in said for words in REFUSING):
         return None
-    return StartRefused(f"postgresql://{host}:{port}/{database} refused user {user}: {said}")
+    return StartRefused(f"postgresql://{c.host}:{c.port}/{c.database} refused user {c.user}: {said}")
 
 
 def create_like(config: dict[str, Any], table: str) -> None:
@@ -428,21 +430,16 @@ class PostgresLookup:
         from psycopg_pool import AsyncConnectionPool  # imported by the jobs that look things up
 
         s = self.spec
-        conninfo = {
-            "host": s.get("host", "127.0.0.1"),
-            "port": s.get("port", 5432),
-            "dbname": s["database"],
-            "user": s["user"],
-            "password": password(s.get("secretRef"), PASSWORD_ENV),
-            **tls_options(PostgresTls.model_validate(s["tls"]) if s.get("tls") else None, s.get("secretRef")),
-        }
+        server = {k: s[k] for k in ("host", "port", "database", "user", "secretRef", "tls") if k in s}
+        c = PostgresConnection.model_validate(server)
+        conninfo = libpq_options(c)
         try:  # once, so that a refusal says so instead of the pool retrying it until its timeout
-            await (await psycopg.AsyncConnection.connect(**conninfo, connect_timeout=10)).close()
+            await (await psycopg.AsyncConnection.connect(**conninfo)).close()
         except psycopg.OperationalError as err:
-            refusal = _refusal(err, s.get("host", "127.0.0.1"), s.get("port", 5432), s["database"], s["user"])
-            if refusal is None:
+            refused = refusal(err, c)
+            if refused is None:
                 raise
-            raise refusal from None
+            raise refused from None
         pool = AsyncConnectionPool(
             kwargs={**conninfo, "autocommit": True, "row_factory": dict_row},
             min_size=1,

@@ -112,6 +112,12 @@ def _kafka_source(a: SourceArgs) -> SourceReader:
     )
 
 
+def _postgres_cdc_source(a: SourceArgs) -> SourceReader:
+    from nopstream.connectors.postgres_cdc import PostgresCdcSource
+
+    return PostgresCdcSource(a.config, subtask=a.subtask, parallelism=a.parallelism)
+
+
 def _indexed(kind: type[GeneratorSource] | type[CollectionSource]) -> Callable[[SourceArgs], SourceReader]:
     def read(a: SourceArgs) -> SourceReader:
         assignment = a.splits.assignment or ()
@@ -124,6 +130,7 @@ SOURCES: dict[str, SourceKind] = {
     "file": SourceKind(_file_source),
     "s3": SourceKind(_s3_source, "nopstream.connectors.s3"),
     "kafka": SourceKind(_kafka_source, "nopstream.connectors.kafka"),
+    "postgres-cdc": SourceKind(_postgres_cdc_source, "nopstream.connectors.postgres_cdc"),
     "generator": SourceKind(_indexed(GeneratorSource)),
     "collection": SourceKind(_indexed(CollectionSource)),
 }

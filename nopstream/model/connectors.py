@@ -248,26 +248,31 @@ class PostgresTls(TlsFiles):
     mode: Literal["require", "verify-ca", "verify-full"] = "verify-full"
 
 
-class PostgresSinkConfig(ConnectorConfig):
-    """A table that receives each epoch's rows in one prepared transaction (TWO_PHASE_COMMIT).
-
-    Each record is a mapping whose fields fill `columns` by name (a missing field is
-    NULL); `upsert` replaces the row of the same `keys` (ON CONFLICT ... DO UPDATE).
-    The password is the key `password` of the Secret `secretRef` names, mounted on a
-    cluster (`SECRETS_DIR`), else NOPSTREAM_POSTGRES_PASSWORD; the server checks it with
-    SCRAM or MD5, as its pg_hba.conf says. `tls` verifies the server (`PostgresTls`).
-    """
+class PostgresConnection(ConnectorConfig):
+    """A PostgreSQL server, database and user. The password is the key `password` of the Secret
+    `secretRef` names, mounted on a cluster (`SECRETS_DIR`), else NOPSTREAM_POSTGRES_PASSWORD; the
+    server checks it with SCRAM or MD5, as its pg_hba.conf says. `tls` verifies the server
+    (`PostgresTls`)."""
 
     host: str = "127.0.0.1"
     port: StrictInt = Field(5432, ge=1, le=65535)
     database: str = Field(pattern=r"^[^\s]{1,63}$")
     user: str = Field(pattern=r"^[^\s]{1,63}$")
+    secret_ref: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+    tls: PostgresTls | None = None
+
+
+class PostgresSinkConfig(PostgresConnection):
+    """A table that receives each epoch's rows in one prepared transaction (TWO_PHASE_COMMIT).
+
+    Each record is a mapping whose fields fill `columns` by name (a missing field is
+    NULL); `upsert` replaces the row of the same `keys` (ON CONFLICT ... DO UPDATE).
+    """
+
     table: str = Field(pattern=r"^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$")
     columns: list[str] = Field(min_length=1, max_length=1600)
     mode: Literal["insert", "upsert"] = "insert"
     keys: list[str] | None = None
-    secret_ref: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-    tls: PostgresTls | None = None
 
     def rows_replace_by_key(self) -> bool:
         """Upsert replaces a key's row."""
@@ -291,6 +296,33 @@ class PostgresSinkConfig(ConnectorConfig):
             raise ValueError(f"key {missing[0]!r} is not one of the columns")
         if self.keys and self.mode != "upsert":
             raise ValueError("keys apply to mode upsert only")
+        return self
+
+
+class PostgresCdcSourceConfig(PostgresConnection):
+    """The row changes of a publication's tables, read from a logical replication slot (pgoutput):
+    one split, read by the source's first subtask.
+
+    The slot is created at the job's first start when it does not exist (the job reads what
+    commits after that), and kept: the server holds the WAL the slot has not been told is read,
+    which is told once the epoch that read it is durable. The publication is created `FOR TABLE`
+    `tables` when it does not exist. `bounded` stops at the end of the WAL as the first start
+    saw it (checkpointed, so a restart stops at the same place).
+    """
+
+    slot: str = Field(pattern=r"^[a-z0-9_]{1,63}$")
+    publication: str = Field(pattern=SQL_NAME)
+    tables: list[str] | None = Field(None, min_length=1)
+    bounded: StrictBool = False
+
+    @model_validator(mode="after")
+    def _tables_are_names(self) -> PostgresCdcSourceConfig:
+        table = r"^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$"
+        bad = [t for t in self.tables or [] if not re.match(table, t)]
+        if bad:
+            raise ValueError(
+                f"{bad[0]!r} is not a table name (schema.table, lower-case letters, digits, '_')"
+            )
         return self
 
 
@@ -332,6 +364,7 @@ SOURCE_TYPES: dict[str, SourceType] = {
         SourceType("collection", SourceCapability.REPLAYABLE, CollectionSourceConfig),
         SourceType("s3", SourceCapability.REPLAYABLE, S3SourceConfig),
         SourceType("kafka", SourceCapability.REPLAYABLE, KafkaSourceConfig, timestamps=True),
+        SourceType("postgres-cdc", SourceCapability.REPLAYABLE, PostgresCdcSourceConfig, timestamps=True),
     )
 }
 

@@ -26,6 +26,7 @@ from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.plan.streamgraph import StreamNode
 from nopstream.records import (
     MAX_TIMESTAMP,
+    AcknowledgingSource,
     Batch,
     ConnectorFactory,
     SinkRecovery,
@@ -219,7 +220,10 @@ class Task:
         return self.injections.ask(epoch, kind, data_ended=self._data_ended)
 
     async def commit(self, upto: int) -> None:
-        """Epoch `upto` is durable: the sinks publish their transactions up to it."""
+        """Epoch `upto` is durable: the sinks publish their transactions up to it, and a source whose
+        origin keeps what it read lets go of it."""
+        if isinstance(self.source, AcknowledgingSource):
+            self.source.durable(upto)
         await self.sink_calls.each(lambda sink: sink.commit(upto))
         if self.final_epoch is not None and upto >= self.final_epoch:
             self._final_committed.set()
@@ -456,6 +460,8 @@ class Task:
             self._stopped = True
         # under the sinks' lock: a commit in flight changes their pending transactions
         state = await self.sink_calls.prepare(barrier.epoch, self.snapshot)
+        if isinstance(self.source, AcknowledgingSource):
+            self.source.snapshotted(barrier.epoch)
         self.metrics.barriers += 1
         if self.listener is not None:
             listener = self.listener

@@ -1,0 +1,249 @@
+"""The `postgres-cdc` source (REPLAYABLE): the row changes of a publication's tables, read from a
+logical replication slot with the streaming replication protocol and decoded from `pgoutput`.
+
+psycopg 3 has no replication protocol; psycopg2's `LogicalReplicationConnection` is the client
+(the same libpq underneath, so TLS, SCRAM and the refusals at start are the sink's). One split:
+the source's first subtask reads the slot, the others have nothing to read.
+
+Position: the end LSN of the last whole transaction read, and how many changes of the next one
+were read (a barrier may fall inside a transaction). A restored reader asks the slot for what
+commits after that LSN and skips those changes. The slot is told a position is flushed only once
+the epoch whose snapshot holds it is durable (`AcknowledgingSource`): the server keeps every
+change a restore may ask for again, and lets go of it after.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg2
+import psycopg2.extras
+from psycopg import sql
+
+from nopstream.connectors.pgoutput import Begin, Change, Commit, Relation, Truncate, decode, row
+from nopstream.connectors.postgres import connect, libpq_options, refusal
+from nopstream.errors import RestoreRefused, StartRefused
+from nopstream.model.connectors import PostgresCdcSourceConfig
+from nopstream.records import Batch
+
+KEEPALIVE_S = 10.0
+"""How often an idle reader tells the server it is there (its wal_sender_timeout is 60 s by default)."""
+
+
+def lsn_text(lsn: int) -> str:
+    """An LSN as PostgreSQL writes it (`16/B374D848`)."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def lsn_of(text: str) -> int:
+    """An LSN written as PostgreSQL does, as a number."""
+    high, _, low = text.partition("/")
+    return (int(high, 16) << 32) + int(low, 16)
+
+
+class PostgresCdcSource:
+    """Reads the slot for one source subtask (the first; the others end at once)."""
+
+    def __init__(self, config: dict[str, Any], *, subtask: int, parallelism: int) -> None:
+        """A reader of a validated `PostgresCdcSourceConfig`; the publication is checked (or created)
+        now, the slot at the first read, once it is known whether the job was restored."""
+        self.config = PostgresCdcSourceConfig.model_validate(config)
+        self.reads = subtask == 0
+        self.position: tuple[int, int] | None = None  # (end LSN of the last whole transaction, changes after)
+        self.end: int | None = None
+        self._skip = 0  # changes of the first transaction after a restore that were read before it
+        self._seen = 0  # changes of the transaction being read
+        self._begin: Begin | None = None
+        self._relations: dict[int, Relation] = {}
+        self._snapshot_lsn: int | None = None
+        self._taken: list[tuple[int, int]] = []  # (epoch, LSN) of snapshots not yet durable
+        self._flushed = 0
+        self._connection: Any = None
+        self._cursor: Any = None
+        self._fed = time.monotonic()
+        if self.reads:
+            self._publication()
+
+    # the server's side: publication and slot
+
+    def _publication(self) -> None:
+        """StartRefused when the publication does not exist and no `tables` say what it holds."""
+        c = self.config
+        with connect(c) as conn:
+            found = conn.execute(
+                "SELECT 1 FROM pg_publication WHERE pubname = %s", (c.publication,)
+            ).fetchone()
+            if found is not None:
+                return
+            if not c.tables:
+                raise StartRefused(
+                    f"postgres-cdc: publication '{c.publication}' does not exist in {c.database} (create it,"
+                    " or give tables to create it for)"
+                )
+            tables = sql.SQL(", ").join(sql.Identifier(*t.split(".")) for t in c.tables)
+            conn.execute(
+                sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(c.publication), tables)
+            )
+
+    def _slot(self) -> int:
+        """The slot's confirmed position, the slot made now when it does not exist (a fresh job only);
+        StartRefused for a slot of another plugin or database."""
+        c = self.config
+        query = "SELECT plugin, database, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s"
+        with connect(c) as conn:
+            found = conn.execute(query, (c.slot,)).fetchone()
+            if found is None and self.position is not None:
+                raise RestoreRefused(
+                    f"postgres-cdc: replication slot '{c.slot}' is gone, and with it the changes after"
+                    f" {lsn_text(self.position[0])} this job restored to (a new slot would start now)"
+                )
+            if found is None:
+                self._cursor.create_replication_slot(c.slot, output_plugin="pgoutput")
+                found = conn.execute(query, (c.slot,)).fetchone()
+            assert found is not None  # the slot just made
+            plugin, database, confirmed = found
+            if (plugin, database) != ("pgoutput", c.database):
+                raise StartRefused(
+                    f"postgres-cdc: replication slot '{c.slot}' decodes {database} with {plugin}, not"
+                    f" {c.database} with pgoutput"
+                )
+            if self.config.bounded and self.end is None:
+                (now,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone() or ("0/0",)
+                self.end = lsn_of(now)
+            return lsn_of(str(confirmed))
+
+    def _open(self) -> None:
+        """Connect for replication and start reading the slot at the position."""
+        try:
+            self._connection = psycopg2.connect(
+                **libpq_options(self.config), connection_factory=psycopg2.extras.LogicalReplicationConnection
+            )
+        except psycopg2.OperationalError as err:
+            refused = refusal(err, self.config)
+            if refused is None:
+                raise
+            raise refused from None
+        self._cursor = self._connection.cursor()
+        confirmed = self._slot()
+        if self.position is None:
+            self.position = (confirmed, 0)
+        options = {"proto_version": "1", "publication_names": self.config.publication}
+        self._cursor.start_replication(
+            slot_name=self.config.slot, decode=False, start_lsn=self.position[0], options=options
+        )
+
+    # reading
+
+    def read(self, max_records: int) -> Batch | None:
+        """Up to `max_records` changes, each stamped with its transaction's commit time."""
+        if not self.reads:
+            return None
+        if self._cursor is None:
+            self._open()
+        if self._done():
+            return None
+        records: list[Any] = []
+        stamps: list[int] = []
+        while len(records) < max_records:
+            message = self._cursor.read_message()
+            if message is None:
+                break
+            for record in self._take(decode(message.payload)):
+                assert self._begin is not None  # changes come inside a transaction
+                records.append(record)
+                stamps.append(self._begin.commit_ms)
+        self._keep_alive(asked=not records and self.end is not None)
+        return Batch(records, stamps)
+
+    def _take(self, message: Any) -> list[dict[str, Any]]:
+        """The records of one message, the position moved past it."""
+        assert self.position is not None
+        if isinstance(message, Relation):
+            self._relations[message.oid] = message
+        elif isinstance(message, Begin):
+            self._begin, self._seen = message, 0
+        elif isinstance(message, Commit):
+            self.position, self._begin, self._skip = (message.end_lsn, 0), None, 0
+        elif isinstance(message, Change | Truncate):
+            self._seen += 1
+            if self._seen > self._skip:  # the first ones of a transaction read before a restore are skipped
+                self.position = (self.position[0], self._seen)
+                return self._records(message)
+        return []
+
+    def _records(self, change: Change | Truncate) -> list[dict[str, Any]]:
+        assert self._begin is not None
+        lsn = self._begin.final_lsn
+        if isinstance(change, Truncate):
+            return [
+                {
+                    "op": "truncate",
+                    "table": self._relations[oid].qualified,
+                    "before": None,
+                    "after": None,
+                    "lsn": lsn,
+                }
+                for oid in change.relations
+            ]
+        relation = self._relations[change.relation]
+        before = (
+            None if change.before is None else row(relation, change.before, keys_only=change.before_is_key)
+        )
+        after = None if change.after is None else row(relation, change.after)
+        if after is not None and before is not None and not change.before_is_key:
+            after = {
+                **before,
+                **after,
+            }  # an unchanged TOASTed value is left out of the new row: the old one holds
+        return [{"op": change.op, "table": relation.qualified, "before": before, "after": after, "lsn": lsn}]
+
+    def _done(self) -> bool:
+        """Bounded and past the end: no transaction open, and the server has sent what it decoded up to it."""
+        if self.end is None or self._begin is not None:
+            return False
+        assert self.position is not None
+        return self.position[0] >= self.end or self._cursor.wal_end >= self.end
+
+    def _keep_alive(self, *, asked: bool) -> None:
+        """Tell the server now and then that the reader is there; `asked` asks it to say how far it
+        decoded (a bounded reader waiting for its end)."""
+        if asked or time.monotonic() - self._fed > KEEPALIVE_S:
+            self._cursor.send_feedback(reply=asked)
+            self._fed = time.monotonic()
+
+    # checkpoints
+
+    def snapshot(self) -> dict[str, Any]:
+        """The position (and, bounded, the end) as JSON values."""
+        self._snapshot_lsn = self.position[0] if self.position is not None else None
+        if self.position is None:
+            return {}
+        return {"lsn": self.position[0], "skip": self.position[1], "end": self.end}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Resume after the position of a snapshot."""
+        if "lsn" in state:
+            self.position = (int(state["lsn"]), int(state["skip"]))
+            self._skip = self.position[1]
+            self.end = state.get("end")
+
+    def snapshotted(self, epoch: int) -> None:
+        """The last `snapshot` is epoch `epoch`'s."""
+        if self._snapshot_lsn is not None:
+            self._taken.append((epoch, self._snapshot_lsn))
+
+    def durable(self, epoch: int) -> None:
+        """Epochs up to `epoch` are durable: the slot may let go of what their snapshots read."""
+        done = [lsn for e, lsn in self._taken if e <= epoch]
+        self._taken = [(e, lsn) for e, lsn in self._taken if e > epoch]
+        if done and max(done) > self._flushed and self._cursor is not None:
+            self._flushed = max(done)
+            self._cursor.send_feedback(write_lsn=self._flushed, flush_lsn=self._flushed, force=True)
+            self._fed = time.monotonic()
+
+    def close(self) -> None:
+        """Stop reading; the slot stays, at the last durable position."""
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = self._cursor = None
