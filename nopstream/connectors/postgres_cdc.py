@@ -50,6 +50,7 @@ class PostgresCdcSource:
         now, the slot at the first read, once it is known whether the job was restored."""
         self.config = PostgresCdcSourceConfig.model_validate(config)
         self.reads = subtask == 0
+        self._split = f"slot:{self.config.slot}"
         self.position: tuple[int, int] | None = None  # (end LSN of the last whole transaction, changes after)
         self.end: int | None = None
         self._skip = 0  # changes of the first transaction after a restore that were read before it
@@ -215,16 +216,19 @@ class PostgresCdcSource:
     # checkpoints
 
     def snapshot(self) -> dict[str, Any]:
-        """The position (and, bounded, the end) as JSON values."""
+        """The position, as the cursor of the one split (the slot), and, bounded, the end; nothing from
+        a subtask that does not read (a restore gives every subtask every split's cursor)."""
         self._snapshot_lsn = self.position[0] if self.position is not None else None
         if self.position is None:
             return {}
-        return {"lsn": self.position[0], "skip": self.position[1], "end": self.end}
+        cursor = {"lsn": self.position[0], "skip": self.position[1]}
+        return {"cursors": {self._split: cursor}, **({"end": self.end} if self.end is not None else {})}
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Resume after the position of a snapshot."""
-        if "lsn" in state:
-            self.position = (int(state["lsn"]), int(state["skip"]))
+        """Resume after the position of a snapshot (the reading subtask only)."""
+        cursor = state.get("cursors", {}).get(self._split)
+        if self.reads and cursor is not None:
+            self.position = (int(cursor["lsn"]), int(cursor["skip"]))
             self._skip = self.position[1]
             self.end = state.get("end")
 
@@ -247,3 +251,25 @@ class PostgresCdcSource:
         if self._connection is not None:
             self._connection.close()
             self._connection = self._cursor = None
+
+
+def copy_slot(config: dict[str, Any], slot: str) -> None:
+    """Make `slot` a copy of the source's slot (made now when it does not exist), at its position: a
+    run of `nopstream chaos` reads from the same place as every other."""
+    c = PostgresCdcSourceConfig.model_validate(config)
+    with connect(c) as conn:
+        found = conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (c.slot,)).fetchone()
+        if found is None:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (c.slot,))
+        drop_slot({**config, "slot": slot})
+        conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (c.slot, slot))
+
+
+def drop_slot(config: dict[str, Any]) -> None:
+    """Drop the source's slot, if it exists (the server lets go of the WAL it kept)."""
+    c = PostgresCdcSourceConfig.model_validate(config)
+    with connect(c) as conn:
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+            (c.slot,),
+        )

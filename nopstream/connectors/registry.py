@@ -51,12 +51,24 @@ class SourceArgs:
         return bool(self.node.spec.get("onError") == "dead-letter")
 
 
+def _not_isolated(config: Config, _: str) -> Config:
+    """A source whose reading changes nothing at its origin: every run reads it as it is."""
+    return config
+
+
 @dataclass(frozen=True)
 class SourceKind:
-    """A source type: its reader, and the module it lives in when imported only when used."""
+    """A source type: its reader, the module it lives in when imported only when used, and, for a
+    source whose origin remembers what it has read (a replication slot), a run's own copy of it."""
 
     read: Callable[[SourceArgs], SourceReader]
     module: str | None = None
+    isolated: Callable[[Config, str], Config] = _not_isolated
+    """The config of a run's own reading position, named with the tag given."""
+    create_like: Callable[[Config, Config], None] | None = None
+    """Make the run's own position (the second config) where the source's own is (the first)."""
+    drop: Callable[[Config], None] | None = None
+    """Remove the run's own position once its output is compared."""
 
 
 def _same(config: Config) -> Config:
@@ -126,11 +138,37 @@ def _indexed(kind: type[GeneratorSource] | type[CollectionSource]) -> Callable[[
     return read
 
 
+def _postgres_cdc_isolated(config: Config, tag: str) -> Config:
+    """The run's own slot, named after the source's."""
+    return {**config, "slot": f"{config['slot'][: 62 - len(tag)]}_{tag.replace('-', '_')}"}
+
+
+def _postgres_cdc_copy(original: Config, isolated: Config) -> None:
+    from nopstream.connectors.postgres_cdc import copy_slot
+
+    copy_slot(original, isolated["slot"])
+
+
+def _postgres_cdc_drop(config: Config) -> None:
+    from nopstream.connectors.postgres_cdc import drop_slot
+
+    drop_slot(config)
+
+
 SOURCES: dict[str, SourceKind] = {
     "file": SourceKind(_file_source),
     "s3": SourceKind(_s3_source, "nopstream.connectors.s3"),
     "kafka": SourceKind(_kafka_source, "nopstream.connectors.kafka"),
-    "postgres-cdc": SourceKind(_postgres_cdc_source, "nopstream.connectors.postgres_cdc"),
+    "postgres-cdc": SourceKind(
+        _postgres_cdc_source,
+        "nopstream.connectors.postgres_cdc",
+        isolated=lambda config, tag: {
+            **config,
+            "slot": f"{config['slot'][: 62 - len(tag)]}_{tag.replace('-', '_')}",
+        },
+        create_like=_postgres_cdc_copy,
+        drop=_postgres_cdc_drop,
+    ),
     "generator": SourceKind(_indexed(GeneratorSource)),
     "collection": SourceKind(_indexed(CollectionSource)),
 }
@@ -257,6 +295,13 @@ LOOKUPS: dict[str, Callable[[Config, int], LookupClient]] = {
     "postgres": _postgres_lookup,
 }
 """The client of each lookup kind, from its spec and the calls it may make at once."""
+
+
+def source_kind(source_type: str) -> SourceKind:
+    """The descriptor of a source type of the catalogue; NotImplementedError for one this build lacks."""
+    if source_type not in SOURCES:
+        raise NotImplementedError(f"source type '{source_type}' is not implemented by this build")
+    return SOURCES[source_type]
 
 
 def sink_kind(sink_type: str) -> SinkKind:

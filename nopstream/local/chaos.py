@@ -385,7 +385,8 @@ def _wait_group_gone(proc: Child, timeout: float = 30.0) -> None:
 
 
 def _isolated(raw: dict[str, Any], home: Path, tag: str) -> dict[str, Any]:
-    """A copy of the job whose checkpoints and sink outputs are its own (under `home` or a prefix)."""
+    """A copy of the job whose checkpoints, sink outputs and source positions kept at their origin
+    (a replication slot) are its own (under `home`, or named with `tag`)."""
     job = copy.deepcopy(raw)
     checkpoint = _spec(job).setdefault("checkpoint", {})
     storage = checkpoint.get("storage") or {}
@@ -397,24 +398,37 @@ def _isolated(raw: dict[str, Any], home: Path, tag: str) -> dict[str, Any]:
     for sink in _sinks(job):
         kind = registry.sink_kind(sink.get("type", ""))
         sink["config"] = kind.isolated(sink.get("config", {}), home / "out" / sink["id"], tag)
+    for source in _sources(job):
+        source["config"] = registry.source_kind(source.get("type", "")).isolated(
+            source.get("config", {}), tag
+        )
     return job
 
 
 def _create_outputs(raw: dict[str, Any], job: dict[str, Any]) -> None:
     """Each sink's output of this run that must exist before it (a table, a topic), empty, made like the
-    sink's own."""
+    sink's own; each source position of its own, where the source's own is (every run reads the same)."""
     for original, isolated in zip(_sinks(raw), _sinks(job), strict=True):
         create = registry.sink_kind(original.get("type", "")).create_like
         if create is not None:
             create(original.get("config", {}), isolated["config"])
+    for original, isolated in zip(_sources(raw), _sources(job), strict=True):
+        copy = registry.source_kind(original.get("type", "")).create_like
+        if copy is not None:
+            copy(original.get("config", {}), isolated["config"])
 
 
 def drop_outputs(job: dict[str, Any]) -> None:
-    """Drop the run's outputs that would pile up (tables, topics) once its output compared equal."""
+    """Drop the run's outputs and source positions that would pile up (tables, topics, slots) once its
+    output compared equal."""
     for sink in _sinks(job):
         drop = registry.sink_kind(sink.get("type", "")).drop
         if drop is not None:
             drop(sink["config"])
+    for source in _sources(job):
+        forget = registry.source_kind(source.get("type", "")).drop
+        if forget is not None:
+            forget(source["config"])
 
 
 def _spec(job: dict[str, Any]) -> dict[str, Any]:
@@ -426,6 +440,11 @@ def _spec(job: dict[str, Any]) -> dict[str, Any]:
 def _sinks(job: dict[str, Any]) -> list[dict[str, Any]]:
     sinks: list[dict[str, Any]] = _spec(job).get("model", {}).get("sinks", [])
     return sinks
+
+
+def _sources(job: dict[str, Any]) -> list[dict[str, Any]]:
+    sources: list[dict[str, Any]] = _spec(job).get("model", {}).get("sources", [])
+    return sources
 
 
 def committed(job: dict[str, Any]) -> Counter[str]:

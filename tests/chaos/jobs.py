@@ -91,6 +91,10 @@ def upper(line):
     time.sleep(PACE)
     return line.upper()
 
+def row_key(change):
+    row = change["after"] or change["before"]
+    return f"{change['table']}:{row['id']}"
+
 def long_enough(line):
     return len(line) > 10
 
@@ -725,6 +729,61 @@ def kafka_to_postgres(home: Path, *, kafka: Any, port: int, user: str, database:
                 "config": {**pg, "table": "counts", "mode": "upsert", "keys": ["key"]},
             },
         ),
+        parallelism=2,
+    )
+
+
+def change_rows(conn: Any, rng: random.Random, *, rows: int = 1500) -> int:
+    """Inserts, updates and deletes of `items` (REPLICA IDENTITY FULL), in transactions of a few to a
+    hundred changes: what a `postgres-cdc` source of the table reads; how many changes."""
+    conn.execute("CREATE TABLE IF NOT EXISTS items (id int PRIMARY KEY, qty int, note text)")
+    conn.execute("ALTER TABLE items REPLICA IDENTITY FULL")
+    live: list[int] = []
+    changes = 0
+    for first in range(0, rows, 100):
+        with conn.transaction():
+            conn.execute(
+                "INSERT INTO items SELECT i, i %% 7, 'n' || i FROM generate_series(%s::int, %s::int) i",
+                (first, first + 99),
+            )
+        live += range(first, first + 100)
+        for _ in range(20):
+            with conn.transaction():
+                for _ in range(rng.randint(1, 5)):
+                    conn.execute("UPDATE items SET qty = qty + 1 WHERE id = %s", (rng.choice(live),))
+                    changes += 1
+        with conn.transaction():
+            for gone in rng.sample(live, 10):
+                live.remove(gone)
+                conn.execute("DELETE FROM items WHERE id = %s", (gone,))
+        changes += 100 + 10
+    return changes
+
+
+def postgres_cdc_to_kafka(home: Path, *, kafka: Any, source: dict[str, Any]) -> dict[str, Any]:
+    """The changes of a `postgres-cdc` source, paced, into a file (each change once) and the rolling
+    count of changes per row into a 2-partition topic keyed by row."""
+    out = kafka.create("row-changes", partitions=2)
+    return _job(
+        "pg-cdc",
+        {
+            "sources": [{"id": "changes", "type": "postgres-cdc", "config": {**source, "bounded": True}}],
+            "operators": [
+                {"id": "paced", "type": "map", "fn": "chaosfns:slow"},
+                {"id": "by-row", "type": "key_by", "key": {"fn": "chaosfns:row_key"}},
+                {"id": "count", "type": "aggregate", "aggregate": "count"},
+            ],
+            "sinks": [
+                {"id": "every", "type": "file", "inputs": ["paced"], "config": {"path": "out"}},
+                {
+                    "id": "per-row",
+                    "type": "kafka",
+                    "inputs": ["count"],
+                    "parallelism": 2,
+                    "config": {"bootstrapServers": kafka.bootstrap, "topic": out, "keyField": "key"},
+                },
+            ],
+        },
         parallelism=2,
     )
 

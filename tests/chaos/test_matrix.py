@@ -234,6 +234,31 @@ def test_chaos_cell_kafka_to_postgres(mode, tmp_path, etcd_server, kafka, postgr
     check(result, capsys, f"kafka-to-postgres / {mode}")
 
 
+def test_chaos_cell_postgres_cdc_to_kafka(tmp_path, etcd_server, kafka, postgres_server, database, capsys):
+    """Each run reads its own copy of the slot, made where the job's slot is (before every change)."""
+    import random
+
+    import psycopg
+
+    conninfo = postgres_server.conninfo.replace("dbname=postgres", f"dbname={database}")
+    source = {"port": postgres_server.port, "user": postgres_server.user, "database": database}
+    source |= {"slot": "chaos_cdc", "publication": "chaos_items", "tables": ["items"]}
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, qty int, note text)")
+        conn.execute("CREATE PUBLICATION chaos_items FOR TABLE items")
+        conn.execute("SELECT pg_create_logical_replication_slot('chaos_cdc', 'pgoutput')")
+        changes = jobs.change_rows(conn, random.Random(61), rows=3000)
+        home = tmp_path / "job"
+        job = jobs.prepare(home, jobs.postgres_cdc_to_kafka(home, kafka=kafka, source=source))
+        result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=61)
+        check(result, capsys, "postgres-cdc-to-kafka / run")
+        # every change once in the file, and one rolling count per change in the topic
+        assert f"committed records: {2 * changes} failure-free, {2 * changes} under kills" in result.out
+        slots = conn.execute("SELECT slot_name FROM pg_replication_slots ORDER BY 1").fetchall()
+        assert slots == [("chaos_cdc",)]  # each run's own slot dropped once compared
+        conn.execute("SELECT pg_drop_replication_slot('chaos_cdc')")
+
+
 @pytest.mark.parametrize("mode", ["run"])  # the combiner is the same code under --etcd
 def test_chaos_cell_final_counts_pre_aggregated(mode, tmp_path, etcd_server, capsys):
     """The fault point that always lands while partials are held at a durable epoch is in

@@ -102,7 +102,8 @@ def test_a_restore_inside_a_transaction_reads_each_change_once_and_the_slot_keep
     slot = "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s"
     name = config(postgres_server, database)["slot"]
     (created,) = db.execute(slot, (name,)).fetchone()
-    assert state["lsn"] == lsn_of(created) and state["skip"] == 2  # inside the first transaction
+    cursor = state["cursors"][f"slot:{name}"]
+    assert cursor == {"lsn": lsn_of(created), "skip": 2}  # inside the first transaction
     got += read_all(first, 2)  # read on, but not in the snapshot: gone with this reader
     first.close()
     second = PostgresCdcSource(config(postgres_server, database), subtask=0, parallelism=1)
@@ -134,7 +135,7 @@ def test_a_source_without_its_publication_or_slot_is_refused(postgres_server, da
     with pytest.raises(StartRefused, match=f"publication 'changes' does not exist in {database}"):
         PostgresCdcSource(bare, subtask=0, parallelism=1)
     source = PostgresCdcSource(config(postgres_server, database, slot="gone"), subtask=0, parallelism=1)
-    source.restore({"lsn": 1 << 24, "skip": 0, "end": None})
+    source.restore({"cursors": {"slot:gone": {"lsn": 1 << 24, "skip": 0}}})
     with pytest.raises(
         RestoreRefused, match="replication slot 'gone' is gone, and with it the changes after 0/1000000"
     ):
@@ -145,5 +146,10 @@ def test_a_source_without_its_publication_or_slot_is_refused(postgres_server, da
         PostgresCdcSource(wrong, subtask=0, parallelism=1)
 
 
-def test_subtasks_after_the_first_have_nothing_to_read(postgres_server, database, db):
-    assert PostgresCdcSource(config(postgres_server, database), subtask=1, parallelism=2).read(10) is None
+def test_subtasks_after_the_first_have_nothing_to_read_and_keep_no_position(postgres_server, database, db):
+    other = PostgresCdcSource(config(postgres_server, database), subtask=1, parallelism=2)
+    assert other.read(10) is None
+    # a restore gives every subtask every cursor: one that does not read must not write it back (a
+    # checkpoint joins the subtasks' states, and an old position would win)
+    other.restore({"cursors": {f"slot:{config(postgres_server, database)['slot']}": {"lsn": 5, "skip": 1}}})
+    assert other.snapshot() == {}
