@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import psycopg2
+import psycopg2.errors
 import psycopg2.extras
 from psycopg import sql
 
@@ -147,7 +148,7 @@ class PostgresCdcSource:
         records: list[Any] = []
         stamps: list[int] = []
         while len(records) < max_records:
-            message = self._cursor.read_message()
+            message = self._next()
             if message is None:
                 break
             for record in self._take(decode(message.payload)):
@@ -156,6 +157,18 @@ class PostgresCdcSource:
                 stamps.append(self._begin.commit_ms)
         self._keep_alive(asked=not records and self.end is not None)
         return Batch(records, stamps)
+
+    def _next(self) -> Any:
+        """The next message of the stream, if one is there; StartRefused when the server cannot decode
+        the slot (a publication made after changes the slot holds: no retry mends it)."""
+        try:
+            return self._cursor.read_message()
+        except psycopg2.errors.UndefinedObject as err:
+            said = str(err).splitlines()[0]
+            raise StartRefused(
+                f"postgres-cdc: slot '{self.config.slot}': {said} when a change the slot holds was made"
+                " (create the publication before the slot, or make a new slot)"
+            ) from None
 
     def _take(self, message: Any) -> list[dict[str, Any]]:
         """The records of one message, the position moved past it."""

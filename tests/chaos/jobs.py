@@ -733,20 +733,27 @@ def kafka_to_postgres(home: Path, *, kafka: Any, port: int, user: str, database:
     )
 
 
-def change_rows(conn: Any, rng: random.Random, *, rows: int = 1500) -> int:
-    """Inserts, updates and deletes of `items` (REPLICA IDENTITY FULL), in transactions of a few to a
-    hundred changes: what a `postgres-cdc` source of the table reads; how many changes."""
+def row_key_of(change: dict[str, Any]) -> str:
+    """The row a change is of, as `chaosfns:row_key` says it."""
+    row = change["after"] or change["before"]
+    return f"{change['table']}:{row['id']}"
+
+
+def change_rows(conn: Any, rng: random.Random, *, rows: int = 1500, first: int = 0) -> int:
+    """Inserts (ids from `first`), updates and deletes of `items` (REPLICA IDENTITY FULL), in
+    transactions of a few to a hundred changes: what a `postgres-cdc` source of the table reads; how
+    many changes."""
     conn.execute("CREATE TABLE IF NOT EXISTS items (id int PRIMARY KEY, qty int, note text)")
     conn.execute("ALTER TABLE items REPLICA IDENTITY FULL")
     live: list[int] = []
     changes = 0
-    for first in range(0, rows, 100):
+    for start in range(first, first + rows, 100):
         with conn.transaction():
             conn.execute(
                 "INSERT INTO items SELECT i, i %% 7, 'n' || i FROM generate_series(%s::int, %s::int) i",
-                (first, first + 99),
+                (start, start + 99),
             )
-        live += range(first, first + 100)
+        live += range(start, start + 100)
         for _ in range(20):
             with conn.transaction():
                 for _ in range(rng.randint(1, 5)):

@@ -4,7 +4,10 @@ jobs under kills exact, and refusals at start."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from collections import Counter
 
 import orjson
 import psycopg
@@ -130,6 +133,24 @@ def test_a_restore_inside_a_transaction_reads_each_change_once_and_the_slot_keep
     second.close()
 
 
+def test_a_publication_made_after_the_changes_its_slot_holds_is_refused(postgres_server, database, db):
+    """pgoutput reads each change with the catalog as it was then: a publication made later is not
+    there for it. The server says so for every try; the source refuses to start, in one line."""
+    slot = config(postgres_server, database)["slot"]
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    db.execute("INSERT INTO items (id) VALUES (1)")
+    source = PostgresCdcSource(config(postgres_server, database), subtask=0, parallelism=1)  # makes it
+    deadline = time.monotonic() + 10
+    with pytest.raises(StartRefused) as refused:
+        while time.monotonic() < deadline:
+            source.read(10)
+    assert str(refused.value) == (
+        f"postgres-cdc: slot '{slot}': publication \"changes\" does not exist when a change the slot holds"
+        " was made (create the publication before the slot, or make a new slot)"
+    )
+    source.close()
+
+
 def test_a_source_without_its_publication_or_slot_is_refused(postgres_server, database, db):
     bare = {k: v for k, v in config(postgres_server, database).items() if k != "tables"}
     with pytest.raises(StartRefused, match=f"publication 'changes' does not exist in {database}"):
@@ -153,3 +174,97 @@ def test_subtasks_after_the_first_have_nothing_to_read_and_keep_no_position(post
     # checkpoint joins the subtasks' states, and an old position would win)
     other.restore({"cursors": {f"slot:{config(postgres_server, database)['slot']}": {"lsn": 5, "skip": 1}}})
     assert other.snapshot() == {}
+
+
+def cdc_job(server, database: str, slot: str) -> dict:
+    """Every change of `items` (paced) into out/every, and the rolling count of changes per row into
+    out/per-row; not bounded, checkpoints every 150 ms."""
+    source = {"port": server.port, "user": server.user, "database": database, "slot": slot}
+    source |= {"publication": "items_changes", "tables": ["items"]}
+    return {
+        "jobId": "cdc-job",
+        "parallelism": 2,
+        "checkpoint": {"intervalMs": 150, "storage": {"local": {"path": "cp"}}},
+        "model": {
+            "sources": [{"id": "changes", "type": "postgres-cdc", "config": source}],
+            "operators": [
+                {"id": "paced", "type": "map", "fn": "chaosfns:slow"},
+                {"id": "by-row", "type": "key_by", "key": {"fn": "chaosfns:row_key"}},
+                {"id": "count", "type": "aggregate", "aggregate": "count"},
+            ],
+            "sinks": [
+                {"id": "every", "type": "file", "inputs": ["paced"], "config": {"path": "out/every"}},
+                {"id": "per-row", "type": "file", "inputs": ["count"], "config": {"path": "out/per-row"}},
+            ],
+        },
+    }
+
+
+def test_changes_made_while_the_job_runs_and_a_server_restart_are_read_exactly_once(tmp_path):
+    """The test changes rows while the job reads them, stops the server for 3 s in the middle (the
+    replication connection breaks; the job recovers from its last durable epoch and reads the slot
+    from there), changes more, and stops the job at a savepoint once it committed every change.
+    Every change is in out/every once, and out/per-row counts each row's changes 1..n."""
+    import random
+    import subprocess
+    import sys
+
+    from e2e import servers
+    from tests.chaos import jobs
+    from tests.checkpointing.test_faults import committed
+    from tests.conftest import ROOT, run_nopstream
+
+    own = servers.start_postgres(tmp_path / "own")
+    try:
+        with psycopg.connect(own.conninfo, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE cdc")
+        conninfo = own.conninfo.replace("dbname=postgres", "dbname=cdc")
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute("CREATE TABLE items (id int PRIMARY KEY, qty int, note text)")
+        workdir = tmp_path / "job"
+        jobs.prepare(workdir, cdc_job(own, "cdc", "live"))
+        env = {**os.environ, **own.env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)])}
+        run = subprocess.Popen(
+            [sys.executable, "-m", "nopstream", "run", "job.yaml"],
+            cwd=workdir,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        made = 0
+        try:
+            with psycopg.connect(conninfo, autocommit=True) as conn:  # it reads what commits after its slot
+                slots = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'live'"
+                wait_for(lambda: conn.execute(slots).fetchone() == (1,), "the job's slot")
+            rng = random.Random(9)
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                made += jobs.change_rows(conn, rng, rows=600)
+            own.restart(down=3.0)
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                made += jobs.change_rows(conn, rng, rows=600, first=600)
+            wait_for(lambda: sum(committed(workdir, "out/every").values()) >= made, "all committed", 120)
+            asked = run_nopstream("savepoint", "job.yaml", "--stop", cwd=workdir)
+            assert asked.code == 0, asked.err
+            _, err = run.communicate(timeout=60)
+        finally:
+            run.kill()
+        assert run.returncode == 0, err
+        assert "recovering: " in err, err  # the restart broke the replication connection
+        every, per_row = committed(workdir, "out/every"), committed(workdir, "out/per-row")
+        assert sum(every.values()) == made and max(every.values()) == 1
+        changes_per_row = Counter(jobs.row_key_of(json.loads(change)) for change in every)
+        assert per_row == Counter(
+            json.dumps({"key": key, "value": n}, sort_keys=True)
+            for key, count in changes_per_row.items()
+            for n in range(1, count + 1)
+        )
+    finally:
+        own.close()
+
+
+def wait_for(check, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"no {what} in {timeout:.0f} s"
+        time.sleep(0.1)
