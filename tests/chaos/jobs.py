@@ -767,10 +767,10 @@ def change_rows(conn: Any, rng: random.Random, *, rows: int = 1500, first: int =
     return changes
 
 
-def postgres_cdc_to_kafka(home: Path, *, kafka: Any, source: dict[str, Any]) -> dict[str, Any]:
-    """The changes of a `postgres-cdc` source, paced, into a file (each change once) and the rolling
-    count of changes per row into a 2-partition topic keyed by row."""
-    out = kafka.create("row-changes", partitions=2)
+def postgres_cdc(source: dict[str, Any], per_row: dict[str, Any]) -> dict[str, Any]:
+    """The changes of a `postgres-cdc` source, paced, into a file (each change once), and the rolling
+    count of changes per row into the sink `per_row` (its type and config; keyed by row, at
+    parallelism 2)."""
     return _job(
         "pg-cdc",
         {
@@ -782,13 +782,7 @@ def postgres_cdc_to_kafka(home: Path, *, kafka: Any, source: dict[str, Any]) -> 
             ],
             "sinks": [
                 {"id": "every", "type": "file", "inputs": ["paced"], "config": {"path": "out"}},
-                {
-                    "id": "per-row",
-                    "type": "kafka",
-                    "inputs": ["count"],
-                    "parallelism": 2,
-                    "config": {"bootstrapServers": kafka.bootstrap, "topic": out, "keyField": "key"},
-                },
+                {"id": "per-row", "inputs": ["count"], "parallelism": 2, "key": {"field": "key"}, **per_row},
             ],
         },
         parallelism=2,

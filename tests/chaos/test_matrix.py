@@ -234,29 +234,98 @@ def test_chaos_cell_kafka_to_postgres(mode, tmp_path, etcd_server, kafka, postgr
     check(result, capsys, f"kafka-to-postgres / {mode}")
 
 
-def test_chaos_cell_postgres_cdc_to_kafka(tmp_path, etcd_server, kafka, postgres_server, database, capsys):
-    """Each run reads its own copy of the slot, made where the job's slot is (before every change)."""
+def cdc_source(server, database: str) -> tuple[str, int, dict]:
+    """`database` on `server` given `items`, its publication, and a slot made before
+    `jobs.change_rows` changed it: its conninfo, how many changes, the source's config (no TLS)."""
     import random
 
     import psycopg
 
-    conninfo = postgres_server.conninfo.replace("dbname=postgres", f"dbname={database}")
-    source = {"port": postgres_server.port, "user": postgres_server.user, "database": database}
-    source |= {"slot": "chaos_cdc", "publication": "chaos_items", "tables": ["items"]}
+    conninfo = server.conninfo.replace("dbname=postgres", f"dbname={database}")
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, qty int, note text)")
         conn.execute("CREATE PUBLICATION chaos_items FOR TABLE items")
         conn.execute("SELECT pg_create_logical_replication_slot('chaos_cdc', 'pgoutput')")
         changes = jobs.change_rows(conn, random.Random(61), rows=3000)
-        home = tmp_path / "job"
-        job = jobs.prepare(home, jobs.postgres_cdc_to_kafka(home, kafka=kafka, source=source))
-        result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=61)
-        check(result, capsys, "postgres-cdc-to-kafka / run")
-        # every change once in the file, and one rolling count per change in the topic
-        assert f"committed records: {2 * changes} failure-free, {2 * changes} under kills" in result.out
-        slots = conn.execute("SELECT slot_name FROM pg_replication_slots ORDER BY 1").fetchall()
-        assert slots == [("chaos_cdc",)]  # each run's own slot dropped once compared
+    source = {"port": server.port, "user": server.user, "database": database, "slot": "chaos_cdc"}
+    return conninfo, changes, {**source, "publication": "chaos_items", "tables": ["items"]}
+
+
+def only_the_slot_left(conninfo: str) -> None:
+    """Each run's own slot was dropped once compared; drop the job's."""
+    import psycopg
+
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        assert conn.execute("SELECT slot_name FROM pg_replication_slots ORDER BY 1").fetchall() == [
+            ("chaos_cdc",)
+        ]
         conn.execute("SELECT pg_drop_replication_slot('chaos_cdc')")
+
+
+def test_chaos_cell_postgres_cdc_to_kafka(tmp_path, etcd_server, kafka, postgres_server, database, capsys):
+    """Each run reads its own copy of the slot, made where the job's slot is (before every change)."""
+    conninfo, changes, source = cdc_source(postgres_server, database)
+    topic = kafka.create("row-changes", partitions=2)
+    per_row = {
+        "type": "kafka",
+        "config": {"bootstrapServers": kafka.bootstrap, "topic": topic, "keyField": "key"},
+    }
+    home = tmp_path / "job"
+    result = chaos(
+        jobs.prepare(home, jobs.postgres_cdc(source, per_row)),
+        tmp_path,
+        mode="run",
+        etcd_server=etcd_server,
+        seed=61,
+    )
+    check(result, capsys, "postgres-cdc-to-kafka / run")
+    # every change once in the file, and one rolling count per change in the topic
+    assert f"committed records: {2 * changes} failure-free, {2 * changes} under kills" in result.out
+    only_the_slot_left(conninfo)
+
+
+def test_chaos_cell_postgres_cdc_to_postgres_over_tls(tmp_path, etcd_server, capsys):
+    """A server that takes only TLS with client certificates (replication too): the source reads its
+    slot and the sink upserts each row's count over verified TLS, in every run and restart."""
+    import psycopg
+
+    from e2e import servers
+    from e2e.certs import Pki
+
+    server = servers.start_postgres(tmp_path / "pg", tls=Pki(tmp_path / "pki"))
+    try:
+        with psycopg.connect(server.conninfo, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE shop")
+        conninfo, changes, source = cdc_source(server, "shop")
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(jobs.POSTGRES_TABLES[0])
+        files = server.tls
+        tls = {
+            "mode": "verify-full",
+            "caFile": str(files.ca),
+            "certFile": str(files.cert),
+            "keyFile": str(files.key),
+        }
+        database = {"port": server.port, "user": server.user, "database": "shop", "tls": tls}
+        per_row = {
+            "type": "postgres",
+            "config": {
+                **database,
+                "table": "counts",
+                "columns": ["key", "value"],
+                "mode": "upsert",
+                "keys": ["key"],
+            },
+        }
+        home = tmp_path / "job"
+        job = jobs.prepare(home, jobs.postgres_cdc({**source, "tls": tls}, per_row))
+        result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=63, env=server.env)
+        check(result, capsys, "postgres-cdc-to-postgres-tls / run")
+        # every change once in the file, and each row's last count in the table (3,000 rows inserted)
+        assert f"committed records: {changes + 3000} failure-free, {changes + 3000} under kills" in result.out
+        only_the_slot_left(conninfo)
+    finally:
+        server.close()
 
 
 @pytest.mark.parametrize("mode", ["run"])  # the combiner is the same code under --etcd
