@@ -767,14 +767,14 @@ def change_rows(conn: Any, rng: random.Random, *, rows: int = 1500, first: int =
     return changes
 
 
-def postgres_cdc(source: dict[str, Any], per_row: dict[str, Any]) -> dict[str, Any]:
-    """The changes of a `postgres-cdc` source, paced, into a file (each change once), and the rolling
-    count of changes per row into the sink `per_row` (its type and config; keyed by row, at
-    parallelism 2)."""
+def postgres_cdc(source: dict[str, Any], per_row: dict[str, Any], *, bounded: bool = True) -> dict[str, Any]:
+    """The changes of a `postgres-cdc` source, paced, into the file sink `out` (each change once), and
+    the rolling count of changes per row into the sink `per_row` (its type and config; keyed by row,
+    at parallelism 2)."""
     return _job(
         "pg-cdc",
         {
-            "sources": [{"id": "changes", "type": "postgres-cdc", "config": {**source, "bounded": True}}],
+            "sources": [{"id": "changes", "type": "postgres-cdc", "config": {**source, "bounded": bounded}}],
             "operators": [
                 {"id": "paced", "type": "map", "fn": "chaosfns:slow"},
                 {"id": "by-row", "type": "key_by", "key": {"fn": "chaosfns:row_key"}},

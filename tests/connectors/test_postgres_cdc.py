@@ -176,35 +176,11 @@ def test_subtasks_after_the_first_have_nothing_to_read_and_keep_no_position(post
     assert other.snapshot() == {}
 
 
-def cdc_job(server, database: str, slot: str) -> dict:
-    """Every change of `items` (paced) into out/every, and the rolling count of changes per row into
-    out/per-row; not bounded, checkpoints every 150 ms."""
-    source = {"port": server.port, "user": server.user, "database": database, "slot": slot}
-    source |= {"publication": "items_changes", "tables": ["items"]}
-    return {
-        "jobId": "cdc-job",
-        "parallelism": 2,
-        "checkpoint": {"intervalMs": 150, "storage": {"local": {"path": "cp"}}},
-        "model": {
-            "sources": [{"id": "changes", "type": "postgres-cdc", "config": source}],
-            "operators": [
-                {"id": "paced", "type": "map", "fn": "chaosfns:slow"},
-                {"id": "by-row", "type": "key_by", "key": {"fn": "chaosfns:row_key"}},
-                {"id": "count", "type": "aggregate", "aggregate": "count"},
-            ],
-            "sinks": [
-                {"id": "every", "type": "file", "inputs": ["paced"], "config": {"path": "out/every"}},
-                {"id": "per-row", "type": "file", "inputs": ["count"], "config": {"path": "out/per-row"}},
-            ],
-        },
-    }
-
-
 def test_changes_made_while_the_job_runs_and_a_server_restart_are_read_exactly_once(tmp_path):
     """The test changes rows while the job reads them, stops the server for 3 s in the middle (the
     replication connection breaks; the job recovers from its last durable epoch and reads the slot
     from there), changes more, and stops the job at a savepoint once it committed every change.
-    Every change is in out/every once, and out/per-row counts each row's changes 1..n."""
+    Every change is in out/ once, and per-row/ counts each row's changes 1..n."""
     import random
     import subprocess
     import sys
@@ -222,7 +198,10 @@ def test_changes_made_while_the_job_runs_and_a_server_restart_are_read_exactly_o
         with psycopg.connect(conninfo, autocommit=True) as conn:
             conn.execute("CREATE TABLE items (id int PRIMARY KEY, qty int, note text)")
         workdir = tmp_path / "job"
-        jobs.prepare(workdir, cdc_job(own, "cdc", "live"))
+        source = {"port": own.port, "user": own.user, "database": "cdc", "slot": "live"}
+        source |= {"publication": "items_changes", "tables": ["items"]}
+        per_row = {"type": "file", "config": {"path": "per-row"}}
+        jobs.prepare(workdir, jobs.postgres_cdc(source, per_row, bounded=False))
         env = {**os.environ, **own.env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)])}
         run = subprocess.Popen(
             [sys.executable, "-m", "nopstream", "run", "job.yaml"],
@@ -243,7 +222,7 @@ def test_changes_made_while_the_job_runs_and_a_server_restart_are_read_exactly_o
             own.restart(down=3.0)
             with psycopg.connect(conninfo, autocommit=True) as conn:
                 made += jobs.change_rows(conn, rng, rows=600, first=600)
-            wait_for(lambda: sum(committed(workdir, "out/every").values()) >= made, "all committed", 120)
+            wait_for(lambda: sum(committed(workdir, "out").values()) >= made, "all committed", 120)
             asked = run_nopstream("savepoint", "job.yaml", "--stop", cwd=workdir)
             assert asked.code == 0, asked.err
             _, err = run.communicate(timeout=60)
@@ -251,7 +230,7 @@ def test_changes_made_while_the_job_runs_and_a_server_restart_are_read_exactly_o
             run.kill()
         assert run.returncode == 0, err
         assert "recovering: " in err, err  # the restart broke the replication connection
-        every, per_row = committed(workdir, "out/every"), committed(workdir, "out/per-row")
+        every, per_row = committed(workdir, "out"), committed(workdir, "per-row")
         assert sum(every.values()) == made and max(every.values()) == 1
         changes_per_row = Counter(jobs.row_key_of(json.loads(change)) for change in every)
         assert per_row == Counter(
