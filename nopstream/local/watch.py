@@ -65,7 +65,7 @@ async def _until_finished(procs: list[Child], control: ControlServer) -> None:
                 # a task that reported its error and then exited is told by its error
                 if reported:
                     task_id, error = reported[0]
-                    raise TaskDied(f"task {task_id} failed", error.rstrip())
+                    raise TaskDied(f"task {task_id} failed: {_last_line(error)}", error.rstrip())
                 proc, code = failed[0]
                 raise _died(proc, code, control)
         if all(code == 0 for _, code in codes) and all(r.done for r in control.tasks.values()):
@@ -74,6 +74,11 @@ async def _until_finished(procs: list[Child], control: ControlServer) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(0.1):
                 await control.changed.wait()
+
+
+def _last_line(error: str) -> str:
+    """The last line of a task's error (a traceback's exception), cut to 300 characters."""
+    return next((line.strip()[:300] for line in reversed(error.splitlines()) if line.strip()), "")
 
 
 def _died(proc: Child, code: int, control: ControlServer) -> TaskDied:

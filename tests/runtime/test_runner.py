@@ -38,14 +38,18 @@ def test_a_failing_task_fails_the_run_with_its_error(tmp_path, mode):
     result = run_nopstream(*args, cwd=tmp_path)
     assert result.code == 3
     failed = next(line for line in result.err.splitlines() if line.startswith("job 'test' failed: "))
-    # with task processes the count of recoveries comes with the cause, the error below it
+    # with task processes the cause says the error's last line, then the count of recoveries; the
+    # whole error below it
     rate = "3 failures within 600 s; the limit is 2, after 2 recoveries"
-    ending = f" failed ({rate}):" if mode == "processes" else " failed:"
+    ending = f"jobfns.py:4 in explode ({rate}):" if mode == "processes" else " failed:"
     assert failed.startswith("job 'test' failed: task test/main/src/") and failed.endswith(ending), failed
     assert "ValueError: record 1234 is cursed" in result.err
     # with task processes, each failure is a global recovery until the restarts run out
     expected_recoveries = 2 if mode == "processes" else 0
     assert result.err.count("recovering: task test/main/src/") == expected_recoveries
+    for line in result.err.splitlines():  # each says why in one line
+        if line.startswith("recovering: "):
+            assert " failed: " in line and "record 1234 is cursed" in line, line
 
 
 def test_progress_line_shows_rates_per_vertex(tmp_path, monkeypatch):
