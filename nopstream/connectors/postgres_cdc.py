@@ -46,7 +46,7 @@ def lsn_of(text: str) -> int:
 class PostgresCdcSource:
     """Reads the slot for one source subtask (the first; the others end at once)."""
 
-    def __init__(self, config: dict[str, Any], *, subtask: int, parallelism: int) -> None:
+    def __init__(self, config: dict[str, Any], *, subtask: int) -> None:
         """A reader of a validated `PostgresCdcSourceConfig`; the publication is checked (or created)
         now, the slot at the first read, once it is known whether the job was restored."""
         self.config = PostgresCdcSourceConfig.model_validate(config)
@@ -89,7 +89,8 @@ class PostgresCdcSource:
             )
 
     def _slot(self) -> int:
-        """The slot's confirmed position, the slot made now when it does not exist (a fresh job only);
+        """The slot's confirmed position, the slot made now when it does not exist (a fresh job only;
+        RestoreRefused for a restored one), and, bounded, the end of the WAL now unless restored;
         StartRefused for a slot of another plugin or database."""
         c = self.config
         query = "SELECT plugin, database, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s"

@@ -127,7 +127,7 @@ def _kafka_source(a: SourceArgs) -> SourceReader:
 def _postgres_cdc_source(a: SourceArgs) -> SourceReader:
     from nopstream.connectors.postgres_cdc import PostgresCdcSource
 
-    return PostgresCdcSource(a.config, subtask=a.subtask, parallelism=a.parallelism)
+    return PostgresCdcSource(a.config, subtask=a.subtask)
 
 
 def _indexed(kind: type[GeneratorSource] | type[CollectionSource]) -> Callable[[SourceArgs], SourceReader]:

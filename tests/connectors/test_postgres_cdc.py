@@ -57,7 +57,7 @@ def without_lsn(records: list) -> list:
 
 
 def test_inserts_updates_deletes_and_truncates_come_with_their_images(postgres_server, database, db):
-    source = PostgresCdcSource(config(postgres_server, database), subtask=0, parallelism=1)
+    source = PostgresCdcSource(config(postgres_server, database), subtask=0)
     assert source.read(10).records == []  # the slot is made at the first read: what commits after it comes
     with db.transaction():
         db.execute("INSERT INTO items VALUES (1, 'a', 2.50, true, '{\"k\": [1]}', 0.5)")
@@ -95,7 +95,7 @@ def test_inserts_updates_deletes_and_truncates_come_with_their_images(postgres_s
 def test_a_restore_inside_a_transaction_reads_each_change_once_and_the_slot_keeps_what_is_not_durable(
     postgres_server, database, db
 ):
-    first = PostgresCdcSource(config(postgres_server, database), subtask=0, parallelism=1)
+    first = PostgresCdcSource(config(postgres_server, database), subtask=0)
     first.read(1)
     db.execute("INSERT INTO items (id) SELECT generate_series(1, 5)")  # one transaction of 5 changes
     db.execute("INSERT INTO items (id) VALUES (6)")
@@ -109,7 +109,7 @@ def test_a_restore_inside_a_transaction_reads_each_change_once_and_the_slot_keep
     assert cursor == {"lsn": lsn_of(created), "skip": 2}  # inside the first transaction
     got += read_all(first, 2)  # read on, but not in the snapshot: gone with this reader
     first.close()
-    second = PostgresCdcSource(config(postgres_server, database), subtask=0, parallelism=1)
+    second = PostgresCdcSource(config(postgres_server, database), subtask=0)
     second.restore(state)
     rest = read_all(second, 4)
     assert [r["after"]["id"] for r in got[:2] + rest] == [1, 2, 3, 4, 5, 6]
@@ -139,7 +139,7 @@ def test_a_publication_made_after_the_changes_its_slot_holds_is_refused(postgres
     slot = config(postgres_server, database)["slot"]
     db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     db.execute("INSERT INTO items (id) VALUES (1)")
-    source = PostgresCdcSource(config(postgres_server, database), subtask=0, parallelism=1)  # makes it
+    source = PostgresCdcSource(config(postgres_server, database), subtask=0)  # makes it
     deadline = time.monotonic() + 10
     with pytest.raises(StartRefused) as refused:
         while time.monotonic() < deadline:
@@ -154,8 +154,8 @@ def test_a_publication_made_after_the_changes_its_slot_holds_is_refused(postgres
 def test_a_source_without_its_publication_or_slot_is_refused(postgres_server, database, db):
     bare = {k: v for k, v in config(postgres_server, database).items() if k != "tables"}
     with pytest.raises(StartRefused, match=f"publication 'changes' does not exist in {database}"):
-        PostgresCdcSource(bare, subtask=0, parallelism=1)
-    source = PostgresCdcSource(config(postgres_server, database, slot="gone"), subtask=0, parallelism=1)
+        PostgresCdcSource(bare, subtask=0)
+    source = PostgresCdcSource(config(postgres_server, database, slot="gone"), subtask=0)
     source.restore({"cursors": {"slot:gone": {"lsn": 1 << 24, "skip": 0}}})
     with pytest.raises(
         RestoreRefused, match="replication slot 'gone' is gone, and with it the changes after 0/1000000"
@@ -164,11 +164,11 @@ def test_a_source_without_its_publication_or_slot_is_refused(postgres_server, da
     wrong = {**config(postgres_server, database), "user": "nobody"}
     refused = r'refused user nobody: .* password authentication failed for user "nobody"'
     with pytest.raises(StartRefused, match=refused):
-        PostgresCdcSource(wrong, subtask=0, parallelism=1)
+        PostgresCdcSource(wrong, subtask=0)
 
 
 def test_subtasks_after_the_first_have_nothing_to_read_and_keep_no_position(postgres_server, database, db):
-    other = PostgresCdcSource(config(postgres_server, database), subtask=1, parallelism=2)
+    other = PostgresCdcSource(config(postgres_server, database), subtask=1)
     assert other.read(10) is None
     # a restore gives every subtask every cursor: one that does not read must not write it back (a
     # checkpoint joins the subtasks' states, and an old position would win)
