@@ -41,7 +41,7 @@ FAMILIES = {
         "spec.model.sinks[0].config.bucket: required field is missing (rule: required)",
         "spec.model.sinks[0].config.region: unknown field (rule: known-fields)",
         "spec.model.sources[0].type: unknown source type 'kinesis'"
-        " (known: collection, file, generator, kafka, s3) (rule: connector-type)",
+        " (known: collection, file, generator, kafka, postgres-cdc, s3) (rule: connector-type)",
     ],
     "shape": [
         "spec.model.operators[0].type: must be 'map', 'filter', 'flat_map', 'async_map', 'async_flat_map',"
