@@ -138,9 +138,14 @@ def _indexed(kind: type[GeneratorSource] | type[CollectionSource]) -> Callable[[
     return read
 
 
+def _tagged(name: str, tag: str) -> str:
+    """`name` with a run's tag after it, still a PostgreSQL identifier of at most 63 bytes."""
+    return f"{name[: 62 - len(tag)]}_{tag.replace('-', '_')}"
+
+
 def _postgres_cdc_isolated(config: Config, tag: str) -> Config:
     """The run's own slot, named after the source's."""
-    return {**config, "slot": f"{config['slot'][: 62 - len(tag)]}_{tag.replace('-', '_')}"}
+    return {**config, "slot": _tagged(config["slot"], tag)}
 
 
 def _postgres_cdc_copy(original: Config, isolated: Config) -> None:
@@ -241,8 +246,7 @@ def _postgres_drop(config: Config) -> None:
 
 def _postgres_isolated(config: Config, _: Path, tag: str) -> Config:
     """The run's own table beside the sink's (schema dropped: it is created in the search path)."""
-    table = f"{config['table'].rsplit('.', 1)[-1][: 62 - len(tag)]}_{tag.replace('-', '_')}"
-    return {**config, "table": table}
+    return {**config, "table": _tagged(config["table"].rsplit(".", 1)[-1], tag)}
 
 
 SINKS: dict[str, SinkKind] = {

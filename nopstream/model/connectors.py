@@ -238,6 +238,12 @@ class S3SinkConfig(ConnectorConfig):
 SQL_NAME = r"^[a-z_][a-z0-9_]{0,62}$"
 """A PostgreSQL identifier as nopstream writes it: lower case, unquoted, at most 63 bytes."""
 
+SQL_TABLE = r"^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$"
+"""A table as nopstream names it: an identifier (`SQL_NAME`), with its schema in front or not."""
+
+SECRET_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+"""A Kubernetes Secret's name (a DNS subdomain)."""
+
 
 class PostgresTls(TlsFiles):
     """TLS to a PostgreSQL server (libpq's `sslmode`): the CA file its certificate is verified
@@ -258,7 +264,7 @@ class PostgresConnection(ConnectorConfig):
     port: StrictInt = Field(5432, ge=1, le=65535)
     database: str = Field(pattern=r"^[^\s]{1,63}$")
     user: str = Field(pattern=r"^[^\s]{1,63}$")
-    secret_ref: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+    secret_ref: str | None = Field(None, pattern=SECRET_NAME)
     tls: PostgresTls | None = None
 
 
@@ -269,7 +275,7 @@ class PostgresSinkConfig(PostgresConnection):
     NULL); `upsert` replaces the row of the same `keys` (ON CONFLICT ... DO UPDATE).
     """
 
-    table: str = Field(pattern=r"^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$")
+    table: str = Field(pattern=SQL_TABLE)
     columns: list[str] = Field(min_length=1, max_length=1600)
     mode: Literal["insert", "upsert"] = "insert"
     keys: list[str] | None = None
@@ -317,8 +323,7 @@ class PostgresCdcSourceConfig(PostgresConnection):
 
     @model_validator(mode="after")
     def _tables_are_names(self) -> PostgresCdcSourceConfig:
-        table = r"^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$"
-        bad = [t for t in self.tables or [] if not re.match(table, t)]
+        bad = [t for t in self.tables or [] if not re.match(SQL_TABLE, t)]
         if bad:
             raise ValueError(
                 f"{bad[0]!r} is not a table name (schema.table, lower-case letters, digits, '_')"

@@ -23,7 +23,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from nopstream.model.capabilities import SemanticMode
-from nopstream.model.connectors import PostgresTls
+from nopstream.model.connectors import SECRET_NAME, PostgresTls
 from nopstream.model.functions import reference
 
 FunctionRef = Annotated[str, BeforeValidator(reference)]
@@ -173,7 +173,7 @@ class LookupSpec(Spec):
     port: StrictInt = Field(5432, ge=1, le=65535)
     database: str | None = None
     user: str | None = None
-    secret_ref: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+    secret_ref: str | None = Field(None, pattern=SECRET_NAME)
     """postgres: the password is this Secret's `password` (mounted on a cluster), else
     NOPSTREAM_POSTGRES_PASSWORD, as the PostgreSQL sink's."""
     tls: PostgresTls | None = None

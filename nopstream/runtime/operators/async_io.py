@@ -82,9 +82,7 @@ class AsyncMap(StatelessOperator):
                 try:
                     result = await self._call(records[i])
                     made[i] = list(result) if self.flat else [result]
-                except (
-                    RestoreRefused
-                ):  # a client that cannot start (a lookup's refused login): no record's fault
+                except RestoreRefused:  # a client that cannot start (a refused login): no record's fault
                     raise
                 except Exception as exc:
                     self.dead.at(batch, i, exc)  # raises it unless the operator dead-letters
