@@ -167,10 +167,7 @@ SOURCES: dict[str, SourceKind] = {
     "postgres-cdc": SourceKind(
         _postgres_cdc_source,
         "nopstream.connectors.postgres_cdc",
-        isolated=lambda config, tag: {
-            **config,
-            "slot": f"{config['slot'][: 62 - len(tag)]}_{tag.replace('-', '_')}",
-        },
+        isolated=_postgres_cdc_isolated,
         create_like=_postgres_cdc_copy,
         drop=_postgres_cdc_drop,
     ),
