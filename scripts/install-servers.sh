@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install or build, once, the real servers the tests use: etcd and PostgreSQL 15
 # (Debian), MinIO (its Go module), a Kafka broker (its jars from Maven Central), the
-# Kubernetes control plane, kubectl, kubelet and kube-proxy (k8s.io/kubernetes at one
+# Kubernetes control plane, a schema registry (Apicurio Registry, built by Quarkus from its
+# jars on Maven Central), kubectl, kubelet and kube-proxy (k8s.io/kubernetes at one
 # release), helm (its Go module), and the node of the e2e cluster: containerd and
 # CoreDNS (their Go modules), runc, the CNI plugins, iptables, conntrack, buildah and
 # mmdebstrap (Debian), the runtime image (built on a Debian base made here), Lua 5.1
@@ -11,7 +12,7 @@
 # Everything lands in a cache outside the repository; a second run finds it there and
 # only prints what it reused.
 #
-# Usage: scripts/install-servers.sh [etcd] [postgres] [minio] [kafka] [kube] [helm] [node] [image] [lua] [browser] [wheels]
+# Usage: scripts/install-servers.sh [etcd] [postgres] [minio] [kafka] [registry] [kube] [helm] [node] [image] [lua] [browser] [wheels]
 #        (default: all)
 set -euo pipefail
 
@@ -23,6 +24,7 @@ HELM_VERSION="v3.22.0"
 CONTAINERD_VERSION="v2.4.2"
 COREDNS_VERSION="v1.14.7"
 KAFKA_VERSION="4.4.0"   # also in scripts/kafka/pom.xml and e2e/servers.py
+REGISTRY_VERSION="2.4.2.Final"   # also in scripts/schema-registry/pom.xml and e2e/servers.py
 TOP="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$BIN"
 
@@ -80,6 +82,17 @@ fetch_kafka() {
   mvn -q -B -Dstyle.color=never -f "$TOP/scripts/kafka/pom.xml" dependency:copy-dependencies -DoutputDirectory="$dir/libs.partial"
   rm -rf "$dir/libs"
   mv "$dir/libs.partial" "$dir/libs"
+}
+
+build_registry() {
+  # the Quarkus build of Apicurio Registry's app jar: a runner jar and its lib/ (130 MB)
+  local dir="$CACHE/schema-registry-$REGISTRY_VERSION"
+  rm -rf "$dir.partial"
+  mvn -q -B -Dstyle.color=never -f "$TOP/scripts/schema-registry/pom.xml" package -Dbuild.dir="$dir.partial"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  mv "$dir.partial/schema-registry-1-runner.jar" "$dir.partial/lib" "$dir/"
+  rm -rf "$dir.partial"
 }
 
 build_helm() {
@@ -207,13 +220,14 @@ wheelhouses() {
 }
 
 what=("$@")
-[[ ${#what[@]} -gt 0 ]] || what=(etcd postgres minio kafka kube helm node image lua browser wheels)
+[[ ${#what[@]} -gt 0 ]] || what=(etcd postgres minio kafka registry kube helm node image lua browser wheels)
 for w in "${what[@]}"; do
   case "$w" in
     etcd) install_etcd ;;
     postgres) install_postgres ;;
     kafka) mkdir -p "$CACHE/kafka-$KAFKA_VERSION"
            timed "kafka $KAFKA_VERSION" "$CACHE/kafka-$KAFKA_VERSION/.fetched" fetch_kafka ;;
+    registry) timed "schema registry $REGISTRY_VERSION" "$CACHE/schema-registry-$REGISTRY_VERSION/.built" build_registry ;;
     minio) timed "minio $MINIO_VERSION" "$BIN/.minio-$MINIO_VERSION" build_minio ;;
     helm) timed "helm $HELM_VERSION" "$BIN/.helm-$HELM_VERSION-stamped" build_helm ;;
     kube) timed "kubernetes $KUBE_VERSION" "$BIN/.kube-$KUBE_VERSION-stamped" \
@@ -227,6 +241,6 @@ for w in "${what[@]}"; do
     lua) install_debian_packages "lua" lua5.1 lua-cjson ;;
     browser) install_debian_packages "browser" chromium chromium-driver ;;
     wheels) wheelhouses ;;
-    *) log "unknown server '$w' (known: etcd postgres minio kafka kube helm node image lua browser wheels)"; exit 2 ;;
+    *) log "unknown server '$w' (known: etcd postgres minio kafka registry kube helm node image lua browser wheels)"; exit 2 ;;
   esac
 done

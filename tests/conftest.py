@@ -253,3 +253,22 @@ def bucket(minio_client, request):
     name = f"{name}-{secrets.token_hex(3)}"
     minio_client.make_bucket(name)
     return name
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory):
+    """A real schema registry (Apicurio Registry, Confluent API) shared by the session; tests use
+    subjects of their own."""
+    from e2e import servers
+
+    server = servers.start_schema_registry(tmp_path_factory.mktemp("registry"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def registry(schema_registry):
+    """The session's schema registry as the test's own client (`tests/registry_util.py`) sees it."""
+    from tests.registry_util import Registry
+
+    return Registry(schema_registry.url)

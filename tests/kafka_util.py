@@ -7,6 +7,7 @@ import re
 import secrets
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -98,8 +99,9 @@ class Topics:
         if transactional:
             (producer.abort_transaction if abort else producer.commit_transaction)(30)
 
-    def committed(self, topic: str) -> Counter[str]:
-        """Every committed record of the topic (read_committed, from the beginning), canonical JSON."""
+    def committed(self, topic: str, decode: Callable[[bytes], Any] = json.loads) -> Counter[str]:
+        """Every committed record of the topic (read_committed, from the beginning), as `decode` reads
+        its value, in canonical JSON."""
         consumer = Consumer(
             {
                 "bootstrap.servers": self.bootstrap,
@@ -121,7 +123,7 @@ class Topics:
         while len(done) < len(ends):
             for m in consumer.consume(500, timeout=0.5):
                 if m.error() is None:
-                    out[json.dumps(json.loads(m.value()), sort_keys=True)] += 1
+                    out[json.dumps(decode(m.value()), sort_keys=True)] += 1
             for tp in consumer.position([TopicPartition(topic, p) for p in ends]):
                 if tp.offset >= ends[tp.partition]:  # read_committed moves past markers and aborted records
                     done.add(tp.partition)

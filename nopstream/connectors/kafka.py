@@ -30,7 +30,6 @@ need not cover a checkpoint interval.
 
 from __future__ import annotations
 
-import base64
 import re
 import time
 from collections.abc import Callable
@@ -50,32 +49,12 @@ from confluent_kafka.admin._metadata import ClusterMetadata
 
 from nopstream.connectors.event_time import SplitHighs
 from nopstream.connectors.kafka_clients import TIMEOUT, admin, client_config, consumer, reach
+from nopstream.connectors.payloads import PayloadError, PlainCodec, RegistryCodec, ValueCodec, value_codec
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
 from nopstream.errors import BadInput, StartRefused
 from nopstream.model.connectors import KafkaSinkConfig, KafkaSourceConfig
 from nopstream.plan.keys import stable_hash
 from nopstream.records import MIN_TIMESTAMP, Batch, SinkRecovery, SinkStart, Unreadable
-
-
-def _decode(value: bytes | None, fmt: str) -> Any:
-    """A message value as a record: parsed JSON, UTF-8 text, or raw bytes as base64 text."""
-    if value is None:
-        return None
-    if fmt == "json":
-        return orjson.loads(value)
-    return base64.b64encode(value).decode("ascii") if fmt == "bytes" else value.decode("utf-8")
-
-
-def _encode(value: Any, fmt: str) -> bytes:
-    """A record as a message value; `bytes` takes base64 text (records cross channels as JSON)."""
-    if fmt == "bytes":
-        if not isinstance(value, str):
-            raise TypeError(f"format bytes takes base64 text, got {type(value).__name__}")
-        return base64.b64decode(value, validate=True)
-    if fmt == "string" and isinstance(value, str):
-        return value.encode("utf-8")
-    return orjson.dumps(value)
-
 
 Split = tuple[str, int]
 """A partition of a topic."""
@@ -114,6 +93,9 @@ class KafkaSource:
         self.parallelism = parallelism
         self._pattern = re.compile(self.config.topic_pattern) if self.config.topic_pattern else None
         cluster = reach(self.config, self.config.topic)  # first: it refuses what no retry mends
+        self.codec = value_codec(
+            self.config, f"kafka source '{self.config.topic or self.config.topic_pattern}'"
+        )
         self.consumer = consumer(
             self.config, **{"enable.auto.offset.store": False, "auto.offset.reset": "error"}
         )
@@ -188,16 +170,15 @@ class KafkaSource:
             self._assign()
 
     def _record(self, value: bytes | None, split: Split, offset: int) -> Any:
-        """The record of a message value; one that does not decode is refused naming its partition and
-        offset (`BadInput`), or, when the source keeps unreadable records, an `Unreadable` saying so."""
+        """The record of a message value (None for none); one that does not decode is refused naming its
+        partition and offset (`BadInput`), or, when the source keeps unreadable records, an `Unreadable`
+        saying so."""
+        if value is None:
+            return None
         try:
-            return _decode(value, self.config.format)
-        except ValueError as err:  # not UTF-8 (UnicodeDecodeError), not JSON (JSONDecodeError)
-            assert value is not None
-            fmt = self.config.format
-            form = "JSON" if fmt == "json" else "UTF-8 text"
-            why = f"partition {split[1]} of topic '{split[0]}': the value at offset {offset} is not {form}"
-            why += f" ({err}) (rule: a source of format {fmt} reads {form} values)"
+            return self.codec.decode(value)
+        except PayloadError as err:
+            why = f"partition {split[1]} of topic '{split[0]}': the value at offset {offset} {err}"
             if not self.keep_unreadable:
                 raise BadInput(why) from None  # the same in every run: refused, never retried
             return Unreadable(value.decode("utf-8", errors="replace"), why)
@@ -292,6 +273,10 @@ def _timestamp(m: Message) -> int:
     return int(ts) if kind != 0 and ts >= 0 else int(time.time() * 1000)
 
 
+_KEYS = PlainCodec("string")
+"""Message keys: text as it is, anything else as JSON."""
+
+
 class KafkaSink(StagedSink):
     """Publishes each durable epoch's records in one Kafka transaction with its marker."""
 
@@ -303,6 +288,7 @@ class KafkaSink(StagedSink):
         self._open: list[Any] = []
         self._producer: Producer | None = None
         self._marker: Consumer | None = None
+        self._codec: ValueCodec | None = None
         self.published: tuple[int, int] = (0, 0)
 
     # the marker: a consumer group of the sink's own
@@ -343,8 +329,21 @@ class KafkaSink(StagedSink):
 
     # writing
 
+    @property
+    def codec(self) -> ValueCodec:
+        """The values' codec (set at `recover`)."""
+        assert self._codec is not None, "recover comes first"
+        return self._codec
+
     def write(self, batch: Batch) -> None:
-        """Hold the batch in the open epoch (it reaches the snapshot at the barrier)."""
+        """Hold the batch in the open epoch (it reaches the snapshot at the barrier); a record its
+        format cannot write is refused here, before any epoch holds it (`BadInput`)."""
+        for record in batch.records:
+            try:
+                self.codec.encode(record)
+            except PayloadError as err:
+                shown = orjson.dumps(record)[:300].decode("utf-8", errors="replace")
+                raise BadInput(f"kafka sink '{self.name.operator_id}': the record {shown} {err}") from None
         self._open.extend(batch.records)
         self.records += len(batch.records)
 
@@ -373,10 +372,10 @@ class KafkaSink(StagedSink):
             topic = str(record[c.topic_field]) if c.topic_field and isinstance(record, dict) else c.topic
             key = None
             if c.key_field is not None and isinstance(record, dict) and record.get(c.key_field) is not None:
-                key = _encode(record[c.key_field], "string")
+                key = _KEYS.encode(record[c.key_field])
             while True:
                 try:
-                    producer.produce(topic, value=_encode(record, c.format), key=key)
+                    producer.produce(topic, value=self.codec.encode(record), key=key)
                     break
                 except BufferError:  # the local queue is full: let librdkafka send
                     producer.poll(0.05)
@@ -398,6 +397,11 @@ class KafkaSink(StagedSink):
                 f"kafka sink '{self.name.operator_id}': topic '{self.config.topic}' does not exist on"
                 f" {self.config.bootstrap_servers} (create it first)"
             )
+        who = f"kafka sink '{self.name.operator_id}'"
+        codec = value_codec(self.config, who)
+        if isinstance(codec, RegistryCodec):
+            codec.start_writing(self.config, who)
+        self._codec = codec
         _ = self.producer  # init_transactions: fences a zombie, aborts what it left open
         self.published = self._read_marker()
         return super().recover(start)
@@ -435,6 +439,7 @@ def create_like(config: dict[str, Any], topic: str) -> None:
 def topic_records(config: dict[str, Any]) -> list[Any]:
     """Every committed record of the sink's topic, from the beginning (read_committed)."""
     c = KafkaSinkConfig.model_validate(config)
+    codec = value_codec(c, f"kafka topic '{c.topic}'")
     reader = consumer(c)
     try:
         meta = reader.list_topics(c.topic, timeout=TIMEOUT).topics[c.topic]
@@ -447,7 +452,8 @@ def topic_records(config: dict[str, Any]) -> list[Any]:
         while todo:
             for m in reader.consume(500, timeout=0.2):
                 if m.error() is None:
-                    out.append(_decode(m.value(), c.format))
+                    value = m.value()
+                    out.append(codec.decode(value) if value is not None else None)
             for tp in reader.position([TopicPartition(c.topic, p) for p in todo]):
                 if tp.offset >= ends[tp.partition]:  # read_committed moves past markers and aborted records
                     todo.discard(tp.partition)

@@ -161,7 +161,45 @@ class KafkaConnection(ConnectorConfig):
         return self
 
 
-class KafkaSourceConfig(KafkaConnection):
+REGISTRY_FORMATS = ("avro", "protobuf", "json-schema")
+"""Kafka value formats framed with a schema id (the Confluent wire format) and kept in a registry."""
+
+
+class SchemaRegistry(ConnectorConfig):
+    """A schema registry that speaks the Confluent API (Confluent's, Apicurio's `/apis/ccompat/v7`,
+    Karapace). An `https` URL is verified against `tls.caFile` (the system's CAs without one) and may
+    present `tls.certFile` with its key."""
+
+    url: str = Field(pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$", max_length=2000)
+    tls: TlsFiles | None = None
+
+    @model_validator(mode="after")
+    def _tls_needs_https(self) -> SchemaRegistry:
+        if self.tls is not None and not self.url.startswith("https://"):
+            raise ValueError("tls needs an https url")
+        return self
+
+
+class KafkaPayload(ConnectorConfig):
+    """How message values read: `json`, `string`, `bytes` (base64 text in records), or a schema the
+    registry holds: `avro`, `protobuf`, `json-schema`, framed with its id (the Confluent wire format)."""
+
+    format: Literal["json", "string", "bytes", "avro", "protobuf", "json-schema"] = "json"
+    schema_registry: SchemaRegistry | None = None
+
+    @model_validator(mode="after")
+    def _registry_for_its_formats(self) -> KafkaPayload:
+        framed = self.format in REGISTRY_FORMATS
+        if framed and self.schema_registry is None:
+            raise ValueError(f"format {self.format} needs schemaRegistry (its schemas are kept there)")
+        if not framed and self.schema_registry is not None:
+            raise ValueError(
+                f"schemaRegistry goes with format avro, protobuf or json-schema, not {self.format}"
+            )
+        return self
+
+
+class KafkaSourceConfig(KafkaConnection, KafkaPayload):
     """The partitions of a topic (or of the topics `topicPattern` matches in full), read
     `read_committed`; one split per partition, offsets in checkpoints.
 
@@ -172,7 +210,6 @@ class KafkaSourceConfig(KafkaConnection):
 
     topic: str | None = Field(None, pattern=KAFKA_TOPIC)
     topic_pattern: str | None = Field(None, min_length=1, max_length=1000)
-    format: Literal["json", "string", "bytes"] = "json"
     starting_offsets: Literal["earliest", "latest", "timestamp"] = "earliest"
     start_timestamp_ms: StrictInt | None = Field(None, ge=0)
     bounded: StrictBool = False
@@ -192,18 +229,43 @@ class KafkaSourceConfig(KafkaConnection):
         return self
 
 
-class KafkaSinkConfig(KafkaConnection):
+class KafkaSinkConfig(KafkaConnection, KafkaPayload):
     """A topic that receives each durable epoch's records in one Kafka transaction (OUTBOX_EPOCH_LOG).
 
     `keyField` names the record field written as the message key; `topicField` the
-    field naming each record's topic (the `topic` otherwise).
+    field naming each record's topic (the `topic` otherwise). With a registry format,
+    values are written with `valueSchema` (registered under `subject` at start, as the
+    registry's compatibility rule allows) or, without one, the subject's latest schema.
     """
 
     topic: str = Field(pattern=KAFKA_TOPIC)
-    format: Literal["json", "string", "bytes"] = "json"
     key_field: str | None = None
     topic_field: str | None = None
     transaction_timeout_ms: StrictInt = Field(60_000, ge=1000, le=900_000)
+    value_schema: str | None = Field(None, min_length=1, max_length=1_000_000)
+    """The schema's text: Avro JSON, a JSON Schema document, or a `.proto` file."""
+    subject: str | None = Field(None, min_length=1, max_length=1000)
+    """The registry subject of the values (`<topic>-value` unless named: TopicNameStrategy)."""
+    message: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")
+    """Protobuf: the full name of the message written (the schema's first message unless named)."""
+
+    @model_validator(mode="after")
+    def _schema_settings_fit(self) -> KafkaSinkConfig:
+        if self.format not in REGISTRY_FORMATS:
+            given = [n for n, v in (("valueSchema", self.value_schema), ("subject", self.subject)) if v]
+            if given:
+                raise ValueError(
+                    f"{given[0]} goes with format avro, protobuf or json-schema, not {self.format}"
+                )
+        if self.message is not None and self.format != "protobuf":
+            raise ValueError(f"message goes with format protobuf, not {self.format}")
+        if self.topic_field is not None and self.format in REGISTRY_FORMATS and self.subject is None:
+            raise ValueError("topicField with a registry format needs subject (one schema for every topic)")
+        return self
+
+    def value_subject(self) -> str:
+        """The registry subject of the values."""
+        return self.subject or f"{self.topic}-value"
 
     def location(self) -> str:
         """The topic on its cluster."""

@@ -712,6 +712,116 @@ def kafka_to_kafka(home: Path, *, kafka: Any, connection: dict[str, Any] | None 
     )
 
 
+ORDER_V1 = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "shop",
+    "fields": [{"name": "user", "type": "string"}, {"name": "amount", "type": "long"}],
+}
+"""The orders' first schema."""
+
+ORDER_V2 = {
+    **ORDER_V1,
+    "fields": [
+        *ORDER_V1["fields"],
+        {"name": "currency", "type": "string", "default": "EUR"},
+        {"name": "note", "type": ["null", "string"], "default": None},
+    ],
+}
+"""The orders' second schema: two fields more, each with its default (BACKWARD and FORWARD compatible)."""
+
+TOTAL = {
+    "type": "record",
+    "name": "Total",
+    "namespace": "shop",
+    "fields": [{"name": "key", "type": "string"}, {"name": "value", "type": "long"}],
+}
+"""A user's running total."""
+
+
+def avro_orders(*, partitions: int = 3, per: int = 2000) -> list[list[dict[str, Any]]]:
+    """The committed orders of each partition of `fill_avro_orders`, in order: the first half with
+    `ORDER_V1`'s fields, the rest with `ORDER_V2`'s. A user's orders are all in one partition, so
+    its running totals do not depend on how the partitions interleave."""
+    rng = random.Random(23)
+    out = []
+    for p in range(partitions):
+        users = [f"p{p}-u{i}" for i in range(20)]
+        orders = [{"user": rng.choice(users), "amount": rng.randrange(1, 1000)} for _ in range(per)]
+        later = [
+            {**o, "currency": "USD", "note": "v2" if o["amount"] % 2 else None} for o in orders[per // 2 :]
+        ]
+        out.append(orders[: per // 2] + later)
+    return out
+
+
+def fill_avro_orders(kafka: Any, registry: Any, orders: list[list[dict[str, Any]]]) -> str:
+    """A topic of `avro_orders` in Avro, a partition each: the first half of each partition written
+    with `ORDER_V1`, the rest with `ORDER_V2` (registered in between, as a producer upgraded
+    mid-stream does; the subject's rule is FULL), the second half in a transaction after an aborted
+    one."""
+    from tests.registry_util import avro_value
+
+    topic = kafka.create("orders", partitions=len(orders))
+    subject = f"{topic}-value"
+    v1 = registry.register(subject, ORDER_V1)
+    registry.compatibility(subject, "FULL")
+    halves = [len(part) // 2 for part in orders]
+    for p, part in enumerate(orders):
+        kafka.produce(topic, [avro_value(v1, ORDER_V1, o) for o in part[: halves[p]]], partition=p, raw=True)
+    v2 = registry.register(subject, ORDER_V2)
+    assert registry.versions(subject) == [1, 2]
+    for p, part in enumerate(orders):
+        aborted = [avro_value(v2, ORDER_V2, {**o, "amount": 10**9}) for o in part[halves[p] : halves[p] + 20]]
+        kafka.produce(topic, aborted, partition=p, raw=True, transactional=f"{topic}-{p}", abort=True)
+        values = [avro_value(v2, ORDER_V2, o) for o in part[halves[p] :]]
+        kafka.produce(topic, values, partition=p, raw=True, transactional=f"{topic}-{p}")
+    return topic
+
+
+def kafka_avro_totals(
+    home: Path, *, kafka: Any, registry: Any, connection: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Each user's running total of the Avro orders of `fill_avro_orders` into an Avro topic of
+    `TOTAL`s, registered by the sink; both ends connect with `connection` when given."""
+    source = fill_avro_orders(kafka, registry, avro_orders())
+    out = kafka.create("totals", partitions=2)
+    reach = connection or {"bootstrapServers": kafka.bootstrap}
+    avro = {"format": "avro", "schemaRegistry": {"url": registry.url}}
+    return _job(
+        "kafka-avro",
+        {
+            "sources": [
+                {
+                    "id": "orders",
+                    "type": "kafka",
+                    "config": {**reach, **avro, "topic": source, "bounded": True},
+                }
+            ],
+            "operators": [
+                {"id": "paced", "type": "map", "fn": "chaosfns:slow"},
+                {"id": "by-user", "type": "key_by", "key": {"field": "user"}},
+                {"id": "total", "type": "aggregate", "aggregate": {"kind": "sum", "field": "amount"}},
+            ],
+            "sinks": [
+                {
+                    "id": "out",
+                    "type": "kafka",
+                    "parallelism": 2,
+                    "config": {
+                        **reach,
+                        **avro,
+                        "topic": out,
+                        "keyField": "key",
+                        "valueSchema": json.dumps(TOTAL),
+                    },
+                }
+            ],
+        },
+        parallelism=3,
+    )
+
+
 def kafka_to_postgres(home: Path, *, kafka: Any, port: int, user: str, database: str) -> dict[str, Any]:
     """A rolling word count from a topic to the latest count per word in PostgreSQL (upsert)."""
     source = fill_kafka(kafka, random.Random(17), lines=1600)  # two subtasks read the three partitions
