@@ -129,6 +129,8 @@ class AvroSchema:
         """Parse the schema's JSON text, its date and time logical types read as their numbers."""
         try:
             self.parsed = fastavro.parse_schema(_without_time_types(orjson.loads(text)))
+        except fastavro.schema.UnknownType as err:
+            raise SchemaError(f"not an Avro schema: it names the unknown type '{err.name}'") from None
         except (ValueError, TypeError, KeyError) as err:
             raise SchemaError(f"not an Avro schema: {err}") from None
         self._plain = any(t in text for t in ('"bytes"', '"fixed"', '"decimal"', '"uuid"'))
@@ -287,7 +289,8 @@ def _compile_proto(text: str) -> descriptor_pb2.FileDescriptorSet:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
         if done.returncode != 0:
             first = (done.stderr.strip().splitlines() or ["protoc failed"])[0]
-            raise SchemaError(f"not a .proto file protoc compiles: {first.removeprefix('schema.proto:')}")
+            where = first.partition("schema.proto:")[2] or first  # protoc names the file by its path
+            raise SchemaError(f"not a .proto file protoc compiles: {where}")
         return descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
 
 

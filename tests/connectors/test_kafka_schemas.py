@@ -19,7 +19,8 @@ from nopstream.connectors.schema_registry import SchemaRegistryClient, frame, me
 from nopstream.model.connectors import SchemaRegistry
 from tests.chaos import jobs
 from tests.checkpointing.test_faults import run_job
-from tests.registry_util import avro_record, framed
+from tests.kafka_util import Topics
+from tests.registry_util import Registry, avro_record, avro_value, framed
 
 PROTO = """
 syntax = "proto3";
@@ -197,3 +198,182 @@ def test_the_wire_format_of_message_paths():
     assert read_message_path(bytes([4, 2, 4]) + b"rest") == ([1, 2], b"rest")
     assert read_message_path(b"\x00rest") == ([0], b"rest")
     assert frame(7, b"x") == b"\x00\x00\x00\x00\x07x"
+
+
+def test_values_that_do_not_decode_are_refused_or_set_aside(tmp_path, kafka, registry):
+    """A value not in the wire format, one whose schema id the registry does not have, one with bytes
+    after its record: the run is refused at the first, naming partition and offset; with
+    `onError: dead-letter` each is set aside with its reason and the good ones are read."""
+    topic, out = kafka.create("mixed"), kafka.create("good")
+    schema_id = registry.register(f"{topic}-value", jobs.ORDER_V1)
+    good = [{"user": "a", "amount": n} for n in range(1, 6)]
+    values = [avro_value(schema_id, jobs.ORDER_V1, o) for o in good]
+    kafka.produce(topic, [*values[:2], b'{"user": "a"}', framed(999_999, b"\x02a\x02")], raw=True)
+    kafka.produce(topic, [values[2] + b"\x07", *values[2:]], raw=True)
+
+    def model(on_error: str) -> dict:
+        reg = {"format": "avro", "schemaRegistry": {"url": registry.url}}
+        source = {"bootstrapServers": kafka.bootstrap, "topic": topic, "bounded": True, **reg}
+        sink = {"bootstrapServers": kafka.bootstrap, "topic": out}
+        dead = [{"id": "bad", "type": "file", "inputs": ["orders:dead-letter"], "config": {"path": "bad"}}]
+        return {
+            "jobId": f"mixed-{on_error}",
+            "checkpoint": {"intervalMs": 150},
+            "model": {
+                "sources": [{"id": "orders", "type": "kafka", "config": source, "onError": on_error}],
+                "operators": [],
+                "sinks": [{"id": "out", "type": "kafka", "inputs": ["orders"], "config": sink}]
+                + dead * (on_error == "dead-letter"),
+            },
+        }
+
+    result = run(tmp_path / "fail", model("fail"))
+    assert result.returncode == 3, result.stderr
+    where = f"partition 0 of topic '{topic}': the value at offset"
+    assert (
+        f"{where} 2 is not in the schema registry's wire format: it does not start with byte 0 and a 4-byte"
+        " schema id" in result.stderr
+    )
+    assert "Traceback" not in result.stderr and "recovering:" not in result.stderr
+    assert kafka.committed(out) == Counter()
+    result = run(tmp_path / "dead", model("dead-letter"))
+    assert result.returncode == 0, result.stderr
+    assert kafka.committed(out) == Counter(json.dumps(o, sort_keys=True) for o in good)
+    letters = [
+        json.loads(line)
+        for f in sorted((tmp_path / "dead" / "bad").glob("*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
+    reasons = sorted(r["error"] for r in letters)
+    assert reasons[0].startswith(f"{where} 2 is not in the schema registry's wire format")
+    assert reasons[1].startswith(
+        f"{where} 3 has schema id 999999, which the registry does not have (HTTP 404"
+    )
+    assert reasons[2] == f"{where} 4 has 1 bytes left after the value its Avro schema reads"
+    assert len(letters) == 3
+
+
+def _sink_model(kafka: Topics, registry: Registry, out: str, sink: dict, fmt: str = "avro") -> dict:
+    """Five orders from a JSON topic into the Kafka sink `out` of `fmt` with `sink`'s settings."""
+    topic = kafka.create("orders")
+    kafka.produce(topic, [{"key": "a", "value": n} for n in range(5)])
+    reg = {"format": fmt, "schemaRegistry": {"url": registry.url}}
+    return {
+        "jobId": "sink-refusals",
+        "checkpoint": {"intervalMs": 150},
+        "model": {
+            "sources": [
+                {
+                    "id": "in",
+                    "type": "kafka",
+                    "config": {"bootstrapServers": kafka.bootstrap, "topic": topic, "bounded": True},
+                }
+            ],
+            "operators": [],
+            "sinks": [
+                {
+                    "id": "out",
+                    "type": "kafka",
+                    "config": {"bootstrapServers": kafka.bootstrap, "topic": out, **reg, **sink},
+                }
+            ],
+        },
+    }
+
+
+def _refused(tmp_path: Path, model: dict, kafka: Topics, out: str) -> str:
+    result = run(tmp_path / "job", model)
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr and "recovering:" not in result.stderr
+    assert kafka.committed(out) == Counter()
+    return result.stderr
+
+
+def test_a_record_the_sink_schema_does_not_fit_is_refused_before_any_epoch_holds_it(
+    tmp_path, kafka, registry
+):
+    out = kafka.create("out")
+    schema = {
+        **jobs.TOTAL,
+        "fields": [{"name": "key", "type": "string"}, {"name": "value", "type": "string"}],
+    }
+    err = _refused(
+        tmp_path, _sink_model(kafka, registry, out, {"valueSchema": json.dumps(schema)}), kafka, out
+    )
+    line = "kafka sink 'out': the record " + '{"key":"a","value":0}'
+    line += " does not fit the Avro schema: must be string on field value"
+    assert line in err
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        (
+            "incompatible",
+            "refused subject '{out}-value': HTTP 409: Incompatible artifact: {out}-value [AVRO]",
+        ),
+        (
+            "not-avro",
+            "kafka sink 'out': valueSchema: not an Avro schema: it names the unknown type 'shop.strin'",
+        ),
+        ("no-subject", "kafka sink 'out': schema registry at {url} refused subject '{out}-value': HTTP 404"),
+        (
+            "not-proto",
+            "kafka sink 'out': valueSchema: not a .proto file protoc compiles: 1:10:"
+            ' Unrecognized syntax identifier "proto9"',
+        ),
+        (
+            "unreachable",
+            "kafka sink 'out': schema registry at http://127.0.0.1:{port}/apis/ccompat/v7 cannot be used:",
+        ),
+    ],
+)
+def test_a_sink_schema_the_registry_or_its_library_refuses_is_refused_at_start(
+    case, expected, tmp_path, kafka, registry
+):
+    from e2e.servers import free_port
+
+    out, port = kafka.create("out"), free_port()
+    fmt, sink, reg = "avro", {"valueSchema": json.dumps(jobs.TOTAL)}, registry
+    if case == "incompatible":
+        registry.register(f"{out}-value", jobs.ORDER_V1)
+        registry.compatibility(f"{out}-value", "BACKWARD")
+    elif case == "not-avro":
+        sink = {"valueSchema": json.dumps({**jobs.TOTAL, "fields": [{"name": "key", "type": "strin"}]})}
+    elif case == "no-subject":
+        sink = {}
+    elif case == "not-proto":
+        fmt, sink = "protobuf", {"valueSchema": 'syntax = "proto9";'}
+    elif case == "unreachable":
+        reg = Registry(f"http://127.0.0.1:{port}/apis/ccompat/v7")
+    err = _refused(tmp_path, _sink_model(kafka, reg, out, sink, fmt), kafka, out)
+    assert expected.format(out=out, url=registry.url, port=port) in err, err
+    assert len([line for line in err.splitlines() if "kafka sink 'out'" in line]) == 1
+
+
+def test_a_registry_format_without_a_registry_is_refused_by_validation(tmp_path, nopstream):
+    job = {
+        "jobId": "no-registry",
+        "model": {
+            "sources": [
+                {
+                    "id": "in",
+                    "type": "kafka",
+                    "config": {"bootstrapServers": "127.0.0.1:1", "topic": "t", "format": "avro"},
+                }
+            ],
+            "operators": [],
+            "sinks": [
+                {
+                    "id": "out",
+                    "type": "kafka",
+                    "config": {"bootstrapServers": "127.0.0.1:1", "topic": "u", "subject": "s"},
+                }
+            ],
+        },
+    }
+    (tmp_path / "job.yaml").write_text(json.dumps(job))
+    result = nopstream("validate", str(tmp_path / "job.yaml"))
+    assert result.code != 0
+    assert "format avro needs schemaRegistry (its schemas are kept there)" in result.err
+    assert "subject goes with format avro, protobuf or json-schema, not json" in result.err
