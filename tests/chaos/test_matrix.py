@@ -217,6 +217,29 @@ def test_chaos_cell_kafka_sasl_ssl_to_sasl_ssl(tmp_path, etcd_server, kafka_serv
     assert KAFKA_USERS["app"] not in result.out + result.err
 
 
+def test_chaos_cell_kafka_sasl_ssl_avro_both_ways(
+    tmp_path, etcd_server, kafka_server, kafka, registry, capsys
+):
+    """Avro orders over SASL_SSL, written with two schemas (the second registered mid-stream), into
+    running totals the sink registers and writes in Avro over SASL_SSL: every restarted task reads
+    each value by its schema id and writes with the schema it registered."""
+    auth = kafka_server.auth
+    connection = {
+        "bootstrapServers": auth.sasl_bootstrap,
+        "securityProtocol": "SASL_SSL",
+        "sasl": {"mechanism": "SCRAM-SHA-256", "username": "app"},
+        "tls": {"caFile": str(auth.ca)},
+    }
+    home = tmp_path / "job"
+    job = jobs.prepare(
+        home, jobs.kafka_avro_totals(home, kafka=kafka, registry=registry, connection=connection)
+    )
+    env = {"NOPSTREAM_KAFKA_PASSWORD": KAFKA_USERS["app"]}
+    result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=48, env=env)
+    check(result, capsys, "kafka-avro / run")
+    assert KAFKA_USERS["app"] not in result.out + result.err
+
+
 @pytest.mark.parametrize("mode", ["run"])
 def test_chaos_cell_kafka_to_postgres(mode, tmp_path, etcd_server, kafka, postgres_server, database, capsys):
     import psycopg
