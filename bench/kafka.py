@@ -9,8 +9,14 @@ as a user sees it, until the last record is committed:
   plain ALO    the same loop without transactions, offsets committed after each batch
   nopstream    `nopstream run` of a bounded kafka source -> map -> kafka sink job,
                STRICT_EXACTLY_ONCE (checkpoints every second), and AT_LEAST_ONCE
-Ratios: nopstream exactly-once / plain EO (target >= 0.3) and nopstream at-least-once /
-plain ALO. Every output is checked to hold each record once.
+  SASL_SSL + Avro  the same exactly-once pair with both ends over SASL_SSL (SCRAM-SHA-512,
+               the broker verified) and Avro values in the schema registry's wire format
+               (Apicurio Registry): the plain loop decodes each value with fastavro by the
+               schema its id names (read once) and encodes with the output schema it
+               registered; nopstream's job says `format: avro` at both ends.
+Ratios: nopstream exactly-once / plain EO (target >= 0.3), nopstream at-least-once /
+plain ALO, and the same exactly-once ratio over SASL_SSL with Avro. Every output is
+checked to hold each record once.
 Run: `python bench/kafka.py [--records N]`.
 """
 
@@ -23,14 +29,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from e2e import servers
+from e2e.certs import Pki
 from tests.kafka_util import QUIET, Topics
+from tests.registry_util import Registry, avro_record, avro_value
 
 ROOT = Path(__file__).resolve().parent.parent
 FNS = """
@@ -38,6 +49,13 @@ def tag(record):
     return {**record, "seen": True}
 """
 BATCH = 5_000
+RECORD = {
+    "type": "record",
+    "name": "Record",
+    "fields": [{"name": "i", "type": "long"}, {"name": "text", "type": "string"}],
+}
+TAGGED = {**RECORD, "fields": [*RECORD["fields"], {"name": "seen", "type": "boolean"}]}
+PASSWORD = "bench-password"
 
 
 def fill(topics: Topics, records: int) -> str:
@@ -55,12 +73,84 @@ def fill(topics: Topics, records: int) -> str:
     return topic
 
 
-def plain_loop(topics: Topics, source: str, out: str, records: int, *, transactions: bool) -> float:
+@dataclass(frozen=True)
+class Wire:
+    """How the contestants reach the broker and read and write values: the client settings of a
+    plain loop, its value codec, and the same as a job's connector settings."""
+
+    client: dict[str, Any]
+    decode: Callable[[bytes], Any]
+    encode: Callable[[Any], bytes]
+    job: dict[str, Any]
+    sink_job: dict[str, Any]
+
+
+PLAIN = Wire({}, orjson.loads, orjson.dumps, {}, {})
+"""PLAINTEXT and JSON."""
+
+
+def fill_avro(topics: Topics, registry: Registry, records: int) -> str:
+    """The input topic in Avro: `records` records of `RECORD` over 2 partitions."""
+    topic = topics.create("avro-in", partitions=2)
+    schema_id = registry.register(f"{topic}-value", RECORD)
+    for part in range(2):
+        values = [
+            avro_value(schema_id, RECORD, {"i": i, "text": f"record {i}"}) for i in range(part, records, 2)
+        ]
+        topics.produce(topic, values, partition=part, raw=True)
+    return topic
+
+
+def avro_wire(auth: servers.KafkaAuth, registry: Registry, out: str) -> Wire:
+    """SASL_SSL both ways; values decoded by their schema id (each schema read once) and encoded with
+    `TAGGED`, registered for the topic `out`."""
+    import io
+
+    import fastavro
+
+    readers: dict[int, Any] = {}
+    out_id, tagged = registry.register(f"{out}-value", TAGGED), fastavro.parse_schema(TAGGED)
+
+    def decode(value: bytes) -> Any:
+        schema_id = int.from_bytes(value[1:5], "big")
+        if schema_id not in readers:
+            readers[schema_id] = fastavro.parse_schema(json.loads(registry.schema(schema_id)))
+        return fastavro.schemaless_reader(io.BytesIO(value[5:]), readers[schema_id], None)
+
+    def encode(record: Any) -> bytes:
+        buffer = io.BytesIO()
+        buffer.write(b"\x00" + out_id.to_bytes(4, "big"))
+        fastavro.schemaless_writer(buffer, tagged, record)
+        return buffer.getvalue()
+
+    client = {
+        "bootstrap.servers": auth.sasl_bootstrap,
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "bench",
+        "sasl.password": PASSWORD,
+        "ssl.ca.location": str(auth.ca),
+    }
+    job = {
+        "bootstrapServers": auth.sasl_bootstrap,
+        "securityProtocol": "SASL_SSL",
+        "sasl": {"mechanism": "SCRAM-SHA-512", "username": "bench"},
+        "tls": {"caFile": str(auth.ca)},
+        "format": "avro",
+        "schemaRegistry": {"url": registry.url},
+    }
+    return Wire(client, decode, encode, job, {"valueSchema": json.dumps(TAGGED)})
+
+
+def plain_loop(
+    topics: Topics, source: str, out: str, records: int, *, transactions: bool, wire: Wire = PLAIN
+) -> float:
     """Seconds for a consume-transform-produce loop to copy the topic (with or without transactions)."""
     start = time.perf_counter()
     consumer = Consumer(
         {
-            "bootstrap.servers": topics.bootstrap,
+            **wire.client,
+            "bootstrap.servers": wire.client.get("bootstrap.servers", topics.bootstrap),
             "group.id": f"plain-{out}",
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
@@ -68,7 +158,7 @@ def plain_loop(topics: Topics, source: str, out: str, records: int, *, transacti
             **QUIET,
         }
     )
-    config = {"bootstrap.servers": topics.bootstrap, "linger.ms": 5, **QUIET}
+    config = {"bootstrap.servers": topics.bootstrap, "linger.ms": 5, **QUIET, **wire.client}
     if transactions:
         config["transactional.id"] = f"plain-{out}"
     producer = Producer(config)
@@ -83,10 +173,10 @@ def plain_loop(topics: Topics, source: str, out: str, records: int, *, transacti
         if transactions:
             producer.begin_transaction()
         for m in messages:
-            record = orjson.loads(m.value())
+            record = wire.decode(m.value())
             while True:
                 try:
-                    producer.produce(out, value=orjson.dumps({**record, "seen": True}))
+                    producer.produce(out, value=wire.encode({**record, "seen": True}))
                     break
                 except BufferError:
                     producer.poll(0.05)
@@ -103,11 +193,21 @@ def plain_loop(topics: Topics, source: str, out: str, records: int, *, transacti
     return time.perf_counter() - start
 
 
-def nopstream(workdir: Path, topics: Topics, source: str, out: str, mode: str) -> float:
+def nopstream(
+    workdir: Path,
+    topics: Topics,
+    source: str,
+    out: str,
+    mode: str,
+    *,
+    wire: Wire = PLAIN,
+    env: dict[str, str] | None = None,
+) -> float:
     """Seconds of `nopstream run` of the job, as a user runs it."""
-    home = workdir / mode
+    home = workdir / (mode + ("-avro" if wire.job else ""))
     home.mkdir()
     (home / "benchfns.py").write_text(FNS)
+    reach = {"bootstrapServers": topics.bootstrap}
     job = {
         "jobId": f"bench-{mode.lower().replace('_', '-')}",
         "semanticMode": mode,
@@ -117,17 +217,21 @@ def nopstream(workdir: Path, topics: Topics, source: str, out: str, mode: str) -
                 {
                     "id": "in",
                     "type": "kafka",
-                    "config": {"bootstrapServers": topics.bootstrap, "topic": source, "bounded": True},
+                    "config": {**reach, "topic": source, "bounded": True, **wire.job},
                 }
             ],
             "operators": [{"id": "tag", "type": "map", "fn": "benchfns:tag"}],
             "sinks": [
-                {"id": "out", "type": "kafka", "config": {"bootstrapServers": topics.bootstrap, "topic": out}}
+                {
+                    "id": "out",
+                    "type": "kafka",
+                    "config": {**reach, "topic": out, **wire.job, **wire.sink_job},
+                }
             ],
         },
     }
     (home / "job.yaml").write_text(yaml.safe_dump(job))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(home)])}
+    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(ROOT), str(home)])}
     start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "nopstream", "run", "job.yaml"],
@@ -141,9 +245,9 @@ def nopstream(workdir: Path, topics: Topics, source: str, out: str, mode: str) -
     return time.perf_counter() - start
 
 
-def check(topics: Topics, out: str, records: int) -> None:
+def check(topics: Topics, out: str, records: int, decode: Callable[[bytes], Any] = json.loads) -> None:
     """The output holds every input record once, tagged."""
-    got = topics.committed(out)
+    got = topics.committed(out, decode)
     expected = {
         json.dumps({"i": i, "seen": True, "text": f"record {i}"}, sort_keys=True) for i in range(records)
     }
@@ -161,29 +265,54 @@ def main() -> None:
     n = args.records
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        broker = servers.start_kafka(workdir / "broker")
+        auth = servers.KafkaAuth.issue(Pki(workdir / "pki"), {"bench": PASSWORD})
+        broker = servers.start_kafka(workdir / "broker", auth=auth)
+        server = servers.start_schema_registry(workdir / "registry")
         try:
-            topics = Topics(broker.bootstrap, "bench")
+            topics, registry = Topics(broker.bootstrap, "bench"), Registry(server.url)
             source = fill(topics, n)
+            avro_source = fill_avro(topics, registry, n)
+            secret = {"NOPSTREAM_KAFKA_PASSWORD": PASSWORD}
             seconds = {}
             for name, run in (
                 ("plain EO", lambda out: plain_loop(topics, source, out, n, transactions=True)),
                 ("plain ALO", lambda out: plain_loop(topics, source, out, n, transactions=False)),
                 ("nopstream EO", lambda out: nopstream(workdir, topics, source, out, "STRICT_EXACTLY_ONCE")),
                 ("nopstream ALO", lambda out: nopstream(workdir, topics, source, out, "AT_LEAST_ONCE")),
+                (
+                    "plain EO avro",
+                    lambda out: plain_loop(
+                        topics, avro_source, out, n, transactions=True, wire=avro_wire(auth, registry, out)
+                    ),
+                ),
+                (
+                    "nopstream EO avro",
+                    lambda out: nopstream(
+                        workdir,
+                        topics,
+                        avro_source,
+                        out,
+                        "STRICT_EXACTLY_ONCE",
+                        wire=avro_wire(auth, registry, out),
+                        env=secret,
+                    ),
+                ),
             ):
                 out = topics.create(name.replace(" ", "-").lower(), partitions=2)
                 seconds[name] = run(out)
-                check(topics, out, n)
+                check(topics, out, n, (lambda v: avro_record(registry, v)) if "avro" in name else json.loads)
         finally:
+            server.stop()
             broker.stop()
-    print(f"Kafka -> Kafka, {n:,} JSON records in 2 partitions, a field added to each; whole runs")
+    print(f"Kafka -> Kafka, {n:,} records in 2 partitions, a field added to each; whole runs")
     for name, s in seconds.items():
-        print(f"  {name:<14} {n / s:>10,.0f} records/s  ({s:.2f} s)")
+        print(f"  {name:<18} {n / s:>10,.0f} records/s  ({s:.2f} s)")
     print(
         f"  nopstream EO / plain EO:   {seconds['plain EO'] / seconds['nopstream EO']:.3f}  (target >= 0.3)"
     )
     print(f"  nopstream ALO / plain ALO: {seconds['plain ALO'] / seconds['nopstream ALO']:.3f}")
+    avro = seconds["plain EO avro"] / seconds["nopstream EO avro"]
+    print(f"  SASL_SSL + Avro, nopstream EO / plain EO: {avro:.3f}")
 
 
 if __name__ == "__main__":
