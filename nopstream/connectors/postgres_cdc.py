@@ -43,6 +43,11 @@ def lsn_of(text: str) -> int:
     return (int(high, 16) << 32) + int(low, 16)
 
 
+SLOT_WAIT = 10.0
+"""Seconds a start waits for another reader of its slot to let go: the server lets go of a reader of
+this job killed a moment ago well within it; one that holds on is another job's."""
+
+
 class PostgresCdcSource:
     """Reads the slot for one source subtask (the first; the others end at once)."""
 
@@ -114,7 +119,23 @@ class PostgresCdcSource:
             if self.config.bounded and self.end is None:
                 (now,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone() or ("0/0",)
                 self.end = lsn_of(now)
+            self._wait_until_unread(conn)
             return lsn_of(str(confirmed))
+
+    def _wait_until_unread(self, conn: Any) -> None:
+        """Wait up to SLOT_WAIT for the slot to have no reader; StartRefused naming the reader then."""
+        slot, deadline = self.config.slot, time.monotonic() + SLOT_WAIT
+        while True:
+            row = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            (pid,) = row.fetchone() or (None,)
+            if pid is None:
+                return
+            if time.monotonic() > deadline:
+                raise StartRefused(
+                    f"postgres-cdc: replication slot '{slot}' is being read by server process {pid} (another"
+                    f" job?) for longer than {SLOT_WAIT:.0f} s: a slot has one reader, give each job its own"
+                )
+            time.sleep(0.2)
 
     def _open(self) -> None:
         """Connect for replication and start reading the slot at the position."""

@@ -377,3 +377,35 @@ def test_a_registry_format_without_a_registry_is_refused_by_validation(tmp_path,
     assert result.code != 0
     assert "format avro needs schemaRegistry (its schemas are kept there)" in result.err
     assert "subject goes with format avro, protobuf or json-schema, not json" in result.err
+
+
+def test_a_registry_over_tls_is_verified(tmp_path, kafka):
+    """A registry that serves only HTTPS: the sink verifies it against `tls.caFile` and writes; a
+    registry whose certificate another CA signed is refused at start in one line."""
+    from e2e import servers
+    from e2e.certs import Pki
+
+    pki = Pki(tmp_path / "pki")
+    serving = pki.issue("registry", "registry", server_ips=("127.0.0.1",), client=False)
+    server = servers.start_schema_registry(tmp_path / "registry", serving=serving)
+    try:
+        assert server.url.startswith("https://")
+        for ca, ok in ((pki.ca.cert, True), (Pki(tmp_path / "other").ca.cert, False)):
+            out = kafka.create("out")
+            secure = Registry(server.url)
+            model = _sink_model(kafka, secure, out, {"valueSchema": json.dumps(jobs.TOTAL)})
+            model["model"]["sinks"][0]["config"]["schemaRegistry"]["tls"] = {"caFile": str(ca)}
+            home = tmp_path / ("good" if ok else "bad")
+            if ok:
+                result = run(home, model)
+                assert result.returncode == 0, result.stderr
+                client = SchemaRegistryClient(SchemaRegistry(url=server.url, tls={"caFile": str(ca)}))
+                written = kafka.committed(out, payloads.RegistryCodec(client, "avro").decode)
+                assert written == Counter(json.dumps({"key": "a", "value": n}) for n in range(5))
+            else:
+                model["jobId"] = "untrusted"
+                err = _refused(home.parent / "bad-home", model, kafka, out)
+                assert f"kafka sink 'out': schema registry at {server.url} cannot be used: " in err
+                assert "CERTIFICATE_VERIFY_FAILED" in err, err
+    finally:
+        server.stop()

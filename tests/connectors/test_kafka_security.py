@@ -173,3 +173,53 @@ def test_security_settings_that_do_not_fit_their_protocol_are_invalid(tmp_path):
         "  model.sources[4].config.tls: Value error, certFile and keyFile go together: a client certificate"
         " and its private key (rule: schema)",
     ]
+
+
+def test_the_password_is_in_no_view_of_a_running_job(tmp_path, secured):
+    """While a SASL job runs, its dashboard's view of the job, the dashboard page and its metrics hold
+    the job (its sources' names) and never the password."""
+    import os
+    import re
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from tests.conftest import ROOT
+
+    auth, topics = secured
+    source = fill_kafka(topics, random.Random(6), lines=3000)
+    out = topics.create("out", partitions=2)
+    workdir = tmp_path / "job"
+    prepare(workdir, secured_job(topics, source, out, sasl(auth, "SCRAM-SHA-512"), mtls(auth)), {})
+    env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nopstream", "run", "job.yaml"],
+        cwd=workdir,
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        found = re.fullmatch(r"dashboard: (http://127\.0\.0\.1:\d+)/dashboard/#token=([0-9a-f]{64})\n", first)
+        assert found, first
+        base, token = found.groups()
+        seen = ""
+        deadline = time.monotonic() + 60
+        while '"lines"' not in seen and time.monotonic() < deadline:  # the view shows the source
+            time.sleep(0.2)
+            seen = ""
+            for path in ("/api/v1/job", "/metrics", "/dashboard/"):
+                request = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {token}"})
+                with urllib.request.urlopen(request, timeout=5) as answer:
+                    seen += answer.read().decode()
+        assert '"lines"' in seen and "nopstream_" in seen, seen[:500]
+        assert PASSWORD not in seen
+        rest = proc.stderr.read()
+    finally:
+        proc.wait(timeout=120)
+    assert proc.returncode == 0, rest
+    assert PASSWORD not in first + rest

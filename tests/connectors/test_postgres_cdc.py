@@ -167,6 +167,42 @@ def test_a_source_without_its_publication_or_slot_is_refused(postgres_server, da
         PostgresCdcSource(wrong, subtask=0)
 
 
+def test_a_slot_another_reader_holds_is_refused_and_one_let_go_of_is_read(
+    postgres_server, database, db, monkeypatch
+):
+    """A second job on the slot of a running one is refused at start naming the reader; a reader that
+    lets go within the wait (a task killed a moment ago) is waited for."""
+    import threading
+
+    from nopstream.connectors import postgres_cdc
+
+    monkeypatch.setattr(postgres_cdc, "SLOT_WAIT", 1.0)
+    first = PostgresCdcSource(config(postgres_server, database), subtask=0)
+    assert first.read(10) is not None  # it made the slot and reads it
+    db.execute("INSERT INTO items (id) VALUES (1)")
+    assert [r["op"] for r in read_all(first, 1)] == ["insert"]
+    (pid,) = db.execute(
+        "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+        (config(postgres_server, database)["slot"],),
+    ).fetchone()
+    second = PostgresCdcSource(config(postgres_server, database), subtask=0)
+    slot = config(postgres_server, database)["slot"]
+    with pytest.raises(StartRefused) as refused:
+        second.read(10)
+    assert str(refused.value) == (
+        f"postgres-cdc: replication slot '{slot}' is being read by server process {pid} (another job?) for"
+        " longer than 1 s: a slot has one reader, give each job its own"
+    )
+    second.close()
+    monkeypatch.setattr(postgres_cdc, "SLOT_WAIT", 10.0)
+    threading.Timer(1.0, first.close).start()  # lets go while the third waits
+    third = PostgresCdcSource(config(postgres_server, database), subtask=0)
+    third.restore(first.snapshot())
+    db.execute("INSERT INTO items (id) VALUES (2)")
+    assert [r["after"]["id"] for r in read_all(third, 1)] == [2]
+    third.close()
+
+
 def test_subtasks_after_the_first_have_nothing_to_read_and_keep_no_position(postgres_server, database, db):
     other = PostgresCdcSource(config(postgres_server, database), subtask=1)
     assert other.read(10) is None
