@@ -1,6 +1,6 @@
 """The `file` source and sink.
 
-Source (REPLAYABLE): the files matching a glob, read as text lines or JSON lines,
+Source (REPLAYABLE): the files matching a glob, read as text, JSON or CSV lines,
 each spread over the source's subtasks in stripes (`connectors.striped`); a file
 begun is told from another under its path by a hash of its first 4 KiB. With
 `discoveryIntervalMs` the source never ends and picks up new files as they appear;
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from nopstream import safefiles
-from nopstream.connectors import lines as line_format
+from nopstream.connectors.lines import LineFormat, object_records
 from nopstream.connectors.staged import ObjectSink, OutputConflict, SinkName
 from nopstream.connectors.striped import StripedSource
 from nopstream.errors import RestoreRefused, StartRefused
@@ -110,7 +110,7 @@ class FileSource(StripedSource):
         c = FileSourceConfig.model_validate(config)
         super().__init__(
             LocalFiles(c.path),
-            jsonl=c.format == "jsonl",
+            lines=LineFormat.of(c),
             subtask=subtask,
             parallelism=parallelism,
             discovery_ms=c.discovery_interval_ms,
@@ -131,8 +131,8 @@ class FileSink(ObjectSink):
     def __init__(self, config: FileSinkConfig | dict[str, Any], *, name: SinkName) -> None:
         """Prepare the output and staging directories."""
         c = FileSinkConfig.model_validate(config)
-        self.ext = "jsonl" if c.format == "jsonl" else "txt"
-        super().__init__(name)
+        lines = LineFormat.of(c)
+        super().__init__(name, lines, lines.ext)
         self.dir = Path(c.path)
         self.staging = self.dir / ".staging"
         try:
@@ -140,7 +140,6 @@ class FileSink(ObjectSink):
             safefiles.private_dir(self.staging, what="the file sink's staging directory")
         except safefiles.UnsafePath as unsafe:
             raise StartRefused(str(unsafe)) from None
-        self.jsonl = self.ext == "jsonl"
         self._file: Any = None
         self._file_epoch = 0  # the epoch the open transaction's staged file is named for
         self._created = 0  # the last epoch whose staged file this process created
@@ -149,18 +148,21 @@ class FileSink(ObjectSink):
         return self.staging / self._object(epoch)
 
     def write(self, batch: Batch) -> None:
-        """Append the batch to the open transaction's staged file (created fresh for a new one)."""
+        """Append the batch to the open transaction's staged file (created fresh for a new one, its
+        header first); a record the format cannot write fails the run before any of the batch is."""
+        data = self._encode(batch.records, "file")
         if self._file is None:
             staged = self._staged(self.epoch)
             if self._created != self.epoch:  # a new transaction: a new file, whatever was at its name
                 staged.unlink(missing_ok=True)
                 fd = safefiles.create_new(staged, mode=0o644)
+                data = self.lines.header() + data
             else:
                 fd = os.open(staged, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
             self._file = os.fdopen(fd, "wb")
             self._file_epoch = self._created = self.epoch
         with self._naming_the_file():
-            self._file.write(line_format.encode(batch.records, jsonl=self.jsonl))
+            self._file.write(data)
         self.records += len(batch.records)
 
     def _release(self) -> None:
@@ -234,8 +236,8 @@ def committed_records(config: FileSinkConfig | dict[str, Any]) -> list[Any]:
     c = FileSinkConfig.model_validate(config)
     directory = Path(c.path)
     paths = sorted(p for p in directory.iterdir() if p.is_file()) if directory.is_dir() else []
-    jsonl = c.format == "jsonl"
-    return [r for p in paths for r in line_format.decode(p.read_bytes().splitlines(), jsonl=jsonl)]
+    lines = LineFormat.of(c)
+    return [r for p in paths for r in object_records(lines, p.read_bytes())]
 
 
 def _head_hash(f: BinaryIO, n: int) -> str:

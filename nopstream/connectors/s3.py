@@ -1,6 +1,6 @@
 """The `s3` source and sink, on any S3 endpoint (MinIO in the tests).
 
-Source (REPLAYABLE): the objects under `prefix`, read as text lines or JSON lines,
+Source (REPLAYABLE): the objects under `prefix`, read as text, JSON or CSV lines,
 each spread over the source's subtasks in stripes (`connectors.striped`) and read by
 ranged GETs of `READ_BYTES`, so a subtask holds at most that much of an object
 however large it is. Each GET asks for the ETag the object had when opened; a restore
@@ -22,7 +22,7 @@ import io
 import os
 from typing import Any, BinaryIO, cast
 
-from nopstream.connectors import lines as line_format
+from nopstream.connectors.lines import LineFormat, object_records
 from nopstream.connectors.staged import ObjectSink, OutputConflict, SinkName
 from nopstream.connectors.striped import StripedSource
 from nopstream.errors import RestoreRefused, StorageError
@@ -154,9 +154,12 @@ class S3Source(StripedSource):
         """List the objects."""
         c = S3SourceConfig.model_validate(config)
         objects = BucketObjects(connect(c), c.prefix)
-        jsonl = c.format == "jsonl"
         super().__init__(
-            objects, jsonl=jsonl, subtask=subtask, parallelism=parallelism, keep_unreadable=keep_unreadable
+            objects,
+            lines=LineFormat.of(c),
+            subtask=subtask,
+            parallelism=parallelism,
+            keep_unreadable=keep_unreadable,
         )
 
 
@@ -165,11 +168,12 @@ class S3Sink(ObjectSink):
 
     def __init__(self, config: S3SinkConfig | dict[str, Any], *, name: SinkName) -> None:
         """Write under the config's bucket and prefix."""
-        super().__init__(name)
         c = S3SinkConfig.model_validate(config)
+        lines = LineFormat.of(c)
+        # text objects keep the name they always had (.jsonl), so restores find what they staged
+        super().__init__(name, lines, "csv" if c.format == "csv" else "jsonl")
         self.store = connect(c)
         self.prefix = c.prefix
-        self.jsonl = c.format == "jsonl"
         self._buffer: list[bytes] = []
 
     def _staged(self, epoch: int) -> str:
@@ -177,7 +181,8 @@ class S3Sink(ObjectSink):
 
     def write(self, batch: Batch) -> None:
         """Add the batch to the open transaction."""
-        self._buffer.append(line_format.encode(batch.records, jsonl=self.jsonl))
+        data = self._encode(batch.records, "s3")
+        self._buffer.append(data if self._buffer else self.lines.header() + data)
         self.records += len(batch.records)
 
     def _stage(self, epoch: int) -> None:
@@ -227,4 +232,5 @@ def committed_records(config: S3SinkConfig | dict[str, Any]) -> list[Any]:
     c = S3SinkConfig.model_validate(config)
     store = connect(c)
     keys = [k for k in store.list(c.prefix) if not k[len(c.prefix) :].startswith(".staging/")]
-    return [r for k in keys for r in line_format.decode(store.get(k).splitlines(), jsonl=c.format == "jsonl")]
+    lines = LineFormat.of(c)
+    return [r for k in keys for r in object_records(lines, store.get(k))]

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nopstream import faults
-from nopstream.errors import RestoreRefused
+from nopstream.connectors.lines import BadRecord, LineFormat
+from nopstream.errors import BadInput, RestoreRefused
 from nopstream.records import PendingTxn, SinkRecovery, SinkStart, SinkState
 
 
@@ -157,14 +158,22 @@ class StagedSink:
 
 
 class ObjectSink(StagedSink):
-    """A StagedSink whose transactions are named objects (files, S3 objects): `SinkName.object`."""
+    """A StagedSink whose transactions are named objects (files, S3 objects): `SinkName.object`,
+    their records lines of `lines` (CSV's after a header)."""
 
-    ext = "jsonl"
-
-    def __init__(self, name: SinkName) -> None:
-        """Objects of this subtask are recognised by their names."""
+    def __init__(self, name: SinkName, lines: LineFormat, ext: str) -> None:
+        """Objects of this subtask, named with `ext`, are recognised by their names."""
         super().__init__(name)
-        self._pattern = name.pattern(self.ext)
+        self.lines, self.ext = lines, ext
+        self._pattern = name.pattern(ext)
+
+    def _encode(self, records: list[Any], kind: str) -> bytes:
+        """The records as lines; BadInput naming the `kind` sink and the record it cannot write (the
+        same in every run: refused, never retried)."""
+        try:
+            return self.lines.encode(records)
+        except BadRecord as err:
+            raise BadInput(f"{kind} sink '{self.name.operator_id}': {err}") from None
 
     def _object(self, epoch: int, lineage: int | None = None) -> str:
         return self.name.object(self.lineage if lineage is None else lineage, epoch, self.ext)

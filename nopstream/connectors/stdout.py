@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from nopstream.connectors import lines as line_format
+from nopstream.connectors.lines import LineFormat
 from nopstream.model.connectors import StdoutSinkConfig
 from nopstream.records import Batch, SinkRecovery, SinkStart
 
@@ -19,11 +19,11 @@ class StdoutSink:
 
     def __init__(self, config: StdoutSinkConfig | dict[str, Any]) -> None:
         """Print as JSON lines or as text."""
-        self.jsonl = StdoutSinkConfig.model_validate(config).format == "jsonl"
+        self.lines = LineFormat(StdoutSinkConfig.model_validate(config).format)
 
     def write(self, batch: Batch) -> None:
         """Print the batch."""
-        sys.stdout.buffer.write(line_format.encode(batch.records, jsonl=self.jsonl))
+        sys.stdout.buffer.write(self.lines.encode(batch.records))
 
     def prepare(self, epoch: int) -> None:
         """Nothing to stage: records are already printed."""

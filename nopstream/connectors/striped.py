@@ -24,6 +24,7 @@ the run.
 
 from __future__ import annotations
 
+import csv
 import time
 from itertools import accumulate, groupby
 from typing import Any, BinaryIO, Protocol
@@ -31,6 +32,7 @@ from typing import Any, BinaryIO, Protocol
 from nopstream.connectors import lines as line_format
 from nopstream.connectors import stripes
 from nopstream.connectors.event_time import SplitHighs
+from nopstream.connectors.lines import LineFormat
 from nopstream.errors import BadInput, RestoreRefused
 from nopstream.plan.keys import stable_hash
 from nopstream.records import MIN_TIMESTAMP, Batch, Unreadable
@@ -77,7 +79,7 @@ class StripedSource:
         self,
         objects: Objects,
         *,
-        jsonl: bool,
+        lines: LineFormat,
         subtask: int,
         parallelism: int,
         discovery_ms: int | None = None,
@@ -86,7 +88,8 @@ class StripedSource:
         """Discover the objects (again every `discovery_ms`, and then never end); with `keep_unreadable`
         a line that is not a record of the format is an `Unreadable` instead of a refusal."""
         self.objects = objects
-        self.jsonl = jsonl
+        self.lines = lines
+        self._fields: list[str] = []  # the header's field names of the object being read (CSV)
         self.keep_unreadable = keep_unreadable
         self.discovery_ms = discovery_ms
         self.subtask = subtask
@@ -150,8 +153,10 @@ class StripedSource:
                 continue
             lines, self._ahead = self._ahead[:max_records], self._ahead[max_records:]
             start = self._pos
-            self._note_stripes(lines, start)
             self._advance(sum(map(len, lines)))
+            if start == 0 and self.lines.has_header:  # the header: the stripe 0 owner's first line
+                start, lines = len(lines[0]), lines[1:]
+            self._note_stripes(lines, start)
             return self._decode(lines, start)
 
     def _decode(self, lines: list[bytes], start: int) -> Batch:
@@ -164,7 +169,7 @@ class StripedSource:
 
         keep = unreadable if self.keep_unreadable else None
         try:
-            return Batch(line_format.decode(lines, jsonl=self.jsonl, unreadable=keep))
+            return Batch(self.lines.decode(lines, fields=self._fields, unreadable=keep))
         except line_format.BadLine as bad:
             raise self._bad_line(start + sum(map(len, lines[: bad.index])), bad.reason) from None
 
@@ -172,6 +177,8 @@ class StripedSource:
         """Note the stripe of each line handed out (the one it starts in), for `split_highs`."""
         name, size, times = self._current_name, stripes.STRIPE_BYTES, self.event_times
         times.start()
+        if not lines:
+            return
         if start // size == (start + sum(map(len, lines[:-1]))) // size:  # the usual case: one stripe
             times.note(stripes.split_id(name, start // size), len(lines))
             return
@@ -202,16 +209,18 @@ class StripedSource:
     def _bad_line(self, offset: int, reason: str) -> BadInput:
         """The refusal of the line at byte `offset` of the object being read."""
         split = stripes.split_id(self._current_name, offset // stripes.STRIPE_BYTES)
-        form = "JSON lines" if self.jsonl else "UTF-8 text lines"
         return BadInput(
             f"split '{split}' of '{self._current_name}': the line at byte {offset} {reason}"
-            f" (rule: a source of format {'jsonl' if self.jsonl else 'text'} reads {form})"
+            f" (rule: a source of format {self.lines.format} reads {self.lines.form})"
         )
 
     def _open(self, name: str) -> None:
         """Open an object and plan the stretches of this subtask's unread stripes in it."""
         self._current = self.objects.open(name, self.identities.get(name))
         self._current_name = name
+        if self.lines.has_header:
+            self._current.seek(0)
+            self._fields = self._header_fields(self._current.readline())
         size = self.objects.size(name, self._current)
         done = self.done.get(name, set())
         mine = [k for k in range(stripes.count(size)) if self._mine(name, k) and k not in done]
@@ -221,6 +230,13 @@ class StripedSource:
             if cursor is not None:
                 begun[k] = cursor
         self._stretches = stripes.stretches(mine, begun)
+
+    def _header_fields(self, header: bytes) -> list[str]:
+        """The field names of the object's header line; BadInput when it is not a CSV line."""
+        try:
+            return self.lines.fields(header)
+        except (ValueError, csv.Error) as err:
+            raise self._bad_line(0, f"is not a CSV header ({err})") from None
 
     def _begin(self, stretch: stripes.Stretch) -> None:
         """Go to the first line of a stretch: its cursor, or the first line starting in its first stripe."""

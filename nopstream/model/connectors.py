@@ -40,11 +40,50 @@ class ConnectorConfig(BaseModel):
         return None
 
 
-class FileSourceConfig(ConnectorConfig):
-    """Files matching a glob, each spread over the subtasks in stripes, read as text lines or JSON lines."""
+class CsvOptions(ConnectorConfig):
+    """CSV lines (RFC 4180 quoting, a record per line). Reading, each object's first line is its header
+    and names the fields, whose values are text unless `types` says `int`, `float` or `bool`; writing,
+    `columns` are the header and the fields written, in order."""
+
+    delimiter: str = Field(",", min_length=1, max_length=1)
+    columns: list[str] | None = Field(None, min_length=1, max_length=10_000)
+    types: dict[str, Literal["int", "float", "bool"]] = Field(default_factory=dict)
+
+
+class LinesConfig(ConnectorConfig):
+    """Records as lines: `text`, `jsonl` (a JSON value a line) or `csv` (with its `csv` options)."""
+
+    format: Literal["text", "jsonl", "csv"] = "jsonl"
+    csv: CsvOptions | None = None
+
+    @model_validator(mode="after")
+    def _csv_options_with_csv(self) -> LinesConfig:
+        if self.csv is not None and self.format != "csv":
+            raise ValueError(f"csv goes with format csv, not {self.format}")
+        return self
+
+    def csv_options(self) -> CsvOptions:
+        """The CSV options given, else the defaults."""
+        return self.csv or CsvOptions()
+
+
+class LinesSinkConfig(LinesConfig):
+    """A sink of lines: CSV names its `csv.columns`."""
+
+    @model_validator(mode="after")
+    def _csv_sink_has_columns(self) -> LinesSinkConfig:
+        if self.format == "csv" and (self.csv is None or self.csv.columns is None):
+            raise ValueError("format csv needs csv.columns (the header, and the fields written in order)")
+        if self.csv is not None and self.csv.types:
+            raise ValueError("csv.types is for reading: a sink writes each value as its text")
+        return self
+
+
+class FileSourceConfig(LinesConfig):
+    """Files matching a glob, each spread over the subtasks in stripes, read as text, JSON or CSV lines."""
 
     path: str
-    format: Literal["text", "jsonl"] = "text"
+    format: Literal["text", "jsonl", "csv"] = "text"
     discovery_interval_ms: StrictInt | None = Field(None, ge=1, le=86_400_000)
 
 
@@ -77,14 +116,14 @@ class CollectionSourceConfig(IndexedSourceConfig):
     splits: StrictInt | None = Field(1, ge=1, le=1024)
 
 
-class S3SourceConfig(ConnectorConfig):
-    """Objects under a bucket prefix, read as text lines or JSON lines."""
+class S3SourceConfig(LinesConfig):
+    """Objects under a bucket prefix, read as text, JSON or CSV lines."""
 
     bucket: str
     prefix: str = ""
     endpoint: str | None = None
     secret_ref: str | None = None
-    format: Literal["text", "jsonl"] = "text"
+    format: Literal["text", "jsonl", "csv"] = "text"
 
 
 SECRETS_DIR = "/var/run/secrets/nopstream"
@@ -272,25 +311,23 @@ class KafkaSinkConfig(KafkaConnection, KafkaPayload):
         return f"kafka topic '{self.topic}' at {self.bootstrap_servers}"
 
 
-class FileSinkConfig(ConnectorConfig):
+class FileSinkConfig(LinesSinkConfig):
     """A directory that receives one committed file per sink subtask and epoch."""
 
     path: str
-    format: Literal["jsonl", "text"] = "jsonl"
 
     def location(self) -> str:
         """The directory as given (a relative one is resolved by whoever knows the working directory)."""
         return self.path
 
 
-class S3SinkConfig(ConnectorConfig):
+class S3SinkConfig(LinesSinkConfig):
     """A bucket prefix that receives objects published on commit."""
 
     bucket: str
     prefix: str = ""
     endpoint: str | None = None
     secret_ref: str | None = None
-    format: Literal["jsonl", "text"] = "jsonl"
 
     def location(self) -> str:
         """The bucket prefix on its endpoint."""

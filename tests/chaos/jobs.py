@@ -982,6 +982,37 @@ def processing_windows(home: Path) -> dict[str, Any]:
     )
 
 
+def csv_to_csv(home: Path) -> dict[str, Any]:
+    """Orders in CSV files (about two stripes each, a header on the first) into each user's rolling
+    count of orders, written as CSV files of `key,value`, at parallelism 3 and 2."""
+    rng = random.Random(29)
+    for f in range(3):
+        rows = "".join(f'u{rng.randrange(40)},{rng.randrange(1, 1000)},"note, {i}"\n' for i in range(12_000))
+        _write(home, {f"orders-{f}.csv": "user,amount,note\n" + rows})
+    return _job(
+        "csv-count",
+        {
+            "sources": [
+                {"id": "orders", "type": "file", "config": {"path": f"{home}/in/*.csv", "format": "csv"}}
+            ],
+            "operators": [
+                {"id": "paced", "type": "map", "fn": "chaosfns:slow"},
+                {"id": "by-user", "type": "key_by", "key": {"field": "user"}},
+                {"id": "count", "type": "aggregate", "aggregate": "count"},
+            ],
+            "sinks": [
+                {
+                    "id": "out",
+                    "type": "file",
+                    "parallelism": 2,
+                    "config": {"path": "out", "format": "csv", "csv": {"columns": ["key", "value"]}},
+                }
+            ],
+        },
+        parallelism=3,
+    )
+
+
 def file_to_file_mapping_with(home: Path, name: str, body: str) -> Path:
     """The file-to-file job whose map is the function `name(line)` with `body`, prepared in `home`."""
     model = file_to_file(home)

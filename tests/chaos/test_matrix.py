@@ -217,6 +217,14 @@ def test_chaos_cell_kafka_sasl_ssl_to_sasl_ssl(tmp_path, etcd_server, kafka_serv
     assert KAFKA_USERS["app"] not in result.out + result.err
 
 
+def test_chaos_cell_csv_files(tmp_path, etcd_server, capsys):
+    """CSV orders read in stripes (the header only in each file's first) into rolling counts written
+    as CSV files, a header in each committed file."""
+    home = tmp_path / "job"
+    job = jobs.prepare(home, jobs.csv_to_csv(home))
+    check(chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=52), capsys, "csv-files / run")
+
+
 def test_chaos_cell_kafka_sasl_ssl_avro_both_ways(
     tmp_path, etcd_server, kafka_server, kafka, registry, capsys
 ):
