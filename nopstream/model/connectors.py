@@ -25,6 +25,9 @@ from pydantic.alias_generators import to_camel
 
 from nopstream.model.capabilities import SinkCapability, SourceCapability
 
+SECRET_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+"""A Kubernetes Secret's name (a DNS subdomain)."""
+
 
 class ConnectorConfig(BaseModel):
     """Base of every connector config: camelCase keys, unknown keys refused."""
@@ -122,7 +125,7 @@ class S3SourceConfig(LinesConfig):
     bucket: str
     prefix: str = ""
     endpoint: str | None = None
-    secret_ref: str | None = None
+    secret_ref: str | None = Field(None, pattern=SECRET_NAME)
     format: Literal["text", "jsonl", "csv"] = "text"
 
 
@@ -186,7 +189,7 @@ class KafkaConnection(ConnectorConfig):
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl: KafkaSasl | None = None
     tls: KafkaTls | None = None
-    secret_ref: str | None = None
+    secret_ref: str | None = Field(None, pattern=SECRET_NAME)
     """The Secret holding `password` and, for TLS, `ca.crt`, `tls.crt`, `tls.key` (mounted on a cluster)."""
 
     @model_validator(mode="after")
@@ -327,7 +330,7 @@ class S3SinkConfig(LinesSinkConfig):
     bucket: str
     prefix: str = ""
     endpoint: str | None = None
-    secret_ref: str | None = None
+    secret_ref: str | None = Field(None, pattern=SECRET_NAME)
 
     def location(self) -> str:
         """The bucket prefix on its endpoint."""
@@ -339,9 +342,6 @@ SQL_NAME = r"^[a-z_][a-z0-9_]{0,62}$"
 
 SQL_TABLE = r"^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$"
 """A table as nopstream names it: an identifier (`SQL_NAME`), with its schema in front or not."""
-
-SECRET_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
-"""A Kubernetes Secret's name (a DNS subdomain)."""
 
 
 class PostgresTls(TlsFiles):

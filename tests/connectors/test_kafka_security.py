@@ -154,6 +154,7 @@ def test_security_settings_that_do_not_fit_their_protocol_are_invalid(tmp_path):
         {**connection, "securityProtocol": "SASL_SSL", "sasl": {"mechanism": "OAUTHBEARER", "username": "u"}},
         {**connection, "tls": {"caFile": "ca.crt"}},
         {**connection, "securityProtocol": "SSL", "tls": {"certFile": "c.crt"}, "password": "hunter2"},
+        {**connection, "secretRef": "../../etc"},
     ]
     sources = [{"id": f"s{i}", "type": "kafka", "config": c} for i, c in enumerate(configs)]
     sink = {"id": "out", "type": "file", "inputs": [s["id"] for s in sources], "config": {"path": "out"}}
@@ -172,6 +173,8 @@ def test_security_settings_that_do_not_fit_their_protocol_are_invalid(tmp_path):
         "  model.sources[4].config.password: unknown field (rule: known-fields)",
         "  model.sources[4].config.tls: Value error, certFile and keyFile go together: a client certificate"
         " and its private key (rule: schema)",
+        "  model.sources[5].config.secretRef: String should match pattern"
+        " '^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$' (rule: schema)",
     ]
 
 
