@@ -199,16 +199,20 @@ def test_chaos_cell_kafka(shape, mode, tmp_path, etcd_server, kafka, capsys):
     check(chaos(job, tmp_path, mode=mode, etcd_server=etcd_server, seed=seed), capsys, f"{shape} / {mode}")
 
 
+def sasl_ssl(auth, mechanism: str) -> dict:
+    """A connection as the user `app` over the broker's SASL_SSL listener, the broker verified."""
+    return {
+        "bootstrapServers": auth.sasl_bootstrap,
+        "securityProtocol": "SASL_SSL",
+        "sasl": {"mechanism": mechanism, "username": "app"},
+        "tls": {"caFile": str(auth.ca)},
+    }
+
+
 def test_chaos_cell_kafka_sasl_ssl_to_sasl_ssl(tmp_path, etcd_server, kafka_server, kafka, capsys):
     """Both ends over SASL_SSL (SCRAM-SHA-512, the broker verified): every restarted client logs in
     again, chaos's own topics and reads go the same way."""
-    auth = kafka_server.auth
-    connection = {
-        "bootstrapServers": auth.sasl_bootstrap,
-        "securityProtocol": "SASL_SSL",
-        "sasl": {"mechanism": "SCRAM-SHA-512", "username": "app"},
-        "tls": {"caFile": str(auth.ca)},
-    }
+    connection = sasl_ssl(kafka_server.auth, "SCRAM-SHA-512")
     home = tmp_path / "job"
     job = jobs.prepare(home, jobs.kafka_to_kafka(home, kafka=kafka, connection=connection))
     env = {"NOPSTREAM_KAFKA_PASSWORD": KAFKA_USERS["app"]}
@@ -231,13 +235,7 @@ def test_chaos_cell_kafka_sasl_ssl_avro_both_ways(
     """Avro orders over SASL_SSL, written with two schemas (the second registered mid-stream), into
     running totals the sink registers and writes in Avro over SASL_SSL: every restarted task reads
     each value by its schema id and writes with the schema it registered."""
-    auth = kafka_server.auth
-    connection = {
-        "bootstrapServers": auth.sasl_bootstrap,
-        "securityProtocol": "SASL_SSL",
-        "sasl": {"mechanism": "SCRAM-SHA-256", "username": "app"},
-        "tls": {"caFile": str(auth.ca)},
-    }
+    connection = sasl_ssl(kafka_server.auth, "SCRAM-SHA-256")
     home = tmp_path / "job"
     job = jobs.prepare(
         home, jobs.kafka_avro_totals(home, kafka=kafka, registry=registry, connection=connection)
