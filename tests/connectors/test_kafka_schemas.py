@@ -409,3 +409,49 @@ def test_a_registry_over_tls_is_verified(tmp_path, kafka):
                 assert "CERTIFICATE_VERIFY_FAILED" in err, err
     finally:
         server.stop()
+
+
+def test_avro_values_are_read_as_what_json_holds():
+    """Bytes as base64 text, decimals and UUIDs as text, dates and times as the numbers they are
+    encoded as (an event-time field wants them so), unions as their branch's value."""
+    import datetime
+    import decimal
+    import io
+    import uuid
+
+    import fastavro
+
+    schema = {
+        "type": "record",
+        "name": "Row",
+        "fields": [
+            {"name": "raw", "type": "bytes"},
+            {
+                "name": "price",
+                "type": {"type": "bytes", "logicalType": "decimal", "precision": 8, "scale": 2},
+            },
+            {"name": "id", "type": {"type": "string", "logicalType": "uuid"}},
+            {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+            {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+            {"name": "maybe", "type": ["null", "double"]},
+        ],
+    }
+    at = datetime.datetime(2026, 12, 5, 10, 0, tzinfo=datetime.UTC)
+    row = {
+        "raw": b"\x00\xff",
+        "price": decimal.Decimal("12.34"),
+        "id": uuid.UUID(int=7),
+        "at": at,
+        "day": datetime.date(2026, 12, 5),
+        "maybe": 1.5,
+    }
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(buffer, fastavro.parse_schema(schema), row)
+    assert payloads.AvroSchema(json.dumps(schema)).read(buffer.getvalue()) == {
+        "raw": "AP8=",
+        "price": "12.34",
+        "id": str(uuid.UUID(int=7)),
+        "at": int(at.timestamp() * 1000),
+        "day": (datetime.date(2026, 12, 5) - datetime.date(1970, 1, 1)).days,
+        "maybe": 1.5,
+    }
