@@ -1,7 +1,8 @@
 """Event time: watermark generation at sources and combination over input channels.
 
 Each source split (a file stripe, a Kafka partition) has its own watermark: the highest
-timestamp read in it minus the allowed out-of-orderness. Every record is marked with
+timestamp read in it minus the allowed out-of-orderness, minus 1 (a record of the same
+millisecond as the highest is not late). Every record is marked with
 its split's watermark just before it (`Batch.marks`), and operators judge it late
 against that mark, so what is late depends on the split's data alone. A source
 subtask's watermark is the lowest over its splits that may still give records (a split
@@ -39,7 +40,10 @@ class WatermarkGenerator:
 
     def __init__(self, spec: dict[str, Any], clock: Callable[[], int]) -> None:
         """Generate by `spec` (`maxOutOfOrdernessMs`, `idleTimeoutMs`), timing idleness with `clock`."""
-        self.delay = int(spec.get("maxOutOfOrdernessMs", 0))
+        # a watermark W says no record at or before W is still to come: the split's highest
+        # timestamp minus the allowed out-of-orderness, minus 1, so that a record of the same
+        # millisecond as the highest is not late (Flink's BoundedOutOfOrdernessWatermarks)
+        self.delay = int(spec.get("maxOutOfOrdernessMs", 0)) + 1
         self.idle_timeout = spec.get("idleTimeoutMs")
         self.clock = clock
         self.max_seen = MIN_TIMESTAMP

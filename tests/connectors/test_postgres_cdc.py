@@ -283,3 +283,93 @@ def wait_for(check, what: str, timeout: float = 60) -> None:
     while not check():
         assert time.monotonic() < deadline, f"no {what} in {timeout:.0f} s"
         time.sleep(0.1)
+
+
+CDC_FNS = """
+def row(change):
+    # a change as a version of its row: a delete is the version "no tier"
+    after = change["after"]
+    if after is None:
+        return {"customer": change["before"]["id"], "tier": None}
+    return {"customer": after["id"], "tier": after["tier"]}
+
+def with_tier(order, version):
+    return {"order": order["id"], "tier": version["tier"] if version is not None else None}
+"""
+
+
+def test_a_temporal_join_takes_its_versioned_table_from_change_data_capture(
+    tmp_path, postgres_server, database, db
+):
+    """Tier changes committed in four transactions 300 ms apart become the versions of a temporal
+    join: each order, stamped between two commits, gets the tier its customer had then (none before
+    the first insert and after the delete)."""
+    from tests.checkpointing.test_faults import committed, prepare, run_job
+
+    db.execute("CREATE TABLE tiers (id int PRIMARY KEY, tier text)")
+    db.execute("ALTER TABLE tiers REPLICA IDENTITY FULL")
+    db.execute("CREATE PUBLICATION tier_changes FOR TABLE tiers")
+    slot = f"t_{database[-6:]}"
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    steps = [
+        ["INSERT INTO tiers VALUES (1, 'bronze'), (2, 'bronze'), (3, 'silver')"],
+        ["UPDATE tiers SET tier = 'gold' WHERE id = 1"],
+        ["DELETE FROM tiers WHERE id = 2"],
+        ["UPDATE tiers SET tier = 'gold' WHERE id = 3", "INSERT INTO tiers VALUES (4, 'bronze')"],
+    ]
+    tables = [{}, {1: "bronze", 2: "bronze", 3: "silver"}]
+    tables += [{**tables[1], 1: "gold"}, {1: "gold", 3: "silver"}, {1: "gold", 3: "gold", 4: "bronze"}]
+    gaps = [int(time.time() * 1000) - 200]  # an instant before each commit and after the one before
+    for statements in steps:
+        time.sleep(0.3)
+        with db.transaction():
+            for statement in statements:
+                db.execute(statement)
+        time.sleep(0.3)
+        gaps.append(int(time.time() * 1000) - 150)
+    orders = [{"id": f"o{g}-{c}", "customer": c, "ts": ts} for g, ts in enumerate(gaps) for c in (1, 2, 3, 4)]
+    model = {
+        "jobId": "cdc-temporal",
+        "checkpoint": {"intervalMs": 150},
+        "model": {
+            "sources": [
+                {
+                    "id": "orders",
+                    "type": "file",
+                    "config": {"path": "in/*.jsonl", "format": "jsonl"},
+                    "watermark": {"timestampField": "ts"},
+                },
+                {
+                    "id": "changes",
+                    "type": "postgres-cdc",
+                    "config": {
+                        **config(postgres_server, database, slot=slot),
+                        "publication": "tier_changes",
+                        "tables": ["tiers"],
+                        "bounded": True,
+                    },
+                    "watermark": {},
+                },
+            ],
+            "operators": [
+                {"id": "versions", "type": "map", "inputs": ["changes"], "fn": "cdcfns:row"},
+                {
+                    "id": "with-tier",
+                    "type": "join",
+                    "inputs": ["orders", "versions"],
+                    "key": {"field": "customer"},
+                    "join": {"kind": "temporal", "how": "left"},
+                    "fn": "cdcfns:with_tier",
+                },
+            ],
+            "sinks": [{"id": "out", "type": "file", "inputs": ["with-tier"], "config": {"path": "out"}}],
+        },
+    }
+    prepare(tmp_path / "job", model, {"orders.jsonl": "".join(json.dumps(o) + "\n" for o in orders)})
+    (tmp_path / "job" / "cdcfns.py").write_text(CDC_FNS)
+    result = run_job(tmp_path / "job", env=postgres_server.env)
+    assert result.returncode == 0, result.stderr
+    assert committed(tmp_path / "job", "out") == Counter(
+        json.dumps({"order": o["id"], "tier": tables[g].get(o["customer"])}, sort_keys=True)
+        for g, o in ((int(o["id"][1 : o["id"].index("-")]), o) for o in orders)
+    )

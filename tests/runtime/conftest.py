@@ -85,13 +85,13 @@ def run_example(workdir: Path, name: str, *, parallelism: int, mode: str) -> Pat
 
 
 def marked_stripes(path: Path, delay: int) -> list[tuple[dict[str, Any], int]]:
-    """Each record of a JSON-lines file with its mark: its stripe's highest timestamp so far - `delay`."""
+    """Each record of a JSON-lines file with its mark: its stripe's highest timestamp so far - `delay` - 1."""
     tops: dict[int, int] = {}
     out, offset = [], 0
     for line in path.read_bytes().splitlines(keepends=True):
         record, stripe = json.loads(line), offset // STRIPE_BYTES
         top = tops.get(stripe, MIN_TIMESTAMP)
-        out.append((record, MIN_TIMESTAMP if top == MIN_TIMESTAMP else top - delay))
+        out.append((record, MIN_TIMESTAMP if top == MIN_TIMESTAMP else top - delay - 1))
         tops[stripe] = max(top, record["ts"])
         offset += len(line)
     return out

@@ -46,7 +46,7 @@ def marked(records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
     for r in records:
         stripe = offset // STRIPE_BYTES
         high = highs.get(stripe, MIN)
-        out.append((r, high - DELAY if high != MIN else MIN))
+        out.append((r, high - DELAY - 1 if high != MIN else MIN))
         highs[stripe] = max(high, r["ts"])
         offset += len((json.dumps(r) + "\n").encode())
     return out

@@ -70,15 +70,15 @@ def watermarks(events: list[dict[str, Any]], delay: int) -> list[int]:
     for b in range(0, len(events), BATCH):
         marks.append(wm)
         top = max([top] + [e["ts"] for e in events[b : b + BATCH]])
-        wm = max(wm, top - delay)
+        wm = max(wm, top - delay - 1)
     return marks
 
 
 def record_marks(events: list[dict[str, Any]], delay: int) -> list[int]:
-    """Each event's mark: the highest timestamp before it in its split (the whole file) minus `delay`."""
+    """Each event's mark: the highest timestamp before it in its split (the whole file) minus (`delay` + 1)."""
     marks, top = [], MIN
     for e in events:
-        marks.append(top - delay if top != MIN else MIN)
+        marks.append(top - delay - 1 if top != MIN else MIN)
         top = max(top, e["ts"])
     return marks
 
@@ -418,7 +418,7 @@ def test_a_process_with_an_event_time_ttl_forgets_a_key_its_records_left_for_lon
     last: dict[str, int] = {}
     top, want, resets = None, [], 0
     for r in records:
-        mark = MIN if top is None else top - delay
+        mark = MIN if top is None else top - delay - 1
         k = r["k"]
         if k in last and last[k] + ttl <= mark:
             del last[k], counts[k]
