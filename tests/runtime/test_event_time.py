@@ -75,7 +75,7 @@ def watermarks(events: list[dict[str, Any]], delay: int) -> list[int]:
 
 
 def record_marks(events: list[dict[str, Any]], delay: int) -> list[int]:
-    """Each event's mark: the highest timestamp before it in its split (the whole file) minus (`delay` + 1)."""
+    """Each event's mark: the highest timestamp before it in its split (the file) minus (`delay` + 1)."""
     marks, top = [], MIN
     for e in events:
         marks.append(top - delay - 1 if top != MIN else MIN)
