@@ -22,7 +22,7 @@ from nopstream.connectors.files import FileSink, FileSource, committed_records
 from nopstream.connectors.generator import CollectionSource, GeneratorSource
 from nopstream.connectors.staged import SinkName
 from nopstream.connectors.stdout import StdoutSink
-from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES
+from nopstream.model.catalogue import SINK_TYPES, SOURCE_TYPES
 from nopstream.plan.partitioned import SourceSplits
 from nopstream.plan.streamgraph import JobIdentity, StreamNode
 from nopstream.records import LookupClient, SinkWriter, SourceReader

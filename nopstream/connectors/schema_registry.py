@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -23,6 +24,9 @@ from nopstream.model.connectors import SchemaRegistry
 
 TIMEOUT = 10.0
 """Seconds for one call to the registry."""
+
+REGISTER_TRIES = 3
+"""Tries of a registration that meets a conflict or a server error (two subtasks racing)."""
 
 KINDS = {"avro": "AVRO", "protobuf": "PROTOBUF", "json-schema": "JSON"}
 """The registry's name of each format's schema type."""
@@ -108,7 +112,18 @@ class SchemaRegistryClient:
         """The id of `text` under `subject`, registered as a new version when the subject has it not
         (the registry checks its compatibility rule; RegistryRefused when it says no)."""
         body = {"schema": text, "schemaType": kind}
-        answer = self._call("POST", f"/subjects/{_quoted(subject)}/versions", body)
+        for attempt in range(1, REGISTER_TRIES + 1):
+            try:
+                answer = self._call("POST", f"/subjects/{_quoted(subject)}/versions", body)
+                break
+            except (RegistryRefused, RegistryUnreachable) as err:
+                # the sink's subtasks register at once, and a registration is idempotent: Apicurio
+                # answers one that races another for a new subject or content with 409 "already
+                # exists" or a 500 of its unique keys; asked again, it finds what the other made. An
+                # incompatible schema (409 again) stays refused, an absent registry unreachable.
+                if (isinstance(err, RegistryRefused) and err.status != 409) or attempt == REGISTER_TRIES:
+                    raise
+                time.sleep(0.2 * attempt)
         schema_id = int(answer["id"])
         self._by_id[schema_id] = RegisteredSchema(schema_id, kind, text)
         return schema_id

@@ -32,7 +32,7 @@ from pathlib import Path
 from nopstream import safefiles
 from nopstream.checkpoint.storage import LocalStorage, Storage
 from nopstream.connectors import registry
-from nopstream.model.connectors import SINK_TYPES
+from nopstream.model.catalogue import SINK_TYPES
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.plan.streamgraph import StreamNode
 

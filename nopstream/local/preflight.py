@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nopstream import safefiles
-from nopstream.model.connectors import local_directory, local_files
+from nopstream.model.catalogue import local_directory, local_files
 from nopstream.model.errors import Issue
 from nopstream.model.functions import arity_issue
 from nopstream.model.load import LoadedModel

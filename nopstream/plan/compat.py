@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from nopstream.model.connectors import SINK_TYPES
+from nopstream.model.catalogue import SINK_TYPES
 from nopstream.plan.canonical import fingerprint
 from nopstream.plan.partitioned import PartitionedPlan
 from nopstream.plan.streamgraph import StreamNode

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from nopstream.model.connectors import SOURCE_TYPES, IndexedSourceConfig
+from nopstream.model.catalogue import SOURCE_TYPES
+from nopstream.model.connectors import IndexedSourceConfig
 from nopstream.plan.jobgraph import JobEdge, JobGraph, JobVertex
 from nopstream.plan.keys import shard_range
 from nopstream.plan.streamgraph import (

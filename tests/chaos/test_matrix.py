@@ -15,6 +15,7 @@ function that is not deterministic here shows a difference is reported, exit 1.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections import Counter
@@ -417,7 +418,11 @@ def test_a_run_that_does_not_end_is_reported_with_where_each_process_waits(tmp_p
     assert re.fullmatch(
         r"chaos: chaos-\w+-clean: the job did not finish within 12s; where its processes wait:", first
     ), result.err
-    assert re.match(r"runner\.log \(pid \d+\)", waits[0]) and "supervisor.py" in waits[1], result.err
+    assert re.match(r"runner\.log \(pid \d+\)", waits[0]), result.err
+    # the runner's supervisor: in its main thread's frames, or its task's when a stack sample caught
+    # the main thread deeper (a CI dry run's caught it in the etcd client's connect)
+    runner = list(itertools.takewhile(lambda line: line.startswith("  "), waits[1:]))
+    assert any("supervisor.py" in line for line in runner), result.err
     assert re.search(r"  thread MainThread: chaosfns\.py:\d+ stall <- ", result.err), result.err
     # the leader waits on them: for their status, to take its first barrier, or for its ACKs
     waits_on_tasks = r"  task run \d+: .*(coordinator_api\.py:\d+ (status|barrier)|epochs\.py:\d+ _take)"

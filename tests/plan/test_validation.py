@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nopstream.model import connectors
+from nopstream.model import catalogue, connectors
 from nopstream.model.capabilities import SinkCapability
 from nopstream.model.errors import ModelError
 from nopstream.model.load import load_data
@@ -84,8 +84,8 @@ def test_forward_needs_equal_parallelism_and_fields_must_apply():
 @pytest.fixture
 def idempotent_sink(monkeypatch):
     """A catalogue entry for an IDEMPOTENT sink type: only the rule is under test, no sink runs."""
-    entry = connectors.SinkType("kv", SinkCapability.IDEMPOTENT, connectors.StdoutSinkConfig)
-    monkeypatch.setitem(connectors.SINK_TYPES, "kv", entry)
+    entry = catalogue.SinkType("kv", SinkCapability.IDEMPOTENT, connectors.StdoutSinkConfig)
+    monkeypatch.setitem(catalogue.SINK_TYPES, "kv", entry)
 
 
 def test_idempotent_sinks_need_effectively_once(idempotent_sink):

@@ -7,7 +7,8 @@ from collections.abc import Iterator, Mapping
 
 from pydantic import ValidationError
 
-from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES, ConnectorConfig, SinkType, SourceType
+from nopstream.model.catalogue import SINK_TYPES, SOURCE_TYPES, SinkType, SourceType
+from nopstream.model.connectors import ConnectorConfig
 from nopstream.model.errors import Issue
 from nopstream.model.load import pydantic_issues
 from nopstream.model.spec import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from nopstream.model.capabilities import ALLOWED
-from nopstream.model.connectors import SINK_TYPES, SOURCE_TYPES, local_directory
+from nopstream.model.catalogue import SINK_TYPES, SOURCE_TYPES, local_directory
 from nopstream.model.errors import Issue
 from nopstream.model.load import LoadedModel
 from nopstream.model.spec import (
