@@ -662,10 +662,7 @@ def start_schema_registry(workdir: Path, *, serving: KeyPair | None = None) -> S
     # a small heap and the client JIT, as the broker's: ready in about 4 s, ~230 MB resident
     argv = ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
     argv += [f"-D{s}" for s in settings] + ["-jar", str(jar)]
-    # H2 in memory, as the registry's default, but waiting 30 s (not 1) for a table lock: the first
-    # registrations of a fresh registry, made at once by a sink's subtasks, timed out on its sequences
-    env = {"REGISTRY_DATASOURCE_URL": "jdbc:h2:mem:registry_db;LOCK_TIMEOUT=30000"}
-    process = spawn("schema-registry", argv, log=workdir / "registry.log", cwd=workdir, env=env)
+    process = spawn("schema-registry", argv, log=workdir / "registry.log", cwd=workdir)
     registry = SchemaRegistry(process, port, serving is not None)
 
     def ready() -> bool:

@@ -10,6 +10,7 @@ another dependency.
 from __future__ import annotations
 
 import json
+import random
 import ssl
 import time
 import urllib.error
@@ -25,7 +26,7 @@ from nopstream.model.connectors import SchemaRegistry
 TIMEOUT = 10.0
 """Seconds for one call to the registry."""
 
-REGISTER_TRIES = 3
+REGISTER_TRIES = 5
 """Tries of a registration that meets a conflict or a server error (two subtasks racing)."""
 
 KINDS = {"avro": "AVRO", "protobuf": "PROTOBUF", "json-schema": "JSON"}
@@ -123,7 +124,7 @@ class SchemaRegistryClient:
                 # incompatible schema (409 again) stays refused, an absent registry unreachable.
                 if (isinstance(err, RegistryRefused) and err.status != 409) or attempt == REGISTER_TRIES:
                     raise
-                time.sleep(0.2 * attempt)
+                time.sleep(0.2 * attempt * random.uniform(0.5, 1.5))  # apart: racing again would lose again
         schema_id = int(answer["id"])
         self._by_id[schema_id] = RegisteredSchema(schema_id, kind, text)
         return schema_id
