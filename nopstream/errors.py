@@ -9,8 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 _OURS = tuple({str(Path(__file__).parent), str(Path(__file__).resolve().parent)})
 _LIBRARIES = tuple({sysconfig.get_paths()[p] for p in ("stdlib", "platstdlib", "purelib", "platlib")})
+
+
+def shown_record(record: Any) -> str:
+    """A record as the start of its JSON (at most 300 bytes), for a message that names it."""
+    return orjson.dumps(record)[:300].decode("utf-8", errors="replace")
 
 
 class StorageError(OSError):

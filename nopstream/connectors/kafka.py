@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from confluent_kafka import (
     OFFSET_INVALID,
     Consumer,
@@ -51,7 +50,7 @@ from nopstream.connectors.event_time import SplitHighs
 from nopstream.connectors.kafka_clients import TIMEOUT, admin, client_config, consumer, reach
 from nopstream.connectors.payloads import PayloadError, PlainCodec, RegistryCodec, ValueCodec, value_codec
 from nopstream.connectors.staged import OutputConflict, SinkName, StagedSink
-from nopstream.errors import BadInput, StartRefused
+from nopstream.errors import BadInput, StartRefused, shown_record
 from nopstream.model.connectors import KafkaSinkConfig, KafkaSourceConfig
 from nopstream.plan.keys import stable_hash
 from nopstream.records import MIN_TIMESTAMP, Batch, SinkRecovery, SinkStart, Unreadable
@@ -342,7 +341,7 @@ class KafkaSink(StagedSink):
             try:
                 self.codec.encode(record)
             except PayloadError as err:
-                shown = orjson.dumps(record)[:300].decode("utf-8", errors="replace")
+                shown = shown_record(record)
                 raise BadInput(f"kafka sink '{self.name.operator_id}': the record {shown} {err}") from None
         self._open.extend(batch.records)
         self.records += len(batch.records)

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from nopstream.errors import shown_record
 from nopstream.model.connectors import CsvOptions, LinesConfig
 
 
@@ -77,8 +78,7 @@ class LineFormat:
             try:
                 out.append(self._csv_line(self._row(record)))
             except BadRecord as err:
-                shown = orjson.dumps(record)[:300].decode("utf-8", errors="replace")
-                raise BadRecord(f"the record {shown} {err}") from None
+                raise BadRecord(f"the record {shown_record(record)} {err}") from None
         return b"".join(out)
 
     def _csv_line(self, values: Sequence[str]) -> bytes:

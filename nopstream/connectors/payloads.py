@@ -231,11 +231,11 @@ class ProtobufSchema:
         self.file = pool.FindFileByName(fds.file[-1].name)
         if not self.file.message_types_by_name:
             raise SchemaError("the .proto file defines no message")
-        top = list(self.file.message_types_by_name.values())
+        self._top = top = list(self.file.message_types_by_name.values())
         self._classes: dict[tuple[int, ...], type[Message]] = {}
         target = top[0] if message is None else _find(top, message)
         if target is None:
-            names = ", ".join(_full_names(top))
+            names = ", ".join(d.full_name for d in top)
             raise SchemaError(f"message '{message}' is not in the .proto file (it has {names})")
         self.message = message_factory.GetMessageClass(target)
         self._path = message_path(_path_of(target))
@@ -245,7 +245,7 @@ class ProtobufSchema:
         found = self._classes.get(key)
         if found is None:
             try:
-                descriptor: Descriptor = list(self.file.message_types_by_name.values())[path[0]]
+                descriptor: Descriptor = self._top[path[0]]
                 for i in path[1:]:
                     descriptor = descriptor.nested_types[i]
             except IndexError:
@@ -302,10 +302,6 @@ def _find(top: list[Descriptor], name: str) -> Descriptor | None:
             return d
         todo.extend(d.nested_types)
     return None
-
-
-def _full_names(top: list[Descriptor]) -> list[str]:
-    return [d.full_name for d in top]
 
 
 def _path_of(descriptor: Descriptor) -> list[int]:

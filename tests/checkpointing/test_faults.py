@@ -48,16 +48,32 @@ def prepare(workdir: Path, model: dict, inputs: dict[str, str]) -> None:
     (workdir / "job.yaml").write_text(yaml.safe_dump(model, sort_keys=False))
 
 
+def _job_env(workdir: Path, env: dict[str, str] | None) -> dict[str, str]:
+    return {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)])}
+
+
 def run_job(workdir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`nopstream run job.yaml ARGS` in `workdir`, its directory on PYTHONPATH, with extra `env`."""
     return subprocess.run(
         [sys.executable, "-m", "nopstream", "run", "job.yaml", *args],
         cwd=workdir,
-        env={**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)])},
+        env=_job_env(workdir, env),
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
+    )
+
+
+def start_job(workdir: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """`run_job` started, not waited for: its stderr a pipe of text, its stdout dropped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "nopstream", "run", "job.yaml"],
+        cwd=workdir,
+        env=_job_env(workdir, env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 

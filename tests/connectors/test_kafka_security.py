@@ -181,29 +181,18 @@ def test_security_settings_that_do_not_fit_their_protocol_are_invalid(tmp_path):
 def test_the_password_is_in_no_view_of_a_running_job(tmp_path, secured):
     """While a SASL job runs, its dashboard's view of the job, the dashboard page and its metrics hold
     the job (its sources' names) and never the password."""
-    import os
     import re
-    import subprocess
-    import sys
     import time
     import urllib.request
 
-    from tests.conftest import ROOT
+    from tests.checkpointing.test_faults import start_job
 
     auth, topics = secured
     source = fill_kafka(topics, random.Random(6), lines=3000)
     out = topics.create("out", partitions=2)
     workdir = tmp_path / "job"
     prepare(workdir, secured_job(topics, source, out, sasl(auth, "SCRAM-SHA-512"), mtls(auth)), {})
-    env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)])}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "nopstream", "run", "job.yaml"],
-        cwd=workdir,
-        env=env,
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-    )
+    proc = start_job(workdir, env=ENV)
     try:
         assert proc.stderr is not None
         first = proc.stderr.readline()

@@ -5,7 +5,6 @@ jobs under kills exact, and refusals at start."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import Counter
 
@@ -218,13 +217,11 @@ def test_changes_made_while_the_job_runs_and_a_server_restart_are_read_exactly_o
     from there), changes more, and stops the job at a savepoint once it committed every change.
     Every change is in out/ once, and per-row/ counts each row's changes 1..n."""
     import random
-    import subprocess
-    import sys
 
     from e2e import servers
     from tests.chaos import jobs
-    from tests.checkpointing.test_faults import committed
-    from tests.conftest import ROOT, run_nopstream
+    from tests.checkpointing.test_faults import committed, start_job
+    from tests.conftest import run_nopstream
 
     own = servers.start_postgres(tmp_path / "own")
     try:
@@ -238,15 +235,7 @@ def test_changes_made_while_the_job_runs_and_a_server_restart_are_read_exactly_o
         source |= {"publication": "items_changes", "tables": ["items"]}
         per_row = {"type": "file", "config": {"path": "per-row"}}
         jobs.prepare(workdir, jobs.postgres_cdc(source, per_row, bounded=False))
-        env = {**os.environ, **own.env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)])}
-        run = subprocess.Popen(
-            [sys.executable, "-m", "nopstream", "run", "job.yaml"],
-            cwd=workdir,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        run = start_job(workdir, env=own.env)
         made = 0
         try:
             with psycopg.connect(conninfo, autocommit=True) as conn:  # it reads what commits after its slot
