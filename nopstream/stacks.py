@@ -47,9 +47,7 @@ def dump(loop: Any = None) -> None:
     if loop is None and asyncio is not None:
         loop = asyncio._get_running_loop()
     for task in asyncio.all_tasks(loop) if asyncio is not None and loop is not None else ():
-        lines.append(
-            f"  task {task.get_name()}: {' <- '.join(reversed(_awaits(task.get_coro())[-_FRAMES:]))}"
-        )
+        lines.append(f"  task {task.get_name()}: {_chain(_awaits(task.get_coro()))}")
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
@@ -70,6 +68,12 @@ def _awaits(coro: Any) -> list[str]:
             or getattr(coro, "ag_await", None)
         )
     return found
+
+
+def _chain(frames: list[str]) -> str:
+    """Innermost frames first, and the outermost too when cut: it names what the task runs for."""
+    shown = " <- ".join(reversed(frames[-_FRAMES:]))
+    return shown if len(frames) <= _FRAMES else f"{shown} <- ... <- {frames[0]}"
 
 
 def _where(filename: str, line: int, function: str) -> str:

@@ -419,8 +419,8 @@ def test_a_run_that_does_not_end_is_reported_with_where_each_process_waits(tmp_p
         r"chaos: chaos-\w+-clean: the job did not finish within 12s; where its processes wait:", first
     ), result.err
     assert re.match(r"runner\.log \(pid \d+\)", waits[0]), result.err
-    # the runner's supervisor: in its main thread's frames, or its task's when a stack sample caught
-    # the main thread deeper (a CI dry run's caught it in the etcd client's connect)
+    # the runner's supervisor: in its main thread's frames, or as the outermost frame of its task when
+    # the sample caught it deep in an etcd call (two CI runs did: in the client's connect and in a get)
     runner = list(itertools.takewhile(lambda line: line.startswith("  "), waits[1:]))
     assert any("supervisor.py" in line for line in runner), result.err
     assert re.search(r"  thread MainThread: chaosfns\.py:\d+ stall <- ", result.err), result.err

@@ -480,6 +480,13 @@ def kill_tasks(
     return done
 
 
+def recovery_causes(w: World, job: str) -> str:
+    """The job's Recovery events, each naming its cause: what a count of recoveries is checked against."""
+    events = w.kubectl("get", "events", "--field-selector", f"involvedObject.name={job}", "-o", "json")
+    causes = [e["message"] for e in json.loads(events)["items"] if e["reason"] == "Recovery"]
+    return "recoveries:\n" + "\n".join(causes) + f"\noperator log:\n{w.operator_log()}"
+
+
 def settled_state(w: World, job: str) -> dict[str, str]:
     """Resource versions of a StreamJob and of everything it owns: any write changes one."""
     state = {"streamjob": w.job(job)["metadata"]["resourceVersion"]}
@@ -908,7 +915,7 @@ def test_a_kafka_job_on_the_cluster_counts_every_committed_line_once_through_pod
     w.wait("Running", lambda: w.job("kafka-wc").get("status", {}).get("phase") == "Running")
     kills = kill_tasks(w, rng, 2, first_nonce=200, job="kafka-wc")
     w.wait("Succeeded", lambda: w.job("kafka-wc")["status"].get("phase") == "Succeeded", timeout=300)
-    assert kills >= 1 and w.job("kafka-wc")["status"]["recoveries"] == kills
+    assert kills >= 1 and w.job("kafka-wc")["status"]["recoveries"] == kills, recovery_causes(w, "kafka-wc")
     # a rolling count: word w with N occurrences is published as counts 1..N, each exactly once
     expected = Counter(
         json.dumps({"key": k, "value": v}, sort_keys=True) for k, n in words.items() for v in range(1, n + 1)
@@ -953,7 +960,7 @@ def test_the_enrichment_example_on_the_cluster_is_exact_through_pod_kills(
     )
     kills = kill_tasks(w, random.Random(31), 2, first_nonce=300, job="enrichment")
     w.wait("Succeeded", lambda: w.job("enrichment")["status"].get("phase") == "Succeeded", timeout=300)
-    assert kills == 2 and w.job("enrichment")["status"]["recoveries"] == 2
+    assert kills == 2 and w.job("enrichment")["status"]["recoveries"] == 2, recovery_causes(w, "enrichment")
     clean.output()
     for sink in ("enriched", "late-records"):
         got, expected = (
