@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from nopstream import safefiles
-from nopstream.connectors.lines import LineFormat, object_records
+from nopstream.connectors.object_format import object_source, sink_format
 from nopstream.connectors.staged import ObjectSink, OutputConflict, SinkName
-from nopstream.connectors.striped import StripedSource
+from nopstream.connectors.striped import at_cursor as _at
 from nopstream.errors import RestoreRefused, StartRefused
 from nopstream.model.connectors import FileSinkConfig, FileSourceConfig
-from nopstream.records import Batch
+from nopstream.records import Batch, SourceReader
 
 _HEAD = 4096  # bytes of a file's head hashed to tell a different file under the same name
 
@@ -72,14 +72,14 @@ class LocalFiles:
     def reading_to(self, name: str, end: int) -> None:
         """Nothing: a file is read through the page cache."""
 
-    def check(self, split: str, name: str, cursor: int, identity: Any) -> None:
+    def check(self, split: str, name: str, cursor: int | None, identity: Any) -> None:
         """RestoreRefused naming the split when its file is not the one its cursor was taken in."""
         rule = "a file being read must not shrink or be replaced (docs/runtime.md)"
         try:
             size = os.stat(name).st_size
         except FileNotFoundError:
-            raise RestoreRefused(f"split '{split}' is gone, its cursor is at byte {cursor}: {rule}") from None
-        if size < cursor:
+            raise RestoreRefused(f"split '{split}' is gone{_at(cursor)}: {rule}") from None
+        if cursor is not None and size < cursor:
             raise RestoreRefused(
                 f"split '{split}' changed under its cursor: the file has {size} bytes, the cursor is at"
                 f" byte {cursor}: {rule}"
@@ -95,27 +95,23 @@ class LocalFiles:
             )
 
 
-class FileSource(StripedSource):
-    """Reads one source subtask's stripes of the files (`connectors.striped`)."""
-
-    def __init__(
-        self,
-        config: FileSourceConfig | dict[str, Any],
-        *,
-        subtask: int,
-        parallelism: int,
-        keep_unreadable: bool = False,
-    ) -> None:
-        """Discover the files."""
-        c = FileSourceConfig.model_validate(config)
-        super().__init__(
-            LocalFiles(c.path),
-            lines=LineFormat.of(c),
-            subtask=subtask,
-            parallelism=parallelism,
-            discovery_ms=c.discovery_interval_ms,
-            keep_unreadable=keep_unreadable,
-        )
+def file_source(
+    config: FileSourceConfig | dict[str, Any],
+    *,
+    subtask: int,
+    parallelism: int,
+    keep_unreadable: bool = False,
+) -> SourceReader:
+    """The reader of one source subtask's share of the files (`object_format.object_source`)."""
+    c = FileSourceConfig.model_validate(config)
+    return object_source(
+        LocalFiles(c.path),
+        c,
+        subtask=subtask,
+        parallelism=parallelism,
+        discovery_ms=c.discovery_interval_ms,
+        keep_unreadable=keep_unreadable,
+    )
 
 
 class FileSink(ObjectSink):
@@ -131,8 +127,8 @@ class FileSink(ObjectSink):
     def __init__(self, config: FileSinkConfig | dict[str, Any], *, name: SinkName) -> None:
         """Prepare the output and staging directories."""
         c = FileSinkConfig.model_validate(config)
-        lines = LineFormat.of(c)
-        super().__init__(name, lines, lines.ext)
+        fmt = sink_format(c)
+        super().__init__(name, fmt, fmt.ext)
         self.dir = Path(c.path)
         self.staging = self.dir / ".staging"
         try:
@@ -142,32 +138,29 @@ class FileSink(ObjectSink):
             raise StartRefused(str(unsafe)) from None
         self._file: Any = None
         self._file_epoch = 0  # the epoch the open transaction's staged file is named for
-        self._created = 0  # the last epoch whose staged file this process created
 
     def _staged(self, epoch: int) -> Path:
         return self.staging / self._object(epoch)
 
     def write(self, batch: Batch) -> None:
-        """Append the batch to the open transaction's staged file (created fresh for a new one, its
-        header first); a record the format cannot write fails the run before any of the batch is."""
-        data = self._encode(batch.records, "file")
+        """Append the batch to the open transaction's staged file (created fresh, over whatever a dead
+        run left at its name, by its first batch); a record the format cannot write fails the run
+        before any of the batch is."""
+        data = self._add(batch.records, "file")
         if self._file is None:
             staged = self._staged(self.epoch)
-            if self._created != self.epoch:  # a new transaction: a new file, whatever was at its name
-                staged.unlink(missing_ok=True)
-                fd = safefiles.create_new(staged, mode=0o644)
-                data = self.lines.header() + data
-            else:
-                fd = os.open(staged, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
-            self._file = os.fdopen(fd, "wb")
-            self._file_epoch = self._created = self.epoch
+            staged.unlink(missing_ok=True)
+            self._file = os.fdopen(safefiles.create_new(staged, mode=0o644), "wb")
+            self._file_epoch = self.epoch
         with self._naming_the_file():
             self._file.write(data)
         self.records += len(batch.records)
 
     def _release(self) -> None:
+        """The open transaction's file ended, flushed, fsynced and closed."""
         if self._file is not None:
             with self._naming_the_file():
+                self._file.write(self._end())
                 self._file.flush()
                 os.fsync(self._file.fileno())
             self._file.close()
@@ -227,8 +220,7 @@ class FileSink(ObjectSink):
         return str((self.dir / name).resolve())
 
     def finish(self) -> None:
-        """End of input: write the staged file out (its records wait for the final epoch)."""
-        self._release()
+        """Nothing: the open transaction's file is ended when its epoch's barrier stages it."""
 
 
 def committed_records(config: FileSinkConfig | dict[str, Any]) -> list[Any]:
@@ -236,8 +228,8 @@ def committed_records(config: FileSinkConfig | dict[str, Any]) -> list[Any]:
     c = FileSinkConfig.model_validate(config)
     directory = Path(c.path)
     paths = sorted(p for p in directory.iterdir() if p.is_file()) if directory.is_dir() else []
-    lines = LineFormat.of(c)
-    return [r for p in paths for r in object_records(lines, p.read_bytes())]
+    fmt = sink_format(c)
+    return [r for p in paths for r in fmt.records(p.read_bytes())]
 
 
 def _head_hash(f: BinaryIO, n: int) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from nopstream.errors import shown_record
-from nopstream.model.connectors import CsvOptions, LinesConfig
+from nopstream.model.formats import CsvOptions, ObjectFormatConfig
 
 
 class BadLine(ValueError):
@@ -51,7 +51,7 @@ class LineFormat:
         self.ext = _EXTS[fmt]
 
     @classmethod
-    def of(cls, config: LinesConfig) -> LineFormat:
+    def of(cls, config: ObjectFormatConfig) -> LineFormat:
         """The format a connector's config names."""
         return cls(config.format, config.csv_options())
 
@@ -80,6 +80,17 @@ class LineFormat:
             except BadRecord as err:
                 raise BadRecord(f"the record {shown_record(record)} {err}") from None
         return b"".join(out)
+
+    def writer(self) -> LinesWriter:
+        """The writer of one object of these lines."""
+        return LinesWriter(self)
+
+    def records(self, data: bytes) -> list[Any]:
+        """The records of a whole object a sink wrote (its header first, for CSV)."""
+        lines = data.splitlines()
+        if not self.has_header:
+            return self.decode(lines)
+        return self.decode(lines[1:], fields=self.fields(lines[0]) if lines else [])
 
     def _csv_line(self, values: Sequence[str]) -> bytes:
         out = io.StringIO()
@@ -187,9 +198,22 @@ def _typed(name: str, text: str, kind: str) -> Any:
     raise ValueError(f"field {name} is '{text[:50]}', not true or false")
 
 
-def object_records(fmt: LineFormat, data: bytes) -> list[Any]:
-    """The records of a whole object a sink wrote (its header first, for CSV)."""
-    lines = data.splitlines()
-    if not fmt.has_header:
-        return fmt.decode(lines)
-    return fmt.decode(lines[1:], fields=fmt.fields(lines[0]) if lines else [])
+class LinesWriter:
+    """One object's lines as they are written: the header (CSV's) first."""
+
+    def __init__(self, fmt: LineFormat) -> None:
+        """An object of `fmt`, nothing written yet."""
+        self.format = fmt
+        self._begun = False
+
+    def add(self, records: list[Any]) -> bytes:
+        """The bytes of `records` that follow what was written; BadRecord for one the format cannot write."""
+        data = self.format.encode(records)
+        if self._begun:
+            return data
+        self._begun = True
+        return self.format.header() + data
+
+    def end(self) -> bytes:
+        """Nothing: lines need no end."""
+        return b""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nopstream.connectors.files import FileSink, FileSource, committed_records
+from nopstream.connectors.files import FileSink, committed_records, file_source
 from nopstream.connectors.generator import CollectionSource, GeneratorSource
 from nopstream.connectors.staged import SinkName
 from nopstream.connectors.stdout import StdoutSink
@@ -99,16 +99,16 @@ class SinkKind:
 
 
 def _file_source(a: SourceArgs) -> SourceReader:
-    return FileSource(
+    return file_source(
         a.config, subtask=a.subtask, parallelism=a.parallelism, keep_unreadable=a.keep_unreadable
     )
 
 
 def _s3_source(a: SourceArgs) -> SourceReader:
-    from nopstream.connectors.s3 import S3Source
+    from nopstream.connectors.s3 import s3_source
 
     keep = a.keep_unreadable
-    return S3Source(a.config, subtask=a.subtask, parallelism=a.parallelism, keep_unreadable=keep)
+    return s3_source(a.config, subtask=a.subtask, parallelism=a.parallelism, keep_unreadable=keep)
 
 
 def _kafka_source(a: SourceArgs) -> SourceReader:

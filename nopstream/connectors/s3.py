@@ -22,12 +22,12 @@ import io
 import os
 from typing import Any, BinaryIO, cast
 
-from nopstream.connectors.lines import LineFormat, object_records
+from nopstream.connectors.object_format import object_source, sink_format
 from nopstream.connectors.staged import ObjectSink, OutputConflict, SinkName
-from nopstream.connectors.striped import StripedSource
+from nopstream.connectors.striped import at_cursor as _at
 from nopstream.errors import RestoreRefused, StorageError
 from nopstream.model.connectors import S3SinkConfig, S3SourceConfig
-from nopstream.records import Batch
+from nopstream.records import Batch, SourceReader
 from nopstream.s3 import ObjectStat, S3Storage
 
 _RULE = "an object being read must not change (docs/runtime.md)"
@@ -124,43 +124,35 @@ class BucketObjects:
         found = raw.found if raw is not None else self.store.stat(name)
         return found.etag if found is not None else ""
 
-    def check(self, split: str, name: str, cursor: int, identity: Any) -> None:
+    def check(self, split: str, name: str, cursor: int | None, identity: Any) -> None:
         """RestoreRefused naming the split when its object is gone, shorter, or another ETag's."""
         found = self.store.stat(name)
         if found is None:
-            raise RestoreRefused(f"split '{split}' is gone, its cursor is at byte {cursor}: {_RULE}")
+            raise RestoreRefused(f"split '{split}' is gone{_at(cursor)}: {_RULE}")
         if identity is not None and found.etag != identity:
             raise RestoreRefused(
                 f"split '{split}' changed under its cursor (its ETag is not {identity}): {_RULE}"
             )
-        if found.size < cursor:
+        if cursor is not None and found.size < cursor:
             raise RestoreRefused(
                 f"split '{split}' changed under its cursor: the object has {found.size} bytes, the cursor"
                 f" is at byte {cursor}: {_RULE}"
             )
 
 
-class S3Source(StripedSource):
-    """Reads one source subtask's stripes of the objects (`connectors.striped`)."""
-
-    def __init__(
-        self,
-        config: S3SourceConfig | dict[str, Any],
-        *,
-        subtask: int,
-        parallelism: int,
-        keep_unreadable: bool = False,
-    ) -> None:
-        """List the objects."""
-        c = S3SourceConfig.model_validate(config)
-        objects = BucketObjects(connect(c), c.prefix)
-        super().__init__(
-            objects,
-            lines=LineFormat.of(c),
-            subtask=subtask,
-            parallelism=parallelism,
-            keep_unreadable=keep_unreadable,
-        )
+def s3_source(
+    config: S3SourceConfig | dict[str, Any],
+    *,
+    subtask: int,
+    parallelism: int,
+    keep_unreadable: bool = False,
+) -> SourceReader:
+    """The reader of one source subtask's share of the objects (`object_format.object_source`)."""
+    c = S3SourceConfig.model_validate(config)
+    objects = BucketObjects(connect(c), c.prefix)
+    return object_source(
+        objects, c, subtask=subtask, parallelism=parallelism, keep_unreadable=keep_unreadable
+    )
 
 
 class S3Sink(ObjectSink):
@@ -169,9 +161,9 @@ class S3Sink(ObjectSink):
     def __init__(self, config: S3SinkConfig | dict[str, Any], *, name: SinkName) -> None:
         """Write under the config's bucket and prefix."""
         c = S3SinkConfig.model_validate(config)
-        lines = LineFormat.of(c)
+        fmt = sink_format(c)
         # text objects keep the name they always had (.jsonl), so restores find what they staged
-        super().__init__(name, lines, "csv" if c.format == "csv" else "jsonl")
+        super().__init__(name, fmt, "jsonl" if c.format == "text" else fmt.ext)
         self.store = connect(c)
         self.prefix = c.prefix
         self._buffer: list[bytes] = []
@@ -181,9 +173,12 @@ class S3Sink(ObjectSink):
 
     def write(self, batch: Batch) -> None:
         """Add the batch to the open transaction."""
-        data = self._encode(batch.records, "s3")
-        self._buffer.append(data if self._buffer else self.lines.header() + data)
+        self._buffer.append(self._add(batch.records, "s3"))
         self.records += len(batch.records)
+
+    def _release(self) -> None:
+        """The open transaction's object ended."""
+        self._buffer.append(self._end())
 
     def _stage(self, epoch: int) -> None:
         self.store.put(self._staged(epoch), b"".join(self._buffer))
@@ -232,5 +227,5 @@ def committed_records(config: S3SinkConfig | dict[str, Any]) -> list[Any]:
     c = S3SinkConfig.model_validate(config)
     store = connect(c)
     keys = [k for k in store.list(c.prefix) if not k[len(c.prefix) :].startswith(".staging/")]
-    lines = LineFormat.of(c)
-    return [r for k in keys for r in object_records(lines, store.get(k))]
+    fmt = sink_format(c)
+    return [r for k in keys for r in fmt.records(store.get(k))]

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nopstream import faults
-from nopstream.connectors.lines import BadRecord, LineFormat
+from nopstream.connectors.lines import BadRecord
+from nopstream.connectors.object_format import ObjectFormat, ObjectWriter
 from nopstream.errors import BadInput, RestoreRefused
 from nopstream.records import PendingTxn, SinkRecovery, SinkStart, SinkState
 
@@ -159,21 +160,30 @@ class StagedSink:
 
 class ObjectSink(StagedSink):
     """A StagedSink whose transactions are named objects (files, S3 objects): `SinkName.object`,
-    their records lines of `lines` (CSV's after a header)."""
+    each written in `format` (lines, CSV's after a header, or Parquet)."""
 
-    def __init__(self, name: SinkName, lines: LineFormat, ext: str) -> None:
+    def __init__(self, name: SinkName, fmt: ObjectFormat, ext: str) -> None:
         """Objects of this subtask, named with `ext`, are recognised by their names."""
         super().__init__(name)
-        self.lines, self.ext = lines, ext
+        self.format, self.ext = fmt, ext
         self._pattern = name.pattern(ext)
+        self._writer: ObjectWriter | None = None  # the open transaction's object, once it has records
 
-    def _encode(self, records: list[Any], kind: str) -> bytes:
-        """The records as lines; BadInput naming the `kind` sink and the record it cannot write (the
-        same in every run: refused, never retried)."""
+    def _add(self, records: list[Any], kind: str) -> bytes:
+        """The bytes that follow in the open transaction's object, holding `records` (its first bytes
+        for a new one); BadInput naming the `kind` sink and a record it cannot write (the same in
+        every run: refused, never retried), with nothing written."""
+        if self._writer is None:
+            self._writer = self.format.writer()
         try:
-            return self.lines.encode(records)
+            return self._writer.add(records)
         except BadRecord as err:
             raise BadInput(f"{kind} sink '{self.name.operator_id}': {err}") from None
+
+    def _end(self) -> bytes:
+        """The bytes that end the open transaction's object; the next records begin another."""
+        writer, self._writer = self._writer, None
+        return writer.end() if writer is not None else b""
 
     def _object(self, epoch: int, lineage: int | None = None) -> str:
         return self.name.object(self.lineage if lineage is None else lineage, epoch, self.ext)

@@ -67,9 +67,15 @@ class Objects(Protocol):
         """The reads of `name` that follow stop soon after offset `end` (a store fetches no further)."""
         ...
 
-    def check(self, split: str, name: str, cursor: int, identity: Any) -> None:
-        """RestoreRefused naming `split` when `name` is gone, shorter than `cursor`, or not `identity`."""
+    def check(self, split: str, name: str, cursor: int | None, identity: Any) -> None:
+        """RestoreRefused naming `split` when `name` is gone, shorter than `cursor` (a byte offset; None
+        for a cursor that is not one), or not `identity`."""
         ...
+
+
+def at_cursor(cursor: int | None) -> str:
+    """The words a message about a split gives its cursor: none for a cursor that is not a byte."""
+    return f", its cursor is at byte {cursor}" if cursor is not None else ""
 
 
 class StripedSource:
@@ -338,7 +344,13 @@ class StripedSource:
 
     def restore(self, state: dict[str, Any]) -> None:
         """Resume this subtask's stripes from the snapshots of every subtask (of any parallelism);
-        RestoreRefused when a begun stripe's object changed under its cursor."""
+        RestoreRefused when a begun stripe's object changed under its cursor, or the checkpoint read
+        the objects as Parquet."""
+        if "rowGroups" in state:
+            raise RestoreRefused(
+                "the source's checkpoint read its objects as Parquet; this source reads lines: start over"
+                " with --fresh"
+            )
         self._close_current()
         done, begun = _progress(state)
         self.finished_objects = set(state.get("finished", []))

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nopstream.model.capabilities import SinkCapability, SourceCapability
+from nopstream.model.connector_config import ConnectorConfig
 from nopstream.model.connectors import (
     CollectionSourceConfig,
-    ConnectorConfig,
     FileSinkConfig,
     FileSourceConfig,
     GeneratorSourceConfig,

@@ -10,8 +10,6 @@ import re
 from typing import Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     JsonValue,
     StrictBool,
@@ -19,70 +17,20 @@ from pydantic import (
     StrictInt,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
+
+from nopstream.model.connector_config import ConnectorConfig
+from nopstream.model.formats import ObjectFormatName, ObjectSinkFormatConfig, ObjectSourceFormatConfig
 
 SECRET_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 """A Kubernetes Secret's name (a DNS subdomain)."""
 
 
-class ConnectorConfig(BaseModel):
-    """Base of every connector config: camelCase keys, unknown keys refused."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
-
-    def rows_replace_by_key(self) -> bool:
-        """Whether a row replaces the earlier row of its key (upsert): then their order matters."""
-        return False
-
-    def location(self) -> str | None:
-        """Where a sink writes, in words equal for equal places; None for a sink with no place of its own."""
-        return None
-
-
-class CsvOptions(ConnectorConfig):
-    """CSV lines (RFC 4180 quoting, a record per line). Reading, each object's first line is its header
-    and names the fields, whose values are text unless `types` says `int`, `float` or `bool`; writing,
-    `columns` are the header and the fields written, in order."""
-
-    delimiter: str = Field(",", min_length=1, max_length=1)
-    columns: list[str] | None = Field(None, min_length=1, max_length=10_000)
-    types: dict[str, Literal["int", "float", "bool"]] = Field(default_factory=dict)
-
-
-class LinesConfig(ConnectorConfig):
-    """Records as lines: `text`, `jsonl` (a JSON value a line) or `csv` (with its `csv` options)."""
-
-    format: Literal["text", "jsonl", "csv"] = "jsonl"
-    csv: CsvOptions | None = None
-
-    @model_validator(mode="after")
-    def _csv_options_with_csv(self) -> LinesConfig:
-        if self.csv is not None and self.format != "csv":
-            raise ValueError(f"csv goes with format csv, not {self.format}")
-        return self
-
-    def csv_options(self) -> CsvOptions:
-        """The CSV options given, else the defaults."""
-        return self.csv or CsvOptions()
-
-
-class LinesSinkConfig(LinesConfig):
-    """A sink of lines: CSV names its `csv.columns`."""
-
-    @model_validator(mode="after")
-    def _csv_sink_has_columns(self) -> LinesSinkConfig:
-        if self.format == "csv" and (self.csv is None or self.csv.columns is None):
-            raise ValueError("format csv needs csv.columns (the header, and the fields written in order)")
-        if self.csv is not None and self.csv.types:
-            raise ValueError("csv.types is for reading: a sink writes each value as its text")
-        return self
-
-
-class FileSourceConfig(LinesConfig):
-    """Files matching a glob, each spread over the subtasks in stripes, read as text, JSON or CSV lines."""
+class FileSourceConfig(ObjectSourceFormatConfig):
+    """Files matching a glob, read as text, JSON or CSV lines (each spread over the subtasks in stripes)
+    or as Parquet (row groups spread over the subtasks)."""
 
     path: str
-    format: Literal["text", "jsonl", "csv"] = "text"
+    format: ObjectFormatName = "text"
     discovery_interval_ms: StrictInt | None = Field(None, ge=1, le=86_400_000)
 
 
@@ -115,14 +63,14 @@ class CollectionSourceConfig(IndexedSourceConfig):
     splits: StrictInt | None = Field(1, ge=1, le=1024)
 
 
-class S3SourceConfig(LinesConfig):
-    """Objects under a bucket prefix, read as text, JSON or CSV lines."""
+class S3SourceConfig(ObjectSourceFormatConfig):
+    """Objects under a bucket prefix, read as text, JSON or CSV lines or as Parquet."""
 
     bucket: str
     prefix: str = ""
     endpoint: str | None = None
     secret_ref: str | None = Field(None, pattern=SECRET_NAME)
-    format: Literal["text", "jsonl", "csv"] = "text"
+    format: ObjectFormatName = "text"
 
 
 SECRETS_DIR = "/var/run/secrets/nopstream"
@@ -310,7 +258,7 @@ class KafkaSinkConfig(KafkaConnection, KafkaPayload):
         return f"kafka topic '{self.topic}' at {self.bootstrap_servers}"
 
 
-class FileSinkConfig(LinesSinkConfig):
+class FileSinkConfig(ObjectSinkFormatConfig):
     """A directory that receives one committed file per sink subtask and epoch."""
 
     path: str
@@ -320,7 +268,7 @@ class FileSinkConfig(LinesSinkConfig):
         return self.path
 
 
-class S3SinkConfig(LinesSinkConfig):
+class S3SinkConfig(ObjectSinkFormatConfig):
     """A bucket prefix that receives objects published on commit."""
 
     bucket: str

@@ -1013,6 +1013,53 @@ def csv_to_csv(home: Path) -> dict[str, Any]:
     )
 
 
+def parquet_to_parquet(home: Path) -> dict[str, Any]:
+    """Orders in Parquet files (row groups of 500 rows: 24 per file) into each user's rolling count
+    of orders and sum of amounts, written as Parquet files in row groups of 64 rows, at parallelism 3
+    and 2."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = random.Random(31)
+    (home / "in").mkdir(parents=True, exist_ok=True)
+    for f in range(3):
+        orders = [{"user": f"u{rng.randrange(40)}", "amount": rng.randrange(1, 1000)} for _ in range(12_000)]
+        pq.write_table(pa.Table.from_pylist(orders), home / "in" / f"orders-{f}.parquet", row_group_size=500)
+    return _job(
+        "parquet-count",
+        {
+            "sources": [
+                {
+                    "id": "orders",
+                    "type": "file",
+                    "config": {"path": f"{home}/in/*.parquet", "format": "parquet"},
+                }
+            ],
+            "operators": [
+                {"id": "paced", "type": "map", "fn": "chaosfns:slow"},
+                {"id": "by-user", "type": "key_by", "key": {"field": "user"}},
+                {"id": "count", "type": "aggregate", "aggregate": "count"},
+            ],
+            "sinks": [
+                {
+                    "id": "out",
+                    "type": "file",
+                    "parallelism": 2,
+                    "config": {
+                        "path": "out",
+                        "format": "parquet",
+                        "parquet": {
+                            "schema": [{"name": "key", "type": "string"}, {"name": "value", "type": "int64"}],
+                            "rowGroupRows": 64,
+                        },
+                    },
+                }
+            ],
+        },
+        parallelism=3,
+    )
+
+
 def file_to_file_mapping_with(home: Path, name: str, body: str) -> Path:
     """The file-to-file job whose map is the function `name(line)` with `body`, prepared in `home`."""
     model = file_to_file(home)

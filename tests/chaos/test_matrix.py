@@ -230,6 +230,14 @@ def test_chaos_cell_csv_files(tmp_path, etcd_server, capsys):
     check(chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=52), capsys, "csv-files / run")
 
 
+def test_chaos_cell_parquet_files(tmp_path, etcd_server, capsys):
+    """Parquet orders read by row groups into rolling counts written as Parquet files (several row
+    groups each, the footer written when the epoch's transaction is staged)."""
+    home = tmp_path / "job"
+    job = jobs.prepare(home, jobs.parquet_to_parquet(home))
+    check(chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=53), capsys, "parquet-files / run")
+
+
 def test_chaos_cell_kafka_sasl_ssl_avro_both_ways(
     tmp_path, etcd_server, kafka_server, kafka, registry, capsys
 ):

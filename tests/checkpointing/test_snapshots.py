@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from nopstream.connectors.files import FileSource
+from nopstream.connectors.files import file_source
 from nopstream.connectors.generator import GeneratorSource
 from nopstream.model.load import load_data
 from nopstream.plan import compiler
@@ -203,17 +203,17 @@ def test_file_source_resumes_at_its_cursor(tmp_path):
     for i in range(3):
         (tmp_path / f"f{i}.txt").write_text("".join(f"file{i} line{j}\n" for j in range(2500)))
     config = {"path": str(tmp_path / "*.txt")}
-    whole = FileSource(config, subtask=0, parallelism=1)
+    whole = file_source(config, subtask=0, parallelism=1)
     expected = []
     while (batch := whole.read(1000)) is not None:
         expected.extend(batch.records)
-    first = FileSource(config, subtask=0, parallelism=1)
+    first = file_source(config, subtask=0, parallelism=1)
     got = []
     for _ in range(4):
         got.extend(first.read(1000).records)
     state = orjson.loads(orjson.dumps(first.snapshot()))
     first.close()
-    second = FileSource(config, subtask=0, parallelism=1)
+    second = file_source(config, subtask=0, parallelism=1)
     second.restore(state)
     while (batch := second.read(1000)) is not None:
         got.extend(batch.records)

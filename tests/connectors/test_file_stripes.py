@@ -13,7 +13,7 @@ import pytest
 from nopstream.checkpoint import snapshots
 from nopstream.checkpoint.formats import decode_segment
 from nopstream.connectors import stripes
-from nopstream.connectors.files import FileSource
+from nopstream.connectors.files import file_source
 from nopstream.connectors.striped import StripedSource
 from nopstream.errors import RestoreRefused
 from nopstream.model.load import load_data
@@ -69,7 +69,7 @@ def read_all(source: StripedSource, batch: int = 50) -> list[str]:
 def test_the_subtasks_read_every_line_once(tmp_path, parallelism):
     expected = corpus(tmp_path / "in")
     config = {"path": str(tmp_path / "in" / "*.txt")}
-    parts = [read_all(FileSource(config, subtask=i, parallelism=parallelism)) for i in range(parallelism)]
+    parts = [read_all(file_source(config, subtask=i, parallelism=parallelism)) for i in range(parallelism)]
     assert Counter(line for part in parts for line in part) == Counter(expected)
     if parallelism == 1:
         assert parts[0] == expected  # one subtask reads the files in order, each from its start
@@ -84,7 +84,7 @@ def test_the_subtasks_share_the_bytes_evenly_whatever_the_files(tmp_path):
         (directory / f"{i}.txt").write_text(("word " * 19 + "word\n") * (3 * (1 << 20) // 100))
     config = {"path": str(directory / "*.txt")}
     shares = [
-        sum(len(line) + 1 for line in read_all(FileSource(config, subtask=i, parallelism=4), 1000))
+        sum(len(line) + 1 for line in read_all(file_source(config, subtask=i, parallelism=4), 1000))
         for i in range(4)
     ]
     total = sum(shares)
@@ -135,7 +135,7 @@ def test_a_restore_from_every_subtasks_snapshots_reads_each_stripe_once(tmp_path
     old, new = plan(before, path), plan(after, path)
     rng = random.Random(before * 100 + after)
     kept: list[str] = []
-    sources = [FileSource({"path": path}, subtask=i, parallelism=before) for i in range(before)]
+    sources = [file_source({"path": path}, subtask=i, parallelism=before) for i in range(before)]
     states = []
     for source in sources:
         kept.extend(read_some(source, rng, 40, [1, 7, 50]))
@@ -145,7 +145,7 @@ def test_a_restore_from_every_subtasks_snapshots_reads_each_stripe_once(tmp_path
     segments = checkpoint(old, states, 8)
     restored = []
     for i in range(after):
-        source = FileSource({"path": path}, subtask=i, parallelism=after)
+        source = file_source({"path": path}, subtask=i, parallelism=after)
         source.restore(joined(new, segments, i, 8))
         restored.append(source)
     # a second checkpoint of the restored subtasks, then a second restore at the old parallelism
@@ -156,7 +156,7 @@ def test_a_restore_from_every_subtasks_snapshots_reads_each_stripe_once(tmp_path
         source.close()
     segments = checkpoint(new, states, 9)
     for i in range(before):
-        source = FileSource({"path": path}, subtask=i, parallelism=before)
+        source = file_source({"path": path}, subtask=i, parallelism=before)
         source.restore(joined(old, segments, i, 9))
         kept.extend(read_all(source))
     assert Counter(kept) == Counter(expected)
@@ -175,7 +175,7 @@ def test_a_checkpoint_of_one_split_per_file_resumes_where_its_cursor_was(tmp_pat
     state = {"cursors": {str(begun): cursor, str(whole): 5}, "finished": [str(whole)]}
     got: list[str] = []
     for i in range(3):
-        source = FileSource({"path": str(directory / "*.txt")}, subtask=i, parallelism=3)
+        source = file_source({"path": str(directory / "*.txt")}, subtask=i, parallelism=3)
         source.restore(state)
         got.extend(read_all(source))
     assert Counter(got) == Counter(lines[4321:])
@@ -183,7 +183,7 @@ def test_a_checkpoint_of_one_split_per_file_resumes_where_its_cursor_was(tmp_pat
 
 def test_a_checkpoint_with_other_stripes_is_refused(tmp_path):
     (tmp_path / "a.txt").write_text("x\n")
-    source = FileSource({"path": str(tmp_path / "*.txt")}, subtask=0, parallelism=1)
+    source = file_source({"path": str(tmp_path / "*.txt")}, subtask=0, parallelism=1)
     with pytest.raises(RestoreRefused) as refused:
         source.restore({"stripeBytes": 1 << 20, "cursors": {}, "done": {}})
     assert str(refused.value) == (
@@ -196,7 +196,7 @@ def begun_file(tmp_path: Path) -> tuple[Path, dict]:
     """A file of 100,000 lines and a subtask's snapshot that has begun it."""
     path = tmp_path / "a.txt"
     path.write_text("".join(f"{i:08d}\n" for i in range(100_000)))
-    source = FileSource({"path": str(tmp_path / "*.txt")}, subtask=0, parallelism=2)
+    source = file_source({"path": str(tmp_path / "*.txt")}, subtask=0, parallelism=2)
     for _ in range(3):
         source.read(1000)
     state = orjson.loads(orjson.dumps(source.snapshot()))
@@ -208,7 +208,7 @@ def test_a_begun_stripe_whose_file_shrank_is_refused_naming_it(tmp_path):
     path, state = begun_file(tmp_path)
     ((split, cursor),) = state["cursors"].items()
     path.write_text(path.read_text()[: cursor // 2])
-    again = FileSource({"path": str(tmp_path / "*.txt")}, subtask=0, parallelism=2)
+    again = file_source({"path": str(tmp_path / "*.txt")}, subtask=0, parallelism=2)
     with pytest.raises(RestoreRefused) as refused:
         again.restore(state)
     assert str(refused.value) == (
@@ -219,7 +219,7 @@ def test_a_begun_stripe_whose_file_shrank_is_refused_naming_it(tmp_path):
 
 def test_a_file_replaced_between_a_restore_and_its_first_read_fails_the_read(tmp_path):
     path, state = begun_file(tmp_path)
-    again = FileSource({"path": str(tmp_path / "*.txt")}, subtask=0, parallelism=2)
+    again = file_source({"path": str(tmp_path / "*.txt")}, subtask=0, parallelism=2)
     again.restore(state)  # the file is still the one begun
     path.write_text("".join(f"{i + 1:08d}\n" for i in range(100_000)))
     with pytest.raises(RuntimeError) as failed:
@@ -282,7 +282,7 @@ def test_each_stripe_keeps_its_own_event_time_through_batches_and_rescaled_resto
 
     states = []
     for i in range(before):
-        source = FileSource({"path": path, "format": "jsonl"}, subtask=i, parallelism=before)
+        source = file_source({"path": path, "format": "jsonl"}, subtask=i, parallelism=before)
         assert source.event_time_floor() == -(2**63)  # nothing begun: every stripe may hold anything
         read(source, 1)
         assert source.event_time_floor() == -(2**63)  # the second file is not begun
@@ -291,7 +291,7 @@ def test_each_stripe_keeps_its_own_event_time_through_batches_and_rescaled_resto
         source.close()
     segments = checkpoint(old, states, 8)
     for i in range(after):
-        source = FileSource({"path": path, "format": "jsonl"}, subtask=i, parallelism=after)
+        source = file_source({"path": path, "format": "jsonl"}, subtask=i, parallelism=after)
         source.restore(joined(new, segments, i, 8))
         read(source, None)
         source.close()

@@ -20,8 +20,9 @@ import orjson
 import pytest
 
 from nopstream.connectors import s3 as s3_connector
-from nopstream.connectors.s3 import S3Source
+from nopstream.connectors.s3 import s3_source
 from nopstream.errors import RestoreRefused, StorageError
+from nopstream.records import SourceReader
 from nopstream.s3 import S3Storage
 from tests.chaos import jobs
 from tests.conftest import ROOT, run_nopstream
@@ -47,8 +48,8 @@ def inputs(minio_server, minio_client, bucket, monkeypatch):
             for path in sorted(directory.iterdir()):
                 self.put(path.name, path.read_bytes())
 
-        def source(self, subtask: int, parallelism: int) -> S3Source:
-            return S3Source(self.config, subtask=subtask, parallelism=parallelism)
+        def source(self, subtask: int, parallelism: int) -> SourceReader:
+            return s3_source(self.config, subtask=subtask, parallelism=parallelism)
 
     return Inputs()
 

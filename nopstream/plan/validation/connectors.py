@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from pydantic import ValidationError
 
 from nopstream.model.catalogue import SINK_TYPES, SOURCE_TYPES, SinkType, SourceType
-from nopstream.model.connectors import ConnectorConfig
+from nopstream.model.connector_config import ConnectorConfig
 from nopstream.model.errors import Issue
 from nopstream.model.load import pydantic_issues
 from nopstream.model.spec import (
