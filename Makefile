@@ -43,6 +43,7 @@ bench: setup
 	$(PY) bench/checkpoint.py
 	$(PY) bench/joins.py
 	$(PY) bench/async.py
+	$(PY) bench/formats.py
 	@scripts/install-servers.sh kafka
 	$(PY) bench/kafka.py
 	@scripts/install-servers.sh kube helm node image

@@ -321,6 +321,8 @@ def preload(nodes: Iterable[StreamNode]) -> None:
         kind = kinds.get(node.type) if node.kind in ("source", "sink") else None
         if kind is not None and kind.module is not None:
             importlib.import_module(kind.module)
+        if kind is not None and node.spec.get("config", {}).get("format") == "parquet":
+            importlib.import_module("nopstream.connectors.parquet")  # pyarrow: the slowest import of all
 
 
 class Connectors:
