@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import datetime
 import ipaddress
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,3 +164,41 @@ def write_kubeconfig(
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)
     return path
+
+
+def _b64(number: int) -> str:
+    raw = number.to_bytes((number.bit_length() + 7) // 8, "big")
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """An RSA key as JWKs: `private` for Hydra, `jwks` (the public half in a set) for the broker."""
+
+    kid: str
+    private: Path
+    jwks: Path
+
+    @classmethod
+    def make(cls, directory: Path, kid: str = "nopstream-test") -> SigningKey:
+        """A new 2048-bit key written into `directory`."""
+        directory.mkdir(parents=True, exist_ok=True)
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        numbers = key.private_numbers()
+        public = {"kty": "RSA", "kid": kid, "use": "sig", "alg": "RS256"} | {
+            "n": _b64(numbers.public_numbers.n),
+            "e": _b64(numbers.public_numbers.e),
+        }
+        private = public | {
+            "d": _b64(numbers.d),
+            "p": _b64(numbers.p),
+            "q": _b64(numbers.q),
+            "dp": _b64(numbers.dmp1),
+            "dq": _b64(numbers.dmq1),
+            "qi": _b64(numbers.iqmp),
+        }
+        keys = cls(kid, directory / "signing.jwk.json", directory / "jwks.json")
+        keys.private.write_text(json.dumps(private))
+        keys.private.chmod(0o600)
+        keys.jwks.write_text(json.dumps({"keys": [public]}))
+        return keys

@@ -29,7 +29,7 @@ from nopstream.local import children
 from nopstream.local.children import Child
 
 if TYPE_CHECKING:
-    from e2e.certs import KeyPair, Pki
+    from e2e.certs import KeyPair, Pki, SigningKey
 
 CACHE = Path(os.environ.get("NOPSTREAM_CACHE", Path.home() / ".cache" / "nopstream"))
 BIN = CACHE / "bin"
@@ -404,7 +404,7 @@ class Kafka:
     def restart(self) -> None:
         """Stop the broker and start it again on the same ports and logs."""
         self.stop()
-        self.process = _kafka_process(self.workdir, self.config, self.wrap)
+        self.process = _kafka_process(self.workdir, self.config, self.wrap, self.listeners.auth)
         _wait_kafka(self)
 
 
@@ -455,11 +455,17 @@ class KafkaListeners:
         ]
 
 
+OAUTH_ISSUER = "https://issuer.nopstream.test/"
+"""The `iss` of the test identity provider's tokens (`e2e.identity`), which the broker expects: a
+name, not where the provider listens."""
+
+
 @dataclass(frozen=True)
 class KafkaAuth:
     """Two loopback listeners of a broker that authenticate every client, and the files they need:
-    SASL_SSL (PLAIN and SCRAM-SHA-256/512 for each of `users`), and SSL requiring a client
-    certificate of the CA. The broker's certificate names 127.0.0.1 and localhost."""
+    SASL_SSL (PLAIN and SCRAM-SHA-256/512 for each of `users`, and OAUTHBEARER for a JWT of
+    `OAUTH_ISSUER` signed by `signing`), and SSL requiring a client certificate of the CA.
+    The broker's certificate names 127.0.0.1 and localhost."""
 
     sasl_ssl: tuple[str, int]
     ssl: tuple[str, int]
@@ -467,6 +473,7 @@ class KafkaAuth:
     ca: Path
     keystore: Path  # the broker's key and certificate in one PEM file
     client: KeyPair  # a client certificate of the CA, for `nopstream`
+    signing: SigningKey  # the key of the identity provider whose tokens OAUTHBEARER takes
     pki: Pki = field(repr=False, compare=False)  # the CA, for more certificates
 
     @classmethod
@@ -479,7 +486,10 @@ class KafkaAuth:
         keystore.write_bytes(server.key.read_bytes() + server.cert.read_bytes())
         client = pki.issue("kafka-client", "nopstream")
         ports = ("127.0.0.1", free_port()), ("127.0.0.1", free_port())
-        return cls(*ports, tuple(users.items()), pki.ca.cert, keystore, client, pki)
+        from e2e.certs import SigningKey
+
+        signing = SigningKey.make(pki.dir / "oauth")
+        return cls(*ports, tuple(users.items()), pki.ca.cert, keystore, client, signing, pki)
 
     @property
     def sasl_bootstrap(self) -> str:
@@ -500,13 +510,25 @@ class KafkaAuth:
             f"ssl.keystore.location={self.keystore}",
             "ssl.truststore.type=PEM",
             f"ssl.truststore.location={self.ca}",
-            "listener.name.sasl_ssl.sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+            "listener.name.sasl_ssl.sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512,OAUTHBEARER",
             "listener.name.sasl_ssl.plain.sasl.jaas.config="
             f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain};",
             f"listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config={scram}",
             f"listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config={scram}",
             "listener.name.ssl.ssl.client.auth=required",
+            "listener.name.sasl_ssl.oauthbearer.sasl.jaas.config="
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;",
+            "listener.name.sasl_ssl.oauthbearer.sasl.server.callback.handler.class="
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler",
+            f"sasl.oauthbearer.jwks.endpoint.url={self.signing.jwks.as_uri()}",
+            f"sasl.oauthbearer.expected.issuer={OAUTH_ISSUER}",
+            # librdkafka asks for a token without an audience, and Hydra then grants none
+            "sasl.oauthbearer.allow.unverified.audience=true",
         ]
+
+    def jvm_options(self) -> list[str]:
+        """The broker JVM's system properties: Kafka reads a JWKS only from URLs it is told to allow."""
+        return [f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={self.signing.jwks.as_uri()}"]
 
     def format_arguments(self) -> list[str]:
         """StorageTool's arguments that store the SCRAM credentials of `users` (in KRaft's log)."""
@@ -544,8 +566,13 @@ def _java(workdir: Path) -> list[str]:
     ]
 
 
-def _kafka_process(workdir: Path, config: Path, wrap: Callable[[list[str]], list[str]]) -> Child:
-    return spawn("kafka", wrap([*_java(workdir), "kafka.Kafka", str(config)]), log=workdir / "kafka.log")
+def _kafka_process(
+    workdir: Path, config: Path, wrap: Callable[[list[str]], list[str]], auth: KafkaAuth | None
+) -> Child:
+    java, *rest = _java(workdir)
+    options = auth.jvm_options() if auth is not None else []
+    argv = [java, *options, *rest, "kafka.Kafka", str(config)]
+    return spawn("kafka", wrap(argv), log=workdir / "kafka.log")
 
 
 def _wait_kafka(kafka: Kafka) -> None:
@@ -613,7 +640,7 @@ def start_kafka(
     )
     if formatted.returncode != 0:
         raise ServerError(f"kafka storage format failed:\n{formatted.stdout}{formatted.stderr}")
-    kafka = Kafka(_kafka_process(workdir, config, wrap), listeners, config, workdir, wrap)
+    kafka = Kafka(_kafka_process(workdir, config, wrap, listeners.auth), listeners, config, workdir, wrap)
     _wait_kafka(kafka)
     return kafka
 

@@ -2,17 +2,17 @@
 # Install or build, once, the real servers the tests use: etcd and PostgreSQL 15
 # (Debian), MinIO (its Go module), a Kafka broker (its jars from Maven Central), the
 # Kubernetes control plane, a schema registry (Apicurio Registry, built by Quarkus from its
-# jars on Maven Central), kubectl, kubelet and kube-proxy (k8s.io/kubernetes at one
-# release), helm (its Go module), and the node of the e2e cluster: containerd and
-# CoreDNS (their Go modules), runc, the CNI plugins, iptables, conntrack, buildah and
-# mmdebstrap (Debian), the runtime image (built on a Debian base made here), Lua 5.1
-# with lua-cjson (Debian) for the Argo CD health check, Chromium with its
-# ChromeDriver (Debian) for the dashboard's browser test, and for each Python 3.11-3.13
-# found a wheelhouse of the runtime lock for the wheel test.
+# jars on Maven Central), Ory Hydra (an OAuth 2.0 server: its Go module), kubectl,
+# kubelet and kube-proxy (k8s.io/kubernetes at one release), helm (its Go module), and
+# the node of the e2e cluster: containerd and CoreDNS (their Go modules), runc, the CNI
+# plugins, iptables, conntrack, buildah and mmdebstrap (Debian), the runtime image (built
+# on a Debian base made here), Lua 5.1 with lua-cjson (Debian) for the Argo CD health
+# check, Chromium with its ChromeDriver (Debian) for the dashboard's browser test, and for
+# each Python 3.11-3.13 found a wheelhouse of the runtime lock for the wheel test.
 # Everything lands in a cache outside the repository; a second run finds it there and
 # only prints what it reused.
 #
-# Usage: scripts/install-servers.sh [etcd] [postgres] [minio] [kafka] [registry] [kube] [helm] [node] [image] [lua] [browser] [wheels]
+# Usage: scripts/install-servers.sh [etcd] [postgres] [minio] [kafka] [registry] [hydra] [kube] [helm] [node] [image] [lua] [browser] [wheels]
 #        (default: all)
 set -euo pipefail
 
@@ -25,6 +25,7 @@ CONTAINERD_VERSION="v2.4.2"
 COREDNS_VERSION="v1.14.7"
 KAFKA_VERSION="4.4.0"   # also in scripts/kafka/pom.xml and e2e/servers.py
 REGISTRY_VERSION="2.4.2.Final"   # also in scripts/schema-registry/pom.xml and e2e/servers.py
+HYDRA_VERSION="v2.3.0"
 TOP="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$BIN"
 
@@ -93,6 +94,22 @@ build_registry() {
   mkdir -p "$dir"
   mv "$dir.partial/schema-registry-1-runner.jar" "$dir.partial/lib" "$dir/"
   rm -rf "$dir.partial"
+}
+
+build_hydra() {
+  # Built inside its own module, as Hydra's own build does: its go.mod replaces pop, which a
+  # module depending on it would not honour; cgo and sqlite for its in-memory storage.
+  local src="$CACHE/hydra-src-$HYDRA_VERSION" dir
+  dir="$(cd "$TOP" && GOFLAGS=-mod=mod go mod download -json "github.com/ory/hydra/v2@$HYDRA_VERSION" \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')"
+  rm -rf "$src"
+  cp -r "$dir" "$src"
+  chmod -R u+w "$src"
+  # its client's replacement (./internal/httpclient) is a module of its own, left out of the
+  # published zip: the same code is published as hydra-client-go
+  (cd "$src" && go mod edit -dropreplace github.com/ory/hydra-client-go/v2 \
+     && CGO_ENABLED=1 GOFLAGS=-mod=mod go build -tags sqlite,sqlite_omit_load_extension -o "$BIN/hydra" .)
+  rm -rf "$src"
 }
 
 build_helm() {
@@ -220,7 +237,7 @@ wheelhouses() {
 }
 
 what=("$@")
-[[ ${#what[@]} -gt 0 ]] || what=(etcd postgres minio kafka registry kube helm node image lua browser wheels)
+[[ ${#what[@]} -gt 0 ]] || what=(etcd postgres minio kafka registry hydra kube helm node image lua browser wheels)
 for w in "${what[@]}"; do
   case "$w" in
     etcd) install_etcd ;;
@@ -229,6 +246,7 @@ for w in "${what[@]}"; do
            timed "kafka $KAFKA_VERSION" "$CACHE/kafka-$KAFKA_VERSION/.fetched" fetch_kafka ;;
     registry) timed "schema registry $REGISTRY_VERSION" "$CACHE/schema-registry-$REGISTRY_VERSION/.built" build_registry ;;
     minio) timed "minio $MINIO_VERSION" "$BIN/.minio-$MINIO_VERSION" build_minio ;;
+    hydra) timed "hydra $HYDRA_VERSION" "$BIN/.hydra-$HYDRA_VERSION" build_hydra ;;
     helm) timed "helm $HELM_VERSION" "$BIN/.helm-$HELM_VERSION-stamped" build_helm ;;
     kube) timed "kubernetes $KUBE_VERSION" "$BIN/.kube-$KUBE_VERSION-stamped" \
             build_kube kube-apiserver kube-controller-manager kube-scheduler kubectl ;;
@@ -241,6 +259,6 @@ for w in "${what[@]}"; do
     lua) install_debian_packages "lua" lua5.1 lua-cjson ;;
     browser) install_debian_packages "browser" chromium chromium-driver ;;
     wheels) wheelhouses ;;
-    *) log "unknown server '$w' (known: etcd postgres minio kafka registry kube helm node image lua browser wheels)"; exit 2 ;;
+    *) log "unknown server '$w' (known: etcd postgres minio kafka registry hydra kube helm node image lua browser wheels)"; exit 2 ;;
   esac
 done

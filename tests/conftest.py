@@ -222,6 +222,21 @@ def kafka_server(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def hydra(kafka_server, tmp_path_factory):
+    """Ory Hydra, started by the first test that asks (about a second), signing its access tokens with
+    the key the session's broker trusts for OAUTHBEARER (`e2e.identity`)."""
+    from e2e import identity, servers
+
+    auth = kafka_server.auth
+    serving = auth.pki.issue("hydra", "127.0.0.1", server_names=("localhost",), server_ips=("127.0.0.1",))
+    base = tmp_path_factory.mktemp("hydra")
+    binary = servers.binary("hydra")
+    server = identity.start_hydra(base, binary=binary, serving=serving, ca=auth.ca, key=auth.signing)
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def kafka(kafka_server, request):
     """Topics and records on the session's broker for this test (`tests/kafka_util.py`)."""

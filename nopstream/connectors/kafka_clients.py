@@ -44,6 +44,8 @@ def client_config(c: KafkaConnection) -> dict[str, Any]:
                 "sasl.oauthbearer.token.endpoint.url": c.sasl.token_endpoint,
                 **({"sasl.oauthbearer.scope": c.sasl.scope} if c.sasl.scope else {}),
             }
+            if c.sasl.token_endpoint_ca_file is not None:
+                config["https.ca.location"] = c.sasl.token_endpoint_ca_file
         else:
             config |= {"sasl.username": c.sasl.username, "sasl.password": secret}
     if c.security_protocol.endswith("SSL"):

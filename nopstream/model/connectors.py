@@ -118,11 +118,15 @@ class KafkaSasl(ConnectorConfig):
     """OAUTHBEARER: the OIDC token endpoint that grants the client its token (client credentials)."""
     scope: str | None = None
     """OAUTHBEARER: the scope asked for."""
+    token_endpoint_ca_file: str | None = None
+    """OAUTHBEARER: the CA the token endpoint's certificate is verified against (the system's without)."""
 
     @model_validator(mode="after")
     def _oauth_has_an_endpoint(self) -> KafkaSasl:
         if (self.mechanism == "OAUTHBEARER") != (self.token_endpoint is not None):
             raise ValueError("tokenEndpoint is given exactly when the mechanism is OAUTHBEARER")
+        if self.token_endpoint_ca_file is not None and self.token_endpoint is None:
+            raise ValueError("tokenEndpointCaFile goes with tokenEndpoint (mechanism OAUTHBEARER)")
         return self
 
 

@@ -83,6 +83,67 @@ def test_a_job_over_authenticated_connections_is_exact(reading, writing, tmp_pat
     assert PASSWORD.encode() not in written + (result.stdout + result.stderr).encode()
 
 
+OAUTH_CLIENT, OAUTH_SECRET = "nopstream-app", "client-secret-of-the-app"
+
+
+def oauth(auth, hydra) -> dict:
+    """A connection over SASL_SSL with OAUTHBEARER: a token Hydra grants the app (client credentials)."""
+    return {
+        "bootstrapServers": auth.sasl_bootstrap,
+        "securityProtocol": "SASL_SSL",
+        "sasl": {
+            "mechanism": "OAUTHBEARER",
+            "username": OAUTH_CLIENT,
+            "tokenEndpoint": hydra.token_endpoint,
+            "tokenEndpointCaFile": str(hydra.ca),
+            "scope": "kafka",
+        },
+        "tls": {"caFile": str(auth.ca)},
+    }
+
+
+@pytest.fixture(scope="module")
+def oauth_client(hydra):
+    """The app's OAuth client in Hydra (once per module: a client id is registered once)."""
+    hydra.client(OAUTH_CLIENT, OAUTH_SECRET, "kafka")
+    return hydra
+
+
+def test_a_job_over_oauthbearer_with_tokens_of_a_real_identity_provider_is_exact(
+    tmp_path, secured, oauth_client
+):
+    """Both ends authenticate with a JWT that Ory Hydra grants (client credentials over HTTPS),
+    verified by the broker's JWKS validator (signature, issuer, expiry): exact, the secret said nowhere."""
+    auth, topics = secured
+    source = fill_kafka(topics, random.Random(5), lines=400)
+    out = topics.create("out", partitions=2)
+    connection = oauth(auth, oauth_client)
+    prepare(tmp_path / "job", secured_job(topics, source, out, connection, connection), {})
+    result = run_job(tmp_path / "job", env={"NOPSTREAM_KAFKA_PASSWORD": OAUTH_SECRET})
+    assert result.returncode == 0, result.stderr
+    assert topics.committed(out) == rolling_counts(topics, source, lines=400)
+    written = b"".join(p.read_bytes() for p in (tmp_path / "job").rglob("*") if p.is_file())
+    assert OAUTH_SECRET.encode() not in written + (result.stdout + result.stderr).encode()
+
+
+def test_a_wrong_client_secret_or_an_untrusted_token_endpoint_is_refused_at_start(
+    tmp_path, secured, oauth_client
+):
+    auth, topics = secured
+    connection = oauth(auth, oauth_client)
+    wrong = {"NOPSTREAM_KAFKA_PASSWORD": "not-" + OAUTH_SECRET}
+    line = _refused(tmp_path / "secret", topics, connection, mtls(auth), wrong)
+    assert f"kafka at {auth.sasl_bootstrap} refused user {OAUTH_CLIENT} (OAUTHBEARER): " in line, line
+    assert 'Failed to acquire SASL OAUTHBEARER token: {"error":"invalid_client",' in line, line
+    other = Pki(tmp_path / "other").ca.cert
+    untrusted = {**connection, "sasl": {**connection["sasl"], "tokenEndpointCaFile": str(other)}}
+    line = _refused(
+        tmp_path / "ca", topics, untrusted, mtls(auth), {"NOPSTREAM_KAFKA_PASSWORD": OAUTH_SECRET}
+    )
+    assert f"kafka at {auth.sasl_bootstrap} refused user {OAUTH_CLIENT} (OAUTHBEARER): " in line, line
+    assert "certificate" in line.lower(), line
+
+
 def _refused(tmp_path: Path, topics: Topics, reading: dict, writing: dict, env: dict[str, str]) -> str:
     """Run the job; assert it was refused at start in one line, nothing published, no password said;
     that line."""
