@@ -152,8 +152,10 @@ def main() -> None:
     args = parser.parse_args()
     loops: dict[str, list[float]] = {f: [] for f in LOOPS}
     jobs: dict[str, list[float]] = {f: [] for f in LOOPS}
+    before = Path.cwd()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
+        os.chdir(workdir)  # a job's checkpoints go under the working directory
         write_inputs(workdir / "in", orders(args.rows))
         for turn in range(args.repeat):
             for fmt, loop in LOOPS.items():
@@ -171,6 +173,7 @@ def main() -> None:
                 if written != args.rows:
                     raise SystemExit(f"the {fmt} job wrote {written} records, not {args.rows}")
                 jobs[fmt].append(result.processing_seconds)
+        os.chdir(before)
     rows = args.rows
     print(f"orders: {rows:,} in {FILES} files of each format; each row run {args.repeat} times: medians")
     print(f"machine: {os.cpu_count()} cores")

@@ -136,7 +136,10 @@ class LineFormat:
                 return [orjson.loads(line) for line in lines if line.strip()]
             if self.format == "text":
                 return [line.decode("utf-8").rstrip("\r\n") for line in lines]
-        except ValueError:  # found again line by line, off the fast path
+            fast = self._csv_records(lines, fields or [])
+            if fast is not None:
+                return fast
+        except (ValueError, csv.Error):  # found again line by line, off the fast path
             pass
         records: list[Any] = []
         for i, line in enumerate(lines):
@@ -159,6 +162,21 @@ class LineFormat:
             if unreadable is None:
                 raise BadLine(i, why) from None
             records.append(unreadable(i, line, why))
+        return records
+
+    def _csv_records(self, lines: list[bytes], fields: list[str]) -> list[dict[str, Any]] | None:
+        """The records of CSV lines read by one reader (the fast path); None when a line is not one
+        record of the header's fields (a quote left open joins lines: then they are read one by one)."""
+        texts = [line.decode("utf-8") for line in lines if line.strip()]
+        rows = list(csv.reader(texts, delimiter=self.csv.delimiter, strict=True))
+        width = len(fields)
+        if len(rows) != len(texts) or any(len(row) != width for row in rows):
+            return None
+        records: list[dict[str, Any]] = [dict(zip(fields, row, strict=True)) for row in rows]
+        for name, kind in self.csv.types.items():
+            if name in fields:
+                for record in records:
+                    record[name] = _typed(name, record[name], kind)
         return records
 
     def _csv_record(self, line: bytes, fields: list[str]) -> dict[str, Any]:
