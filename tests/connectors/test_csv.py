@@ -94,12 +94,12 @@ def test_csv_files_in_stripes_into_csv_files(tmp_path):
     assert read_csv_dir(home / "out") == final_totals(orders)
 
 
-def test_csv_objects_into_csv_objects(tmp_path, minio_server, minio_client, bucket):
-    text, orders = orders_csv(random.Random(3), 5_000)
-    minio_client.put_object(bucket, "in/orders.csv", io.BytesIO(text.encode()), len(text.encode()))
+def totals_through_objects(tmp_path, minio_server, minio_client, bucket, fmt: dict, out_fmt: dict) -> Path:
+    """Run `csv_job` from the objects under in/ (read as `fmt` says) into objects under out/ (written
+    as `out_fmt` says); a directory of what it committed, downloaded."""
     reach = {"bucket": bucket, "endpoint": minio_server.url}
-    source = {"type": "s3", "config": {**reach, "prefix": "in/", **CSV_IN}}
-    sink = {"type": "s3", "config": {**reach, "prefix": "out/", **CSV_OUT}}
+    source = {"type": "s3", "config": {**reach, "prefix": "in/", **fmt}}
+    sink = {"type": "s3", "config": {**reach, "prefix": "out/", **out_fmt}}
     env = {
         "NOPSTREAM_S3_ACCESS_KEY": minio_server.access_key,
         "NOPSTREAM_S3_SECRET_KEY": minio_server.secret_key,
@@ -109,11 +109,18 @@ def test_csv_objects_into_csv_objects(tmp_path, minio_server, minio_client, buck
     out = tmp_path / "read"
     out.mkdir()
     for obj in minio_client.list_objects(bucket, prefix="out/"):
-        if obj.object_name.endswith(".csv"):
-            body = minio_client.get_object(bucket, obj.object_name)
-            (out / Path(obj.object_name).name).write_bytes(body.read())
-            body.close()
-            body.release_conn()
+        body = minio_client.get_object(bucket, obj.object_name)
+        (out / Path(obj.object_name).name).write_bytes(body.read())
+        body.close()
+        body.release_conn()
+    return out
+
+
+def test_csv_objects_into_csv_objects(tmp_path, minio_server, minio_client, bucket):
+    text, orders = orders_csv(random.Random(3), 5_000)
+    minio_client.put_object(bucket, "in/orders.csv", io.BytesIO(text.encode()), len(text.encode()))
+    out = totals_through_objects(tmp_path, minio_server, minio_client, bucket, CSV_IN, CSV_OUT)
+    assert {p.suffix for p in out.iterdir()} == {".csv"}
     assert read_csv_dir(out) == final_totals(orders)
 
 

@@ -22,6 +22,8 @@ from nopstream.connectors.files import file_source
 from nopstream.errors import RestoreRefused
 from tests.chaos import jobs
 from tests.checkpointing.test_faults import run_job
+from tests.connectors.test_csv import csv_job as totals_job  # the same totals, in other formats
+from tests.connectors.test_csv import totals_through_objects
 
 
 def orders(rng: random.Random, rows: int, first: int = 0) -> list[dict]:
@@ -65,27 +67,6 @@ def totals(records: list[dict]) -> Counter:
 def columns(types: dict[str, str]) -> list[dict[str, str]]:
     """A `parquet.schema`: the columns in the order given."""
     return [{"name": name, "type": kind} for name, kind in types.items()]
-
-
-def totals_job(source: dict, sink: dict) -> dict:
-    return {
-        "jobId": "parquet",
-        "parallelism": 3,
-        "checkpoint": {"intervalMs": 150},
-        "model": {
-            "sources": [{"id": "orders", **source}],
-            "operators": [
-                {"id": "by-user", "type": "key_by", "key": {"field": "user"}},
-                {
-                    "id": "total",
-                    "type": "aggregate",
-                    "aggregate": {"kind": "sum", "field": "amount"},
-                    "emit": "final",
-                },
-            ],
-            "sinks": [{"id": "out", "parallelism": 2, **sink}],
-        },
-    }
 
 
 PARQUET_OUT = {
@@ -261,23 +242,9 @@ def test_parquet_objects_into_parquet_objects(tmp_path, minio_server, minio_clie
     pq.write_table(pa.Table.from_pylist(records), buffer, row_group_size=700)
     data = buffer.getvalue()
     minio_client.put_object(bucket, "in/orders.parquet", io.BytesIO(data), len(data))
-    reach = {"bucket": bucket, "endpoint": minio_server.url}
-    source = {"type": "s3", "config": {**reach, "prefix": "in/", "format": "parquet"}}
-    sink = {"type": "s3", "config": {**reach, "prefix": "out/", **PARQUET_OUT}}
-    env = {
-        "NOPSTREAM_S3_ACCESS_KEY": minio_server.access_key,
-        "NOPSTREAM_S3_SECRET_KEY": minio_server.secret_key,
-    }
-    result = run_job(jobs.prepare(tmp_path / "job", totals_job(source, sink)).parent, env=env)
-    assert result.returncode == 0, result.stderr
-    out = tmp_path / "read"
-    out.mkdir()
-    for obj in minio_client.list_objects(bucket, prefix="out/"):
-        assert obj.object_name.endswith(".parquet"), obj.object_name
-        body = minio_client.get_object(bucket, obj.object_name)
-        (out / Path(obj.object_name).name).write_bytes(body.read())
-        body.close()
-        body.release_conn()
+    parquet = {"format": "parquet"}
+    out = totals_through_objects(tmp_path, minio_server, minio_client, bucket, parquet, PARQUET_OUT)
+    assert {p.suffix for p in out.iterdir()} == {".parquet"}
     assert canonical(parquet_dir(out)[0]) == totals(records)
 
 
