@@ -213,16 +213,13 @@ class ParquetSource:
                 " with --fresh"
             )
         self._close_current()
-        done: dict[str, set[int]] = {}
-        for per_subtask in state.get("done", {}).values():
-            for name, groups in per_subtask.items():
-                done.setdefault(name, set()).update(groups)
+        done, begun = stripes.joined_progress(state)
         self.done = {p: {g for g in gs if self._mine(p, g)} for p, gs in done.items()}
-        self.cursors = {}
-        for split, row in state.get("cursors", {}).items():
-            name, group = stripes.parse_split_id(split)
-            if self._mine(name, group) and group not in done.get(name, ()):
-                self.cursors[split] = int(row)
+        self.cursors = {
+            stripes.split_id(p, g): row
+            for (p, g), row in begun.items()
+            if self._mine(p, g) and g not in done.get(p, ())
+        }
         times = state.get("eventTimes", {})
         self.event_times.highs = {k: int(times[k]) for k in self.cursors if k in times}
         self.identities = dict(state.get(self.objects.identity_field, {}))

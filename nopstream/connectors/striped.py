@@ -381,10 +381,10 @@ def _progress(state: dict[str, Any]) -> tuple[dict[str, set[int]], dict[tuple[st
     subtask, its cursor keyed by its name: the stripes before its cursor are done, and
     the stripe it points into resumes there.
     """
-    done: dict[str, set[int]] = {}
-    begun: dict[tuple[str, int], int] = {}
     size = state.get("stripeBytes")
     if size is None:
+        done: dict[str, set[int]] = {}
+        begun: dict[tuple[str, int], int] = {}
         finished = set(state.get("finished", []))
         for name, cursor in state.get("cursors", {}).items():
             if cursor and name not in finished:
@@ -396,9 +396,4 @@ def _progress(state: dict[str, Any]) -> tuple[dict[str, set[int]], dict[tuple[st
             f"the source's checkpoint cuts its input into stripes of {size} bytes; this version of"
             f" nopstream reads stripes of {stripes.STRIPE_BYTES} bytes: start over with --fresh"
         )
-    for per_subtask in state.get("done", {}).values():
-        for name, ks in per_subtask.items():
-            done.setdefault(name, set()).update(ks)
-    for split, cursor in state.get("cursors", {}).items():
-        begun[stripes.parse_split_id(split)] = int(cursor)
-    return done, begun
+    return stripes.joined_progress(state)

@@ -21,6 +21,7 @@ checkpoint records the stripe size and a restore under another is refused.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 STRIPE_BYTES = 1 << 18
 
@@ -41,6 +42,17 @@ def parse_split_id(split: str) -> tuple[str, int]:
     if not sep or not stripe.isdigit():
         raise ValueError(f"'{split}' is not a file stripe ('{{path}}#{{stripe}}')")
     return path, int(stripe)
+
+
+def joined_progress(state: dict[str, Any]) -> tuple[dict[str, set[int]], dict[tuple[str, int], int]]:
+    """From a snapshot joined over subtasks (`done` keyed by subtask, then object; `cursors` by split
+    id): every split done, per object, and the cursor of each split begun, by (object, split)."""
+    done: dict[str, set[int]] = {}
+    for per_subtask in state.get("done", {}).values():
+        for name, splits in per_subtask.items():
+            done.setdefault(name, set()).update(splits)
+    begun = {parse_split_id(split): int(cursor) for split, cursor in state.get("cursors", {}).items()}
+    return done, begun
 
 
 def count(size: int) -> int:

@@ -982,41 +982,40 @@ def processing_windows(home: Path) -> dict[str, Any]:
     )
 
 
-def csv_to_csv(home: Path) -> dict[str, Any]:
-    """Orders in CSV files (about two stripes each, a header on the first) into each user's rolling
-    count of orders, written as CSV files of `key,value`, at parallelism 3 and 2."""
-    rng = random.Random(29)
-    for f in range(3):
-        rows = "".join(f'u{rng.randrange(40)},{rng.randrange(1, 1000)},"note, {i}"\n' for i in range(12_000))
-        _write(home, {f"orders-{f}.csv": "user,amount,note\n" + rows})
+def _orders_count(
+    job_id: str, home: Path, ext: str, source: dict[str, Any], sink: dict[str, Any]
+) -> dict[str, Any]:
+    """Orders in the files `home/in/*.{ext}` (read as `source` says) into each user's rolling count of
+    orders, written as `sink` says, at parallelism 3 and 2."""
     return _job(
-        "csv-count",
+        job_id,
         {
-            "sources": [
-                {"id": "orders", "type": "file", "config": {"path": f"{home}/in/*.csv", "format": "csv"}}
-            ],
+            "sources": [{"id": "orders", "type": "file", "config": {"path": f"{home}/in/*.{ext}", **source}}],
             "operators": [
                 {"id": "paced", "type": "map", "fn": "chaosfns:slow"},
                 {"id": "by-user", "type": "key_by", "key": {"field": "user"}},
                 {"id": "count", "type": "aggregate", "aggregate": "count"},
             ],
-            "sinks": [
-                {
-                    "id": "out",
-                    "type": "file",
-                    "parallelism": 2,
-                    "config": {"path": "out", "format": "csv", "csv": {"columns": ["key", "value"]}},
-                }
-            ],
+            "sinks": [{"id": "out", "type": "file", "parallelism": 2, "config": {"path": "out", **sink}}],
         },
         parallelism=3,
     )
 
 
+def csv_to_csv(home: Path) -> dict[str, Any]:
+    """Orders in CSV files (about two stripes each, a header on the first) into each user's rolling
+    count of orders, written as CSV files of `key,value`."""
+    rng = random.Random(29)
+    for f in range(3):
+        rows = "".join(f'u{rng.randrange(40)},{rng.randrange(1, 1000)},"note, {i}"\n' for i in range(12_000))
+        _write(home, {f"orders-{f}.csv": "user,amount,note\n" + rows})
+    sink = {"format": "csv", "csv": {"columns": ["key", "value"]}}
+    return _orders_count("csv-count", home, "csv", {"format": "csv"}, sink)
+
+
 def parquet_to_parquet(home: Path) -> dict[str, Any]:
     """Orders in Parquet files (row groups of 500 rows: 24 per file) into each user's rolling count
-    of orders and sum of amounts, written as Parquet files in row groups of 64 rows, at parallelism 3
-    and 2."""
+    of orders, written as Parquet files in row groups of 64 rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -1025,39 +1024,9 @@ def parquet_to_parquet(home: Path) -> dict[str, Any]:
     for f in range(3):
         orders = [{"user": f"u{rng.randrange(40)}", "amount": rng.randrange(1, 1000)} for _ in range(12_000)]
         pq.write_table(pa.Table.from_pylist(orders), home / "in" / f"orders-{f}.parquet", row_group_size=500)
-    return _job(
-        "parquet-count",
-        {
-            "sources": [
-                {
-                    "id": "orders",
-                    "type": "file",
-                    "config": {"path": f"{home}/in/*.parquet", "format": "parquet"},
-                }
-            ],
-            "operators": [
-                {"id": "paced", "type": "map", "fn": "chaosfns:slow"},
-                {"id": "by-user", "type": "key_by", "key": {"field": "user"}},
-                {"id": "count", "type": "aggregate", "aggregate": "count"},
-            ],
-            "sinks": [
-                {
-                    "id": "out",
-                    "type": "file",
-                    "parallelism": 2,
-                    "config": {
-                        "path": "out",
-                        "format": "parquet",
-                        "parquet": {
-                            "schema": [{"name": "key", "type": "string"}, {"name": "value", "type": "int64"}],
-                            "rowGroupRows": 64,
-                        },
-                    },
-                }
-            ],
-        },
-        parallelism=3,
-    )
+    columns = [{"name": "key", "type": "string"}, {"name": "value", "type": "int64"}]
+    sink = {"format": "parquet", "parquet": {"schema": columns, "rowGroupRows": 64}}
+    return _orders_count("parquet-count", home, "parquet", {"format": "parquet"}, sink)
 
 
 def file_to_file_mapping_with(home: Path, name: str, body: str) -> Path:
