@@ -8,7 +8,10 @@ exception); a caller may pass another action (the runner kills a task process).
 (`nopstream chaos`): a file `DIR/POINT.armed` fires the first pass of POINT in any
 process, which renames it `POINT.hit` (a rename is atomic: one process wins). Every
 process also leaves `DIR/POINT.passed` the first time it passes a point, so a
-failure-free run tells which steps a job has.
+failure-free run tells which steps a job has. While a file `DIR/end-of-input.hold`
+exists, a source that read all its input waits there, taking barriers, before it ends
+(`holding`): chaos keeps a run going until its schedule is done, however fast the
+machine reads.
 
 Each point is named in `POINTS`. The points where the coordinator kills a task are
 passed only where a runner gave it that action (`nopstream run`, whose tasks are its
@@ -27,6 +30,7 @@ from pathlib import Path
 ENV = "NOPSTREAM_FAULTS"
 DIR_ENV = "NOPSTREAM_FAULTS_DIR"
 ARMED, HIT, PASSED = ".armed", ".hit", ".passed"
+HOLD = "end-of-input.hold"
 
 POINTS = {
     "before-manifest": "all ACKs in, before the manifest is written: the coordinator kills a task",
@@ -105,3 +109,17 @@ def was_hit(folder: Path, point: str) -> bool:
 def passed(folder: Path) -> set[str]:
     """The points some process of the run passed."""
     return {p.name.removesuffix(PASSED) for p in folder.glob("*" + PASSED)} & POINTS.keys()
+
+
+def holding() -> bool:
+    """Whether a source at the end of its input waits (DIR_ENV set and `DIR/end-of-input.hold` there)."""
+    folder = os.environ.get(DIR_ENV)
+    return folder is not None and (Path(folder) / HOLD).exists()
+
+
+def hold(folder: Path, *, held: bool) -> None:
+    """Hold the sources of the run whose DIR_ENV is `folder` at the end of their input, or let them end."""
+    if held:
+        (folder / HOLD).touch()
+    else:
+        (folder / HOLD).unlink(missing_ok=True)

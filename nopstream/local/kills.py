@@ -9,6 +9,11 @@ the event before it, read from the run's checkpoint storage, then lands at a ran
 moment within the next two checkpoint intervals: the recovery it causes restores keyed
 state, timers, source cursors and pending transactions. A kill before anything is
 durable restores nothing, and proves nothing about the restore code.
+
+Until the last event is done, the run's sources wait at the end of their input
+(`faults.holding`), taking barriers: a fast machine does not end the job before its
+schedule. Only the sink steps (FLOWING) need records moving: one armed and not reached
+soon lets the input end, and it is held again once the point is hit.
 """
 
 from __future__ import annotations
@@ -36,6 +41,11 @@ from nopstream.plan import compiler
 CAUSED = ("during-restore",)
 """Fault points of steps a failure-free run does not take: the kills cause restores."""
 
+FLOWING = ("after-stage", "before-publish", "mid-commit")
+"""Fault points passed only while records reach a sink."""
+FLOWING_GRACE = 3
+"""Checkpoint intervals an armed FLOWING point waits with the input held before the input may end."""
+
 POLL = 0.05  # seconds between looks at the storage, the fault directory, the runner
 
 
@@ -53,12 +63,19 @@ class Event:
 def plan_events(rng: random.Random, kills: int, points: set[str], early_share: float) -> list[Event]:
     """`kills` SIGKILLs (a share `early_share` of them at once) and one event per point, shuffled; a
     point chaos causes (CAUSED) is never last, as it needs a whole recovery after it is armed, the
-    longest of any step (on etcd a coordinator's lease runs out first), and the job may end before."""
+    longest of any step (on etcd a coordinator's lease runs out first), and the job may end before;
+    the sink steps (FLOWING) come in the first half, while records still move."""
     events = [Event(early=rng.random() < early_share) for _ in range(kills)]
     events += [Event(point) for point in sorted(points)]
     rng.shuffle(events)
     if len(events) > 1 and events[-1].point in CAUSED:
         events.insert(rng.randrange(len(events) - 1), events.pop())
+    half = (len(events) + 1) // 2
+    for late in [i for i in range(half, len(events)) if events[i].point in FLOWING]:
+        others = [i for i in range(half) if events[i].point not in (*FLOWING, *CAUSED)]
+        if others:
+            early = rng.choice(others)
+            events[early], events[late] = events[late], events[early]
     return events
 
 
@@ -120,6 +137,7 @@ class Schedule:
         self.reached = Reached()
         self.baseline = 0  # the durable epoch when the last event landed
         self.armed: str | None = None  # a point armed and not yet reached
+        faults.hold(faults_dir, held=bool(self.events))
 
     def drive(self, proc: Child) -> None:
         """Carry out events while this start of the runner lives; return once it ended, or all are done."""
@@ -148,11 +166,14 @@ class Schedule:
             self.baseline = self.progress.durable()
             if whole:
                 return
+        if not self.events:
+            faults.hold(self.faults_dir, held=False)
 
     def finish(self) -> None:
         """The run ended: a point still armed was not reached."""
         if self.armed is not None:
             self._settle()
+        faults.hold(self.faults_dir, held=False)
 
     def _progressed(self, proc: Child) -> bool:
         """Wait until an epoch after the baseline is durable; False when the run ended (or time ran out)."""
@@ -182,12 +203,18 @@ class Schedule:
         seconds passed; a runner SIGKILLed meanwhile leaves it armed for its next start."""
         assert self.armed is not None
         asked = self.armed != "during-savepoint"
-        deadline = min(self.deadline, time.monotonic() + self.fault_wait)
+        now = time.monotonic()
+        deadline = min(self.deadline, now + self.fault_wait)
+        ending = now + FLOWING_GRACE * self.progress.interval if self.armed in FLOWING else None
         while proc.poll() is None and time.monotonic() < deadline:
             if faults.was_hit(self.faults_dir, self.armed):
                 break
             asked = asked or self.savepoint()
+            if ending is not None and time.monotonic() >= ending:  # the sinks' records may come at the end
+                faults.hold(self.faults_dir, held=False)
+                ending = None
             time.sleep(POLL)
+        faults.hold(self.faults_dir, held=bool(self.events))
         if proc.poll() == -signal.SIGKILL and not faults.was_hit(self.faults_dir, self.armed):
             return
         self._settle()

@@ -315,6 +315,13 @@ class Task:
             await self._source_watermark(gen, floor)
             await self._tick()
             await self.metrics.idle(asyncio.sleep(pause))
+        # chaos keeps the input from ending before its schedule is done; a source stopped meanwhile
+        # takes barriers only, as above
+        while faults.holding() or self._stopped:
+            while barriers.pending:
+                await self._snapshot_and_forward(barriers.pending.popleft())
+            await self._tick()
+            await self.metrics.idle(asyncio.sleep(idle))
         await self._end_of_data(event_time=gen is not None)
         barriers.input_ended()
         if self.listener is not None:

@@ -16,6 +16,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -185,3 +186,37 @@ def test_every_fault_point_is_named_in_the_catalog_and_armed_once_for_a_whole_ru
     assert faults.passed(tmp_path) == {"after-stage", "mid-commit"}
     faults.arm(tmp_path, "after-stage")
     assert faults.disarm(tmp_path, "after-stage") and not faults.was_hit(tmp_path, "after-stage")
+
+
+def test_a_source_held_at_the_end_of_its_input_checkpoints_on_and_ends_once_let_go(tmp_path):
+    """`nopstream chaos` holds a run's input at its end (`faults.holding`) until its schedule is done:
+    epochs keep becoming durable while it is held, the job ends once it is let go, output unchanged."""
+    from nopstream import faults
+    from nopstream.local import kills
+
+    inputs = {"part-0.txt": "a b c a\n" * 200}  # read in one batch: the job ends in an epoch or two
+    model = wordcount_model("held-input", interval_ms=100)
+    prepare(tmp_path / "clean", model, inputs)
+    code, err = run(tmp_path / "clean")
+    assert code == 0, err
+    workdir = tmp_path / "held"
+    model["checkpoint"]["storage"]["local"]["path"] = str(workdir / "cp")
+    prepare(workdir, model, inputs)
+    folder = workdir / "faults"
+    folder.mkdir()
+    faults.hold(folder, held=True)
+    progress = kills.Progress(model)
+    proc = start_job(workdir, env={faults.DIR_ENV: str(folder)})
+    try:
+        deadline = time.monotonic() + 120
+        while progress.durable() < 12 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, f"the held job ended (exit {proc.returncode}): {proc.stderr.read()}"
+        assert progress.durable() >= 12
+        faults.hold(folder, held=False)
+        assert proc.wait(120) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert committed(workdir, "out") == committed(tmp_path / "clean", "out")
