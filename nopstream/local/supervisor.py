@@ -11,7 +11,6 @@ standby takes over without a global recovery.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import time
@@ -28,6 +27,7 @@ from nopstream.cluster.registry import Registry
 from nopstream.errors import REFUSED_EXITS, Refusal, StartRefused
 from nopstream.local import ownership
 from nopstream.local.children import Child, spawn, stop_all
+from nopstream.local.etcd_calls import EtcdCalls
 from nopstream.local.runner import JobFailed, RunOptions, RunResult, new_lineage, starting_point
 from nopstream.node import checkpointing, recovery
 from nopstream.node.settings import DEPLOYMENT_FILE, PARTITIONED_FILE, NodeEnv
@@ -62,24 +62,29 @@ class Supervisor:
         self.tasks: list[Child] = []
         self.started_candidates = 0
         self.lineage: NewLineage | None = None
+        self.calls: EtcdCalls | None = None
 
     def run(self) -> RunResult:
         """Run the job to its end, holding its checkpoint namespace; JobFailed after too many failures."""
         storage = checkpointing.open_storage(self.plans.deployment)
         with ownership.hold(storage, self.plans.partitioned, holder=f"nopstream run --etcd {self.etcd}"):
-            return self._run()
+            self.calls = EtcdCalls(self.etcd)
+            try:
+                return self._run(self.calls)
+            finally:
+                self.calls.close()
 
-    def _run(self) -> RunResult:
+    def _run(self, calls: EtcdCalls) -> RunResult:
         started = time.monotonic()
         self.plan_dir.mkdir(parents=True, exist_ok=True)
         (self.plan_dir / PARTITIONED_FILE).write_text(compiler.dump_document(self.plans.partitioned))
         (self.plan_dir / DEPLOYMENT_FILE).write_text(compiler.dump_document(self.plans.deployment))
         guard.write_secret(self.secret_file, guard.new_secret())  # one per command, as with `run`
-        _reach(self.etcd, quiet=self.options.quiet)
+        _reach(calls, quiet=self.options.quiet)
         self.lineage = new_lineage(self.options)
         if self.lineage is None:  # where its coordinator will start (read only): a changed plan checked
             starting_point(checkpointing.open_storage(self.plans.deployment), self.plans, self.options, None)
-        run = _advance_run(self.etcd, self.layout, None, self._request())
+        run = _advance_run(calls, self.layout, None, self._request())
         recoveries, failures = 0, tuple[float, ...]()
         try:
             self.coordinators = [self._candidate() for _ in range(CANDIDATES)]
@@ -90,7 +95,7 @@ class Supervisor:
                 self._replace_dead_coordinators()
                 failure = self._task_failure()
                 if failure is None and time.monotonic() - checked >= RUN_CHECK_S:
-                    checked, lost = time.monotonic(), _lost_run(self.etcd, self.layout, run)
+                    checked, lost = time.monotonic(), _lost_run(calls, self.layout, run)
                     failure = None if lost is None else (lost, "")
                 if failure is None:
                     continue
@@ -109,7 +114,7 @@ class Supervisor:
                     raise JobFailed(f"{failed}:\n{detail}" if detail else str(failed)) from None
                 run, recoveries, failures = recovered.run, recovered.recoveries, recovered.failures
             _wait(self.coordinators, 15)
-            entry = _etcd(self.etcd, lambda b: b.get(self.layout.restore(run)))
+            entry = _retried(calls, lambda b: b.get(self.layout.restore(run)))
         finally:
             stop_all(self.tasks + self.coordinators)
             self.secret_file.unlink(missing_ok=True)  # `nopstream savepoint --etcd` finds live jobs only
@@ -140,7 +145,8 @@ class Supervisor:
 
     def advance(self, run: int) -> int:
         """Move the run in etcd, asking the next run for this command's lineage in the same transaction."""
-        return _advance_run(self.etcd, self.layout, run, self._request())
+        assert self.calls is not None
+        return _advance_run(self.calls, self.layout, run, self._request())
 
     def record(self, recovered: recovery.Recovery) -> None:
         if not self.options.quiet:
@@ -216,44 +222,39 @@ class Supervisor:
 T = TypeVar("T")
 
 
-def _etcd(etcd: str, call: Callable[[EtcdBackend], Awaitable[T]]) -> T:
-    """Run one call against the etcd server at `etcd` (host:port) with a client of its own."""
-
-    async def once() -> T:
-        host, _, port = etcd.rpartition(":")
-        backend = EtcdBackend(host, int(port))
+def _retried(calls: EtcdCalls, call: Callable[[EtcdBackend], Awaitable[T]]) -> T:
+    """What `call` gives once etcd answers: an outage is waited out, as the processes do."""
+    while True:
         try:
-            return await call(backend)
-        finally:
-            await backend.close()
-
-    return asyncio.run(once())
+            return calls(call)
+        except StoreUnavailable:
+            time.sleep(0.5)
 
 
-def _reach(etcd: str, *, quiet: bool) -> None:
+def _reach(calls: EtcdCalls, *, quiet: bool) -> None:
     """Return once etcd answers; say once that it waits; StartRefused after ETCD_WAIT_S."""
     deadline = time.monotonic() + ETCD_WAIT_S
     said = False
     while True:
         try:
-            _etcd(etcd, lambda backend: backend.revision())
+            calls(lambda backend: backend.revision())
             return
         except StoreUnavailable:
             if time.monotonic() >= deadline:
                 raise StartRefused(
-                    f"etcd at {etcd} did not answer within {ETCD_WAIT_S:g} s (is it running there?)"
+                    f"etcd at {calls.where} did not answer within {ETCD_WAIT_S:g} s (is it running there?)"
                 ) from None
             if not said and not quiet:
-                print(f"waiting for etcd at {etcd} (at most {ETCD_WAIT_S:g} s)", file=sys.stderr)
+                print(f"waiting for etcd at {calls.where} (at most {ETCD_WAIT_S:g} s)", file=sys.stderr)
                 said = True
             time.sleep(0.5)
 
 
-def _lost_run(etcd: str, layout: Layout, run: int) -> str | None:
+def _lost_run(calls: EtcdCalls, layout: Layout, run: int) -> str | None:
     """Why etcd no longer holds run `run` (its run key missing or behind it), or None (also while
     etcd cannot be reached: an outage is waited out, as the processes do)."""
     try:
-        current = _etcd(etcd, lambda backend: Registry(backend, layout).current_run())
+        current = calls(lambda backend: Registry(backend, layout).current_run())
     except StoreUnavailable:
         return None
     if current >= run:
@@ -261,24 +262,24 @@ def _lost_run(etcd: str, layout: Layout, run: int) -> str | None:
     return f"etcd lost the job's coordination state (its run reads {current}, the run is {run})"
 
 
-def _advance_run(etcd: str, layout: Layout, expected: int | None, request: RestoreRequest | None) -> int:
+def _advance_run(
+    calls: EtcdCalls, layout: Layout, expected: int | None, request: RestoreRequest | None
+) -> int:
     """Move the run one past `expected` (None: past whatever it is now) by compare-and-swap, with the new
-    run's restore request in the same transaction."""
+    run's restore request in the same transaction; an outage is waited out (a try that timed out after
+    its swap is safe again: `next_run` then reads the run it made, a run of our own skips one)."""
     restore = None if request is None else request.to_json()
 
-    async def advance(backend: EtcdBackend) -> int:
+    async def advance(backend: EtcdBackend) -> int | None:
         registry = Registry(backend, layout)
-        while True:
-            try:
-                if expected is not None:
-                    return await registry.next_run(expected, restore=restore)
-                seen = await registry.current_run()
-                if await registry.advance_run(seen, restore=restore):  # a run of our own, past any before
-                    return seen + 1
-            except StoreUnavailable:
-                await asyncio.sleep(0.5)  # etcd is down: recovery waits for it
+        if expected is not None:
+            return await registry.next_run(expected, restore=restore)
+        seen = await registry.current_run()
+        return seen + 1 if await registry.advance_run(seen, restore=restore) else None  # ours, past any
 
-    return _etcd(etcd, advance)
+    while (run := _retried(calls, advance)) is None:
+        pass
+    return run
 
 
 def _wait(children: list[Child], timeout: float) -> None:
