@@ -243,7 +243,8 @@ for w in "${what[@]}"; do
     etcd) install_etcd ;;
     postgres) install_postgres ;;
     kafka) mkdir -p "$CACHE/kafka-$KAFKA_VERSION"
-           timed "kafka $KAFKA_VERSION" "$CACHE/kafka-$KAFKA_VERSION/.fetched" fetch_kafka ;;
+           # stamped with the pom's digest: a changed pom fetches the jars again
+           timed "kafka $KAFKA_VERSION" "$CACHE/kafka-$KAFKA_VERSION/.fetched-$(sha256sum "$TOP/scripts/kafka/pom.xml" | cut -c1-12)" fetch_kafka ;;
     registry) timed "schema registry $REGISTRY_VERSION" "$CACHE/schema-registry-$REGISTRY_VERSION/.built" build_registry ;;
     minio) timed "minio $MINIO_VERSION" "$BIN/.minio-$MINIO_VERSION" build_minio ;;
     hydra) timed "hydra $HYDRA_VERSION" "$BIN/.hydra-$HYDRA_VERSION" build_hydra ;;
