@@ -22,7 +22,6 @@ groups of `rowGroupRows` and the footer written when the transaction is staged.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pyarrow as pa
@@ -31,7 +30,7 @@ import pyarrow.parquet as pq
 from nopstream.connectors import stripes
 from nopstream.connectors.event_time import SplitHighs
 from nopstream.connectors.parquet_values import ParquetSchema, records_of
-from nopstream.connectors.striped import Objects
+from nopstream.connectors.striped import Discovery, Objects
 from nopstream.errors import BadInput, RestoreRefused
 from nopstream.model.formats import ParquetWriteOptions
 from nopstream.plan.keys import stable_hash
@@ -60,29 +59,18 @@ class ParquetSource:
         self.columns = columns
         self.subtask = subtask
         self.parallelism = parallelism
-        self.discovery_ms = discovery_ms
         self.keep_unreadable = keep_unreadable
         self.done: dict[str, set[int]] = {}  # object -> this subtask's row groups read to their end
         self.cursors: dict[str, int] = {}  # split id -> its next row (the group being read)
         self.identities: dict[str, Any] = {}  # object -> its identity when begun
         self.event_times: SplitHighs[str] = SplitHighs()
-        self._known: set[str] = set()
-        self._queue: list[str] = []
-        self._last_discovery = 0.0
+        self.discovery = Discovery(objects, discovery_ms)
         self._file: pq.ParquetFile | None = None
         self._name = ""
         self._groups: list[int] = []  # this subtask's groups of the open object still to read
         self._split = ""  # the group being read
         self._table: pa.Table | None = None  # its rows
         self._row = 0  # its next row
-        self._discover()
-
-    def _discover(self) -> None:
-        self._last_discovery = time.monotonic()
-        for name in self.objects.names():
-            if name not in self._known:
-                self._known.add(name)
-                self._queue.append(name)
 
     def _mine(self, name: str, group: int) -> bool:
         return stripes.owner(stable_hash(name), group, self.parallelism) == self.subtask
@@ -91,12 +79,10 @@ class ParquetSource:
         """Up to `max_records` rows of the row group being read."""
         while True:
             if self._file is None:
-                due = (time.monotonic() - self._last_discovery) * 1000 >= (self.discovery_ms or 0)
-                if not self._queue and self.discovery_ms is not None and due:
-                    self._discover()
-                if not self._queue:
-                    return None if self.discovery_ms is None else Batch([])
-                unreadable = self._open(self._queue.pop(0))
+                name = self.discovery.next()
+                if name is None:
+                    return self.discovery.none_now()
+                unreadable = self._open(name)
                 if unreadable is not None:
                     return unreadable
                 continue
@@ -184,7 +170,7 @@ class ParquetSource:
     def event_time_floor(self) -> int | None:
         """The group being read's high once it is this subtask's last (MIN_TIMESTAMP before: a group not
         begun may hold any timestamp); None when none is being read (`SplitEventTime`)."""
-        if self._queue or self._groups:
+        if self.discovery.queue or self._groups:
             return MIN_TIMESTAMP
         if self._table is None:
             return None
@@ -226,8 +212,7 @@ class ParquetSource:
         for split in self.cursors:
             name = stripes.parse_split_id(split)[0]
             self.objects.check(split, name, None, self.identities.get(name))
-        self._known, self._queue = set(), []
-        self._discover()
+        self.discovery.again()
 
     def close(self) -> None:
         """Let go of the open object."""

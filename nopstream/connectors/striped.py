@@ -73,6 +73,42 @@ class Objects(Protocol):
         ...
 
 
+class Discovery:
+    """The objects a source subtask is yet to open, in the order found: listed at the start and, with
+    `every_ms`, again that often once all are taken (the source then never ends)."""
+
+    def __init__(self, objects: Objects, every_ms: int | None) -> None:
+        self.objects = objects
+        self.every_ms = every_ms
+        self.queue: list[str] = []
+        self._known: set[str] = set()
+        self._listed_at = 0.0
+        self.again()
+
+    def again(self, finished: set[str] | None = None) -> None:
+        """Forget what was found and list the objects now, leaving out the `finished` ones (a restore)."""
+        self._known, self.queue = set(finished or ()), []
+        self._list()
+
+    def _list(self) -> None:
+        self._listed_at = time.monotonic()
+        for name in self.objects.names():
+            if name not in self._known:
+                self._known.add(name)
+                self.queue.append(name)
+
+    def next(self) -> str | None:
+        """The next object to open (listing again first when due), or None when there is none now."""
+        due = (time.monotonic() - self._listed_at) * 1000 >= (self.every_ms or 0)
+        if not self.queue and self.every_ms is not None and due:
+            self._list()
+        return self.queue.pop(0) if self.queue else None
+
+    def none_now(self) -> Batch | None:
+        """What a read gives when no object is left to open: the end when listed once, else nothing yet."""
+        return None if self.every_ms is None else Batch([])
+
+
 def at_cursor(cursor: int | None) -> str:
     """The words a message about a split gives its cursor: none for a cursor that is not a byte."""
     return f", its cursor is at byte {cursor}" if cursor is not None else ""
@@ -97,7 +133,6 @@ class StripedSource:
         self.lines = lines
         self._fields: list[str] = []  # the header's field names of the object being read (CSV)
         self.keep_unreadable = keep_unreadable
-        self.discovery_ms = discovery_ms
         self.subtask = subtask
         self.parallelism = parallelism
         self.done: dict[str, set[int]] = {}  # object -> this subtask's stripes read to their end
@@ -106,8 +141,6 @@ class StripedSource:
         self.identities: dict[str, Any] = {}  # object -> its identity when begun
         self.event_times: SplitHighs[str] = SplitHighs()  # split id -> highest timestamp read in it
         self._hashes: dict[str, int] = {}
-        self._known: set[str] = set()
-        self._queue: list[str] = []
         self._ahead: list[bytes] = []
         self._current: BinaryIO | None = None
         self._current_name = ""
@@ -117,8 +150,7 @@ class StripedSource:
         self._pos = 0  # offset of the next line to hand out
         self._marked = 0  # the stretch's stripes before this one are in `done`
         self._cursor_key: str | None = None
-        self._last_discovery = 0.0
-        self._discover()
+        self.discovery = Discovery(objects, discovery_ms)
 
     def _hash(self, name: str) -> int:
         h = self._hashes.get(name)
@@ -129,23 +161,14 @@ class StripedSource:
     def _mine(self, name: str, stripe: int) -> bool:
         return stripes.owner(self._hash(name), stripe, self.parallelism) == self.subtask
 
-    def _discover(self) -> None:
-        self._last_discovery = time.monotonic()
-        for name in self.objects.names():
-            if name not in self._known and name not in self.finished_objects:
-                self._known.add(name)
-                self._queue.append(name)
-
     def read(self, max_records: int) -> Batch | None:
         """Up to `max_records` lines of the stretch being read (a few more may come at a buffer edge)."""
         while True:
             if self._current is None:
-                due = (time.monotonic() - self._last_discovery) * 1000 >= (self.discovery_ms or 0)
-                if not self._queue and self.discovery_ms is not None and due:
-                    self._discover()
-                if not self._queue:
-                    return None if self.discovery_ms is None else Batch([])
-                self._open(self._queue.pop(0))
+                name = self.discovery.next()
+                if name is None:
+                    return self.discovery.none_now()
+                self._open(name)
                 continue
             if self._stretch is None:
                 if not self._stretches:
@@ -203,7 +226,7 @@ class StripedSource:
     def event_time_floor(self) -> int | None:
         """The stripe being read's high once it is this subtask's last (MIN_TIMESTAMP before: a stripe
         not begun may hold any timestamp); None when none is being read (`SplitEventTime`)."""
-        if self._queue or self._stretches:
+        if self.discovery.queue or self._stretches:
             return MIN_TIMESTAMP
         if self._stretch is None:
             return None
@@ -366,8 +389,7 @@ class StripedSource:
         for split, cursor in self.cursors.items():
             name = stripes.parse_split_id(split)[0]
             self.objects.check(split, name, cursor, self.identities.get(name))
-        self._known, self._queue = set(), []
-        self._discover()
+        self.discovery.again(self.finished_objects)
 
     def close(self) -> None:
         """Close the open object."""
