@@ -10,6 +10,10 @@ were read (a barrier may fall inside a transaction). A restored reader asks the 
 commits after that LSN and skips those changes. The slot is told a position is flushed only once
 the epoch whose snapshot holds it is durable (`AcknowledgingSource`): the server keeps every
 change a restore may ask for again, and lets go of it after.
+
+With `snapshot: initial` a fresh job first reads the publication's tables as they were when its
+slot began (`connectors.cdc_snapshot`: a copy made with the slot's exported snapshot), each row a
+change of op `read`, then the slot's changes; its position in the copy is in the checkpoint too.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import psycopg2.errors
 import psycopg2.extras
 from psycopg import sql
 
+from nopstream.connectors import cdc_snapshot
 from nopstream.connectors.pgoutput import Begin, Change, Commit, Relation, Truncate, decode, row
 from nopstream.connectors.postgres import connect, libpq_options, refusal
 from nopstream.errors import RestoreRefused, StartRefused
@@ -68,6 +73,12 @@ class PostgresCdcSource:
         self._flushed = 0
         self._connection: Any = None
         self._cursor: Any = None
+        self._streaming = False
+        self._copy: cdc_snapshot.Copy | None = None
+        self._copied: int | None = None  # the last row of the copy read (None: the copy is read whole)
+        self._copy_reader: Any = None  # a connection reading the copy, until it is dropped
+        self._past_copy = False  # the last snapshot was taken after the copy was read whole
+        self._copy_done_in: int | None = None  # the first epoch whose snapshot is past the copy
         self._fed = time.monotonic()
         if self.reads:
             self._publication()
@@ -106,7 +117,11 @@ class PostgresCdcSource:
                     f"postgres-cdc: replication slot '{c.slot}' is gone, and with it the changes after"
                     f" {lsn_text(self.position[0])} this job restored to (a new slot would start now)"
                 )
-            if found is None:
+            if c.snapshot == "initial" and (self.position is None or self._copied is not None):
+                found = self._with_copy(conn, found)
+            elif c.snapshot == "initial":  # restored past the copy: a kill may have come before its drop
+                cdc_snapshot.drop(conn, c.slot)
+            elif found is None:
                 self._cursor.create_replication_slot(c.slot, output_plugin="pgoutput")
                 found = conn.execute(query, (c.slot,)).fetchone()
             assert found is not None  # the slot just made
@@ -121,6 +136,38 @@ class PostgresCdcSource:
                 self.end = lsn_of(now)
             self._wait_until_unread(conn)
             return lsn_of(str(confirmed))
+
+    def _with_copy(self, conn: Any, slot: Any) -> Any:
+        """The row of the slot (`slot`: its row now, None when missing), made now with its copy when
+        missing or cut short, and its copy to read; StartRefused for a slot made without a copy,
+        RestoreRefused when the copy a restore reads in is gone."""
+        c = self.config
+        copy = cdc_snapshot.found(conn, c.slot)
+        if self.position is not None:  # restored inside the snapshot
+            if not isinstance(copy, cdc_snapshot.Copy):
+                raise RestoreRefused(
+                    f"postgres-cdc: the snapshot copy {cdc_snapshot.SCHEMA}.{c.slot} this job restored into"
+                    " is gone (it is dropped once read: restore a later checkpoint, or start over)"
+                )
+        elif slot is not None and copy is None:
+            raise StartRefused(
+                f"postgres-cdc: replication slot '{c.slot}' has no snapshot copy"
+                f" {cdc_snapshot.SCHEMA}.{c.slot} (rule: snapshot: initial reads a slot the job made with"
+                " its copy; drop the slot, or say snapshot: never)"
+            )
+        elif slot is None or copy == "incomplete":  # a fresh start, or one a kill cut short
+            if slot is not None:
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (c.slot,))
+            cdc_snapshot.begin(conn, c.slot)
+            self._cursor.execute(f'CREATE_REPLICATION_SLOT "{c.slot}" LOGICAL pgoutput EXPORT_SNAPSHOT')
+            _, start, snapshot, _ = self._cursor.fetchone()
+            copy = cdc_snapshot.fill(c, c.slot, snapshot, lsn_of(start))
+        assert isinstance(copy, cdc_snapshot.Copy)
+        self._copy = copy
+        if self._copied is None:
+            self._copied = 0
+        query = "SELECT plugin, database, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s"
+        return conn.execute(query, (c.slot,)).fetchone()
 
     def _wait_until_unread(self, conn: Any) -> None:
         """Wait up to SLOT_WAIT for the slot to have no reader; StartRefused naming the reader then."""
@@ -138,7 +185,17 @@ class PostgresCdcSource:
             time.sleep(0.2)
 
     def _open(self) -> None:
-        """Connect for replication and start reading the slot at the position."""
+        """Connect for replication and start reading the slot at the position (or the copy before)."""
+        confirmed = self._connect()
+        if self.position is None:
+            self.position = (confirmed, 0)
+        if self._copied is None:
+            self._start_replication()
+        else:  # the replication connection waits, idle, until the copy is read
+            self._copy_reader = connect(self.config)
+
+    def _connect(self) -> int:
+        """Connect for replication; the slot's confirmed position (`_slot`)."""
         try:
             self._connection = psycopg2.connect(
                 **libpq_options(self.config), connection_factory=psycopg2.extras.LogicalReplicationConnection
@@ -149,13 +206,15 @@ class PostgresCdcSource:
                 raise
             raise refused from None
         self._cursor = self._connection.cursor()
-        confirmed = self._slot()
-        if self.position is None:
-            self.position = (confirmed, 0)
+        return self._slot()
+
+    def _start_replication(self) -> None:
+        assert self.position is not None
         options = {"proto_version": "1", "publication_names": self.config.publication}
         self._cursor.start_replication(
             slot_name=self.config.slot, decode=False, start_lsn=self.position[0], options=options
         )
+        self._streaming = True
 
     # reading
 
@@ -165,6 +224,12 @@ class PostgresCdcSource:
             return None
         if self._cursor is None:
             self._open()
+        if self._copied is not None:
+            batch = self._read_copy(max_records)
+            if batch.records:
+                return batch
+            self._copied = None
+            self._start_replication()
         if self._done():
             return None
         records: list[Any] = []
@@ -179,6 +244,15 @@ class PostgresCdcSource:
                 stamps.append(self._begin.commit_ms)
         self._keep_alive(asked=not records and self.end is not None)
         return Batch(records, stamps)
+
+    def _read_copy(self, max_records: int) -> Batch:
+        """Up to `max_records` rows of the snapshot copy after the last one read (none: read whole)."""
+        assert self._copy is not None and self._copied is not None
+        found = cdc_snapshot.rows(self._copy_reader, self.config.slot, self._copied, max_records)
+        records = [self._copy.record(table, values) for _, table, values in found]
+        if found:
+            self._copied = found[-1][0]
+        return Batch(records, [self._copy.ms] * len(records))
 
     def _next(self) -> Any:
         """The next message of the stream, if one is there; StartRefused when the server cannot decode
@@ -211,6 +285,8 @@ class PostgresCdcSource:
     def _records(self, change: Change | Truncate) -> list[dict[str, Any]]:
         assert self._begin is not None
         lsn = self._begin.final_lsn
+        if isinstance(change, Change) and self._relations[change.relation].schema == cdc_snapshot.SCHEMA:
+            return []  # a snapshot copy being made (a publication of all tables holds it)
         if isinstance(change, Truncate):
             return [
                 {
@@ -254,9 +330,12 @@ class PostgresCdcSource:
         """The position, as the cursor of the one split (the slot), and, bounded, the end; nothing from
         a subtask that does not read (a restore gives every subtask every split's cursor)."""
         self._snapshot_lsn = self.position[0] if self.position is not None else None
+        self._past_copy = self._copy is not None and self._copied is None
         if self.position is None:
             return {}
-        cursor = {"lsn": self.position[0], "skip": self.position[1]}
+        cursor: dict[str, int] = {"lsn": self.position[0], "skip": self.position[1]}
+        if self._copied is not None:
+            cursor["copied"] = self._copied
         return {"cursors": {self._split: cursor}, **({"end": self.end} if self.end is not None else {})}
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -265,18 +344,26 @@ class PostgresCdcSource:
         if self.reads and cursor is not None:
             self.position = (int(cursor["lsn"]), int(cursor["skip"]))
             self._skip = self.position[1]
+            self._copied = cursor.get("copied")
             self.end = state.get("end")
 
     def snapshotted(self, epoch: int) -> None:
         """The last `snapshot` is epoch `epoch`'s."""
         if self._snapshot_lsn is not None:
             self._taken.append((epoch, self._snapshot_lsn))
+        if self._past_copy and self._copy_done_in is None:
+            self._copy_done_in = epoch
 
     def durable(self, epoch: int) -> None:
-        """Epochs up to `epoch` are durable: the slot may let go of what their snapshots read."""
+        """Epochs up to `epoch` are durable: the slot may let go of what their snapshots read, and the
+        snapshot copy goes once one of them was taken after it was read whole."""
+        if self._copy_done_in is not None and epoch >= self._copy_done_in and self._copy_reader is not None:
+            cdc_snapshot.drop(self._copy_reader, self.config.slot)
+            self._copy_reader.close()
+            self._copy_reader = self._copy = self._copy_done_in = None
         done = [lsn for e, lsn in self._taken if e <= epoch]
         self._taken = [(e, lsn) for e, lsn in self._taken if e > epoch]
-        if done and max(done) > self._flushed and self._cursor is not None:
+        if done and max(done) > self._flushed and self._streaming:
             self._flushed = max(done)
             self._cursor.send_feedback(write_lsn=self._flushed, flush_lsn=self._flushed, force=True)
             self._fed = time.monotonic()
@@ -286,25 +373,40 @@ class PostgresCdcSource:
         if self._connection is not None:
             self._connection.close()
             self._connection = self._cursor = None
+            self._streaming = False
+        if self._copy_reader is not None:
+            self._copy_reader.close()
+            self._copy_reader = None
+
+
+def make_slot(config: dict[str, Any]) -> None:
+    """Make the source's slot now, as a fresh job's first start would (with `snapshot: initial` its
+    copy of the tables too): what commits after it is what the job reads as changes."""
+    source = PostgresCdcSource(config, subtask=0)
+    try:
+        source._connect()
+    finally:
+        source.close()
 
 
 def copy_slot(config: dict[str, Any], slot: str) -> None:
-    """Make `slot` a copy of the source's slot (made now when it does not exist), at its position: a
-    run of `nopstream chaos` reads from the same place as every other."""
+    """Make `slot` a copy of the source's slot (made now when it does not exist), at its position, with
+    a copy of its snapshot: a run of `nopstream chaos` reads from the same place as every other."""
     c = PostgresCdcSourceConfig.model_validate(config)
+    make_slot(config)
+    drop_slot({**config, "slot": slot})
     with connect(c) as conn:
-        found = conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (c.slot,)).fetchone()
-        if found is None:
-            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (c.slot,))
-        drop_slot({**config, "slot": slot})
         conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (c.slot, slot))
+        if c.snapshot == "initial":
+            cdc_snapshot.duplicate(conn, c.slot, slot)
 
 
 def drop_slot(config: dict[str, Any]) -> None:
-    """Drop the source's slot, if it exists (the server lets go of the WAL it kept)."""
+    """Drop the source's slot and its snapshot copy, if they exist (the server lets go of the WAL kept)."""
     c = PostgresCdcSourceConfig.model_validate(config)
     with connect(c) as conn:
         conn.execute(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
             (c.slot,),
         )
+        cdc_snapshot.drop(conn, c.slot)

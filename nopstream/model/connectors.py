@@ -360,13 +360,16 @@ class PostgresCdcSourceConfig(PostgresConnection):
     commits after that), and kept: the server holds the WAL the slot has not been told is read,
     which is told once the epoch that read it is durable. The publication is created `FOR TABLE`
     `tables` when it does not exist. `bounded` stops at the end of the WAL as the first start
-    saw it (checkpointed, so a restart stops at the same place).
+    saw it (checkpointed, so a restart stops at the same place). `snapshot: initial` reads the
+    tables as they were when the slot began first, each row a change of op `read`
+    (`connectors.cdc_snapshot`); `never`, the default, reads changes only.
     """
 
     slot: str = Field(pattern=r"^[a-z0-9_]{1,63}$")
     publication: str = Field(pattern=SQL_NAME)
     tables: list[str] | None = Field(None, min_length=1)
     bounded: StrictBool = False
+    snapshot: Literal["initial", "never"] = "never"
 
     @model_validator(mode="after")
     def _tables_are_names(self) -> PostgresCdcSourceConfig:

@@ -272,37 +272,54 @@ def test_chaos_cell_kafka_to_postgres(mode, tmp_path, etcd_server, kafka, postgr
     check(result, capsys, f"kafka-to-postgres / {mode}")
 
 
-def cdc_source(server, database: str) -> tuple[str, int, dict]:
-    """`database` on `server` given `items`, its publication, and a slot made before
-    `jobs.change_rows` changed it: its conninfo, how many changes, the source's config (no TLS)."""
+def cdc_source(server, database: str, *, snapshot_rows: int = 0) -> tuple[str, int, dict]:
+    """`database` on `server` given `items` (`snapshot_rows` rows in it first, read by an initial
+    snapshot), its publication, and a slot made before `jobs.change_rows` changed it: its conninfo, how
+    many changes (the rows of the snapshot too), the source's config (no TLS)."""
     import random
 
     import psycopg
 
+    from nopstream.connectors.postgres_cdc import make_slot
+
     conninfo = server.conninfo.replace("dbname=postgres", f"dbname={database}")
+    source = {"port": server.port, "user": server.user, "database": database, "slot": "chaos_cdc"}
+    source |= {"publication": "chaos_items", "tables": ["items"]}
+    if snapshot_rows:
+        source["snapshot"] = "initial"
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, qty int, note text)")
+        conn.execute(
+            "INSERT INTO items SELECT i, i %% 5, 'first ' || i FROM generate_series(1000000, %s) i",
+            (1_000_000 + snapshot_rows - 1,),
+        )
         conn.execute("CREATE PUBLICATION chaos_items FOR TABLE items")
-        conn.execute("SELECT pg_create_logical_replication_slot('chaos_cdc', 'pgoutput')")
+        if snapshot_rows:
+            make_slot(source)  # with its copy of the rows
+        else:  # over the conninfo, which has the server's TLS settings
+            conn.execute("SELECT pg_create_logical_replication_slot('chaos_cdc', 'pgoutput')")
         changes = jobs.change_rows(conn, random.Random(61), rows=3000)
-    source = {"port": server.port, "user": server.user, "database": database, "slot": "chaos_cdc"}
-    return conninfo, changes, {**source, "publication": "chaos_items", "tables": ["items"]}
+    return conninfo, changes + snapshot_rows, source
 
 
 def only_the_slot_left(conninfo: str) -> None:
-    """Each run's own slot was dropped once compared; drop the job's."""
+    """Each run's own slot and snapshot copy were dropped once compared; drop the job's."""
     import psycopg
 
     with psycopg.connect(conninfo, autocommit=True) as conn:
         assert conn.execute("SELECT slot_name FROM pg_replication_slots ORDER BY 1").fetchall() == [
             ("chaos_cdc",)
         ]
+        copies = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'nopstream_cdc'")
+        assert {name for (name,) in copies.fetchall()} <= {"chaos_cdc"}
         conn.execute("SELECT pg_drop_replication_slot('chaos_cdc')")
+        conn.execute("DROP SCHEMA IF EXISTS nopstream_cdc CASCADE")
 
 
 def test_chaos_cell_postgres_cdc_to_kafka(tmp_path, etcd_server, kafka, postgres_server, database, capsys):
-    """Each run reads its own copy of the slot, made where the job's slot is (before every change)."""
-    conninfo, changes, source = cdc_source(postgres_server, database)
+    """Each run reads its own copy of the slot, made where the job's slot is (before every change),
+    and of its initial snapshot of 1,500 rows (kills land inside it too)."""
+    conninfo, changes, source = cdc_source(postgres_server, database, snapshot_rows=1500)
     topic = kafka.create("row-changes", partitions=2)
     per_row = {
         "type": "kafka",

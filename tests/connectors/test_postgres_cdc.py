@@ -132,6 +132,114 @@ def test_a_restore_inside_a_transaction_reads_each_change_once_and_the_slot_keep
     second.close()
 
 
+def _copies(db) -> list[str]:
+    """The snapshot copies in the test's database."""
+    found = db.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'nopstream_cdc' ORDER BY 1")
+    return [name for (name,) in found.fetchall()]
+
+
+def test_an_initial_snapshot_reads_the_tables_as_the_slot_began_then_the_changes_after_it(
+    postgres_server, database, db
+):
+    """`snapshot: initial`: each row as it was when the slot was made (op `read`, typed as changes are),
+    a restore inside the copy reads the rest once, then the changes committed after the slot began; the
+    copy is dropped once an epoch past it is durable. A publication of all tables holds the copy too:
+    its rows being written are not changes."""
+    db.execute(
+        "INSERT INTO items SELECT i, 'n' || i, i * 1.5, i % 2 = 0, jsonb_build_object('i', i), i / 4.0"
+        " FROM generate_series(1, 250) i"
+    )
+    db.execute("INSERT INTO tags VALUES (1, 'a'), (2, NULL), (3, 'c')")
+    db.execute("CREATE PUBLICATION everything FOR ALL TABLES")
+    settings = {**config(postgres_server, database, publication="everything"), "snapshot": "initial"}
+    del settings["tables"]
+    slot = settings["slot"]
+    first = PostgresCdcSource(settings, subtask=0)
+    got = first.read(100).records  # makes the slot and its copy, then reads the copy
+    assert _copies(db) == [slot]
+    db.execute("UPDATE items SET name = 'changed' WHERE id = 1")  # after the slot began: changes
+    db.execute("DELETE FROM items WHERE id = 2")
+    db.execute("INSERT INTO tags VALUES (4, 'd')")
+    state = orjson.loads(orjson.dumps(first.snapshot()))
+    assert state["cursors"][f"slot:{slot}"]["copied"] == 100
+    first.read(50)  # read on, but not in the snapshot: gone with this reader
+    first.close()
+    second = PostgresCdcSource(settings, subtask=0)
+    second.restore(state)
+    rest = read_all(second, 153 + 3)
+    copied, changes = got + rest[:153], rest[153:]
+    assert {r["op"] for r in copied} == {"read"} and all(r["before"] is None for r in copied)
+    by_table = Counter(r["table"] for r in copied)
+    assert by_table == {"public.items": 250, "public.tags": 3}
+    assert sorted(r["after"]["id"] for r in copied if r["table"] == "public.items") == list(range(1, 251))
+    one = next(r["after"] for r in copied if r["table"] == "public.items" and r["after"]["id"] == 1)
+    assert one == {"id": 1, "name": "n1", "price": "1.50", "ok": False, "doc": {"i": 1}, "weight": 0.25}
+    assert {r["after"]["id"]: r["after"]["tag"] for r in copied if r["table"] == "public.tags"} == {
+        1: "a",
+        2: None,
+        3: "c",
+    }
+    assert [(r["op"], r["table"]) for r in changes] == [
+        ("update", "public.items"),
+        ("delete", "public.items"),
+        ("insert", "public.tags"),
+    ]
+    assert changes[0]["before"] == one  # a change's image and a copied row read alike
+    assert changes[0]["after"] == {**one, "name": "changed"}
+    state = second.snapshot()
+    assert "copied" not in state["cursors"][f"slot:{slot}"]
+    second.snapshotted(2)
+    assert _copies(db) == [slot]  # until the epoch past the copy is durable
+    second.durable(2)
+    assert _copies(db) == []
+    db.execute("INSERT INTO tags VALUES (5, 'e')")
+    assert [r["after"] for r in read_all(second, 1)] == [{"id": 5, "tag": "e"}]
+    second.close()
+
+
+def test_a_snapshot_a_kill_cut_short_is_made_again_and_a_slot_without_one_is_refused(
+    postgres_server, database, db
+):
+    """A copy left incomplete (the job died between making its slot and committing the copy) is the
+    job's own: its slot is made again and the tables read whole. A slot made by someone else has no
+    copy, and a restore inside a copy that was dropped cannot go on: both are refused in one line."""
+    from nopstream.connectors import cdc_snapshot
+    from nopstream.connectors.postgres_cdc import make_slot
+
+    db.execute("INSERT INTO tags SELECT i, 't' || i FROM generate_series(1, 30) i")
+    settings = {**config(postgres_server, database), "snapshot": "initial"}
+    slot = settings["slot"]
+    cdc_snapshot.begin(db, slot)
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    db.execute("INSERT INTO tags VALUES (31, 'after the first slot')")  # in the new snapshot
+    source = PostgresCdcSource(settings, subtask=0)
+    got = read_all(source, 31)
+    assert sorted(r["after"]["id"] for r in got) == list(range(1, 32))
+    assert source.read(10).records == []
+    state = source.snapshot()
+    source.close()
+
+    other = {**settings, "slot": "made_elsewhere"}
+    db.execute("SELECT pg_create_logical_replication_slot('made_elsewhere', 'pgoutput')")
+    with pytest.raises(StartRefused) as refused:
+        make_slot(other)
+    assert str(refused.value) == (
+        "postgres-cdc: replication slot 'made_elsewhere' has no snapshot copy nopstream_cdc.made_elsewhere"
+        " (rule: snapshot: initial reads a slot the job made with its copy; drop the slot, or say snapshot:"
+        " never)"
+    )
+    cdc_snapshot.drop(db, slot)
+    restored = PostgresCdcSource(settings, subtask=0)
+    restored.restore({"cursors": {f"slot:{slot}": {**state["cursors"][f"slot:{slot}"], "copied": 12}}})
+    with pytest.raises(RestoreRefused) as gone:
+        restored.read(10)
+    assert str(gone.value) == (
+        f"postgres-cdc: the snapshot copy nopstream_cdc.{slot} this job restored into is gone (it is dropped"
+        " once read: restore a later checkpoint, or start over)"
+    )
+    restored.close()
+
+
 def test_a_publication_made_after_the_changes_its_slot_holds_is_refused(postgres_server, database, db):
     """pgoutput reads each change with the catalog as it was then: a publication made later is not
     there for it. The server says so for every try; the source refuses to start, in one line."""
