@@ -195,6 +195,9 @@ def _print_reach(settings: ChaosSettings, events: list[kills.Event], faulty: Out
     done = sum(reached.kills.values())
     shown = ", ".join(f"{n} {what}" for what, n in sorted(reached.kills.items())) or "none"
     print(f"  SIGKILLs: {done} ({shown})", file=out)
+    if reached.deferred:
+        moved = ", ".join(reached.deferred)
+        print(f"  moved to the end (not reached while the input was held): {moved}", file=out)
     print(
         f"  fault points hit: {len(reached.hit)} of {len(points)}"
         + (f" ({', '.join(sorted(reached.hit))})" if reached.hit else ""),

@@ -12,8 +12,9 @@ durable restores nothing, and proves nothing about the restore code.
 
 Until the last event is done, the run's sources wait at the end of their input
 (`faults.holding`), taking barriers: a fast machine does not end the job before its
-schedule. Only the sink steps (FLOWING) need records moving: one armed and not reached
-soon lets the input end, and it is held again once the point is hit.
+schedule. Only the sink steps (FLOWING) need records moving: they come in the schedule's
+first half, one not reached within a few epochs waits for the end of the schedule, and the
+input ends once only sink steps are left.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ CAUSED = ("during-restore",)
 FLOWING = ("after-stage", "before-publish", "mid-commit")
 """Fault points passed only while records reach a sink."""
 FLOWING_GRACE = 3
-"""Checkpoint intervals an armed FLOWING point waits with the input held before the input may end."""
+"""New durable epochs an armed FLOWING point may go unreached before it waits for the schedule's end."""
 
 POLL = 0.05  # seconds between looks at the storage, the fault directory, the runner
 
@@ -104,6 +105,8 @@ class Reached:
     kills: Counter[str] = field(default_factory=Counter)
     hit: list[str] = field(default_factory=list)
     missed: list[str] = field(default_factory=list)
+    deferred: list[str] = field(default_factory=list)
+    """Sink steps moved to the end of the schedule (not reached while the input was held)."""
 
 
 class Schedule:
@@ -200,25 +203,39 @@ class Schedule:
 
     def _await(self, proc: Child) -> None:
         """Wait until a process of the run reaches the armed point, the run ends, or `fault_wait`
-        seconds passed; a runner SIGKILLed meanwhile leaves it armed for its next start."""
+        seconds passed; a runner SIGKILLed meanwhile leaves it armed for its next start. A sink step
+        (FLOWING) that FLOWING_GRACE new durable epochs did not reach, while other events are left, goes
+        to the back of the schedule (the input has ended and is held); with only sink steps left, the
+        input may end: a job whose sinks write at its end reaches them then."""
         assert self.armed is not None
         asked = self.armed != "during-savepoint"
-        now = time.monotonic()
-        deadline = min(self.deadline, now + self.fault_wait)
-        ending = now + FLOWING_GRACE * self.progress.interval if self.armed in FLOWING else None
+        deadline = min(self.deadline, time.monotonic() + self.fault_wait)
+        flowing = self.armed in FLOWING
+        others = flowing and any(e.point not in FLOWING for e in self.events)
+        if flowing and not others:
+            faults.hold(self.faults_dir, held=False)
+        since = self.progress.durable()
         while proc.poll() is None and time.monotonic() < deadline:
             if faults.was_hit(self.faults_dir, self.armed):
                 break
             asked = asked or self.savepoint()
-            if ending is not None and time.monotonic() >= ending:  # the sinks' records may come at the end
-                faults.hold(self.faults_dir, held=False)
-                ending = None
+            if others and self.progress.durable() >= since + FLOWING_GRACE and self._defer():
+                return
             time.sleep(POLL)
-        faults.hold(self.faults_dir, held=bool(self.events))
         if proc.poll() == -signal.SIGKILL and not faults.was_hit(self.faults_dir, self.armed):
             return
         self._settle()
         _sleep(proc, self.progress.interval)  # the crash is seen (a task's death, the runner's) first
+
+    def _defer(self) -> bool:
+        """Put the armed sink step back at the end of the schedule; False when a process took it first."""
+        assert self.armed is not None
+        if not faults.disarm(self.faults_dir, self.armed):
+            return False
+        self.events.append(Event(self.armed))
+        self.reached.deferred.append(self.armed)
+        self.armed = None
+        return True
 
     def _settle(self) -> None:
         """Count the armed point hit, or missed (then disarmed)."""
