@@ -46,13 +46,23 @@ class Copy:
         tables = {}
         for name, columns in data["tables"].items():
             schema, _, table = name.partition(".")
-            tables[name] = Relation(0, schema, table, tuple(Column(c, oid, False) for c, oid in columns))
+            tables[name] = _relation(schema, table, columns)
         return cls(int(data["lsn"]), int(data["ms"]), tables)
 
     def record(self, table: str, values: list[str | None]) -> dict[str, Any]:
         """A copied row as the source emits it: op `read`, the row as of the slot's start."""
         after = row(self.tables[table], tuple(values))
         return {"op": "read", "table": table, "before": None, "after": after, "lsn": self.lsn}
+
+
+def _relation(schema: str, name: str, columns: list[tuple[str, int]]) -> Relation:
+    """A copied table, as the records of its rows are decoded: its columns' names and type OIDs."""
+    return Relation(0, schema, name, tuple(Column(c, oid, False) for c, oid in columns))
+
+
+def _mark(conn: Any, slot: str, copy: Copy) -> None:
+    """Mark the slot's copy complete (its comment says what it holds)."""
+    conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(_table(slot), sql.Literal(copy.to_comment())))
 
 
 def _table(slot: str) -> sql.Composed:
@@ -101,7 +111,7 @@ def fill(config: PostgresCdcSourceConfig, slot: str, snapshot: str, lsn: int) ->
                 " AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
                 (sql.Identifier(schema, name).as_string(conn),),
             ).fetchall()
-            relation = Relation(0, schema, name, tuple(Column(c, oid, False) for c, oid in columns))
+            relation = _relation(schema, name, columns)
             tables[relation.qualified] = relation
             values = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c, _ in columns)
             conn.execute(
@@ -111,9 +121,7 @@ def fill(config: PostgresCdcSourceConfig, slot: str, snapshot: str, lsn: int) ->
                 (relation.qualified,),
             )
         copy = Copy(lsn, int(time.time() * 1000), tables)
-        conn.execute(
-            sql.SQL("COMMENT ON TABLE {} IS {}").format(_table(slot), sql.Literal(copy.to_comment()))
-        )
+        _mark(conn, slot, copy)
     return copy
 
 
@@ -134,7 +142,7 @@ def duplicate(conn: Any, slot: str, into: str) -> None:
     )
     copy = found(conn, slot)
     assert isinstance(copy, Copy), f"the copy of slot {slot} is not complete"
-    conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(_table(into), sql.Literal(copy.to_comment())))
+    _mark(conn, into, copy)
 
 
 def drop(conn: Any, slot: str) -> None:

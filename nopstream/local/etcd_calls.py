@@ -1,9 +1,9 @@
 """Blocking calls to etcd for the synchronous supervisor of `nopstream run --etcd`.
 
 One client on one event loop, in a thread of its own, for the life of the command: gRPC's asyncio
-stack is made for one event loop per process. A call made from a new loop each time (`asyncio.run`
-per call) once hung a supervisor for good in CI, blind to its task processes dying. Each call is
-bounded: one that does not answer within CALL_S is an outage (StoreUnavailable), waited out as any.
+stack is made for one event loop per process, and a new loop and channel for each call (`asyncio.run`
+per call, once a second) cost a loaded machine most in the supervisor's loop. Each call is bounded:
+one that does not answer within CALL_S is an outage (StoreUnavailable), waited out as any.
 """
 
 from __future__ import annotations

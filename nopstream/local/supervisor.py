@@ -75,6 +75,8 @@ class Supervisor:
                 self.calls.close()
 
     def _run(self, calls: EtcdCalls) -> RunResult:
+        """Run the job to its end with the command's etcd client `calls` (also `self.calls`, for the
+        recovery steps)."""
         started = time.monotonic()
         self.plan_dir.mkdir(parents=True, exist_ok=True)
         (self.plan_dir / PARTITIONED_FILE).write_text(compiler.dump_document(self.plans.partitioned))

@@ -290,8 +290,7 @@ class Task:
         idle, pause = self.settings.idle_poll_ms / 1000, self.settings.source_pause_ms / 1000
         barriers = self.injections
         while True:
-            while barriers.pending:
-                await self._snapshot_and_forward(barriers.pending.popleft())
+            await self._take_barriers()
             if self._stopped:  # after a stop-with-savepoint barrier: barriers only, no more records
                 await self.metrics.idle(barriers.wait())
                 continue
@@ -318,8 +317,7 @@ class Task:
         # chaos keeps the input from ending before its schedule is done; a source stopped meanwhile
         # takes barriers only, as above
         while faults.holding() or self._stopped:
-            while barriers.pending:
-                await self._snapshot_and_forward(barriers.pending.popleft())
+            await self._take_barriers()
             await self._tick()
             await self.metrics.idle(asyncio.sleep(idle))
         await self._end_of_data(event_time=gen is not None)
@@ -327,10 +325,14 @@ class Task:
         if self.listener is not None:
             await self.listener.on_source_finished(self)
         while barriers.pending or (self.listener is not None and self.final_epoch is None):
-            while barriers.pending:
-                await self._snapshot_and_forward(barriers.pending.popleft())
+            await self._take_barriers()
             if self.listener is not None and self.final_epoch is None:
                 await self.metrics.idle(barriers.wait())
+
+    async def _take_barriers(self) -> None:
+        """Snapshot and forward every barrier injected into this source task so far, in order."""
+        while self.injections.pending:
+            await self._snapshot_and_forward(self.injections.pending.popleft())
 
     async def _end_of_data(self, *, event_time: bool) -> None:
         """No more records will come: event time ends, operators flush, outputs learn it.
