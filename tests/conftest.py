@@ -175,13 +175,46 @@ def database(postgres_server, request, monkeypatch):
     return name
 
 
+KUBE_GROUP = "kube"
+_kube = contextlib.ExitStack()
+"""The running kube cluster, closed after the last test of its group (`pytest_runtest_teardown`)."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """Stop the kube cluster once the test after this one is not of its group: the group's tests run
+    one after another on one worker, and an idle cluster took a share of this 2-core machine's CPU from
+    every test after them until the session ended."""
+    yield
+    if nextitem is not None and _group(item) == KUBE_GROUP != _group(nextitem):
+        _kube.close()
+        _kube_stopped.append(item.nodeid)
+
+
+_kube_stopped: list[str] = []
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Fail a test of the kube group that comes after the cluster stopped (the group was split)."""
+    if _kube_stopped and _group(item) == KUBE_GROUP:
+        pytest.fail(
+            f"the kube cluster stopped after {_kube_stopped[0]}: the 'kube' group was not kept together"
+        )
+
+
+def _group(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    return marker.args[0] if marker and marker.args else None
+
+
 @pytest.fixture(scope="session")
 def kube_cluster(tmp_path_factory):
     """The one-node Kubernetes cluster (`e2e/cluster.py`) shared by the session, in its own namespace.
 
     One per test run: the tests that use it are one xdist group. Were they spread over
     the workers (pytest-xdist#1386 did that silently), each would start a cluster of its
-    own, twice the load on the machine; the second fails here instead.
+    own, twice the load on the machine; the second fails here instead. It stops after the
+    group's last test (a test of the group after that fails here too).
     """
     import fcntl
 
@@ -195,7 +228,8 @@ def kube_cluster(tmp_path_factory):
             pytest.fail(
                 "another xdist worker runs the kube cluster: the 'kube' xdist group is not kept together"
             )
-        with Cluster.start(tmp_path_factory.mktemp("kube")) as cluster:
+        with _kube:
+            cluster = _kube.enter_context(Cluster.start(tmp_path_factory.mktemp("kube")))
             yield cluster
 
 

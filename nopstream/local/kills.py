@@ -13,8 +13,10 @@ durable restores nothing, and proves nothing about the restore code.
 Until the last event is done, the run's sources wait at the end of their input
 (`faults.holding`), taking barriers: a fast machine does not end the job before its
 schedule. Only the sink steps (FLOWING) need records moving: they come in the schedule's
-first half, one not reached within a few epochs waits for the end of the schedule, and the
-input ends once only sink steps are left.
+first half, one not reached within a few epochs waits for the end of the schedule. Once only
+sink steps are left, they are armed together and the input ends: a job whose sinks write at
+its end (final counts, the matches a pattern flushes) stages and publishes its last epoch again
+after each recovery, so each step is reached in turn.
 """
 
 from __future__ import annotations
@@ -144,10 +146,13 @@ class Schedule:
 
     def drive(self, proc: Child) -> None:
         """Carry out events while this start of the runner lives; return once it ended, or all are done."""
-        if self.armed is not None:  # armed when the runner died: its next start reaches it
+        if self.armed is not None and not self._only_sink_steps():  # armed when the runner died
             self._await(proc)
         first = True
         while self.events and proc.poll() is None:
+            if self._only_sink_steps():
+                self._finale(proc)
+                break
             event = self.events[0]
             if event.early:
                 _sleep(proc, self.rng.uniform(*(self.first_kill if first else self.between_kills)))
@@ -204,16 +209,12 @@ class Schedule:
     def _await(self, proc: Child) -> None:
         """Wait until a process of the run reaches the armed point, the run ends, or `fault_wait`
         seconds passed; a runner SIGKILLed meanwhile leaves it armed for its next start. A sink step
-        (FLOWING) that FLOWING_GRACE new durable epochs did not reach, while other events are left, goes
-        to the back of the schedule (the input has ended and is held); with only sink steps left, the
-        input may end: a job whose sinks write at its end reaches them then."""
+        (FLOWING) that FLOWING_GRACE new durable epochs did not reach goes to the back of the schedule
+        (the input has ended and is held)."""
         assert self.armed is not None
         asked = self.armed != "during-savepoint"
         deadline = min(self.deadline, time.monotonic() + self.fault_wait)
-        flowing = self.armed in FLOWING
-        others = flowing and any(e.point not in FLOWING for e in self.events)
-        if flowing and not others:
-            faults.hold(self.faults_dir, held=False)
+        others = self.armed in FLOWING  # `drive` arms a sink step alone only while other events are left
         since = self.progress.durable()
         while proc.poll() is None and time.monotonic() < deadline:
             if faults.was_hit(self.faults_dir, self.armed):
@@ -226,6 +227,29 @@ class Schedule:
             return
         self._settle()
         _sleep(proc, self.progress.interval)  # the crash is seen (a task's death, the runner's) first
+
+    def _only_sink_steps(self) -> bool:
+        """Whether every event left (and the point armed, if any) is a sink step."""
+        left = [e.point for e in self.events] + ([self.armed] if self.armed else [])
+        return bool(left) and all(p in FLOWING for p in left)
+
+    def _finale(self, proc: Child) -> None:
+        """Arm every sink step left at once and let the input end; wait until each is reached, the run
+        ends, or `fault_wait` seconds a step passed. One at a time, the next step would be armed only
+        after an epoch became durable: after the job's last epoch, which is past every step."""
+        points = [e.point for e in self.events if e.point] + ([self.armed] if self.armed else [])
+        self.events.clear()
+        self.armed = None
+        for point in points:
+            faults.arm(self.faults_dir, point)
+        faults.hold(self.faults_dir, held=False)
+        deadline = min(self.deadline, time.monotonic() + self.fault_wait * len(points))
+        while proc.poll() is None and time.monotonic() < deadline:
+            if all(faults.was_hit(self.faults_dir, point) for point in points):
+                break
+            time.sleep(POLL)
+        for point in points:
+            (self.reached.missed if faults.disarm(self.faults_dir, point) else self.reached.hit).append(point)
 
     def _defer(self) -> bool:
         """Put the armed sink step back at the end of the schedule; False when a process took it first."""

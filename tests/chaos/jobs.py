@@ -899,33 +899,11 @@ def postgres_cdc(source: dict[str, Any], per_row: dict[str, Any], *, bounded: bo
     )
 
 
-def files_to_kafka(home: Path, *, kafka: Any) -> dict[str, Any]:
-    """Upper-cased lines from files into a topic as strings."""
-    _write(home, _words(random.Random(19), 4, 1500))
-    out = kafka.create("upper", partitions=2)
-    return _job(
-        "files-kafka",
-        {
-            "sources": [_lines(home)],
-            "operators": [{"id": "up", "type": "map", "fn": "chaosfns:upper"}],
-            "sinks": [
-                {
-                    "id": "out",
-                    "type": "kafka",
-                    "config": {"bootstrapServers": kafka.bootstrap, "topic": out, "format": "string"},
-                }
-            ],
-        },
-        parallelism=2,
-    )
-
-
 SHAPES: dict[str, Callable[..., dict[str, Any]]] = {
     "rolling-count": rolling_count,
     "late-windows": windows,
     "cep": cep,
     "union": union,
-    "file-to-file": file_to_file,
     "reminders": reminders,
     "enrichment": enrichment,
     "joins": joins,

@@ -192,15 +192,16 @@ def test_chaos_cell_async_lookup(tmp_path, etcd_server, capsys):
     assert sum(server.requests.values()) > 2 * 3000
 
 
-@pytest.mark.parametrize(
-    ("shape", "mode"), [("kafka-to-kafka", "run"), ("kafka-to-kafka", "etcd"), ("files-to-kafka", "run")]
-)
-def test_chaos_cell_kafka(shape, mode, tmp_path, etcd_server, kafka, capsys):
+@pytest.mark.parametrize("mode", MODES)
+def test_chaos_cell_kafka(mode, tmp_path, etcd_server, kafka, capsys):
     home = tmp_path / "job"
-    build = jobs.kafka_to_kafka if shape == "kafka-to-kafka" else jobs.files_to_kafka
-    job = jobs.prepare(home, build(home, kafka=kafka))
-    seed = 40 + 2 * (shape == "files-to-kafka") + MODES.index(mode)
-    check(chaos(job, tmp_path, mode=mode, etcd_server=etcd_server, seed=seed), capsys, f"{shape} / {mode}")
+    job = jobs.prepare(home, jobs.kafka_to_kafka(home, kafka=kafka))
+    seed = 40 + MODES.index(mode)
+    check(
+        chaos(job, tmp_path, mode=mode, etcd_server=etcd_server, seed=seed),
+        capsys,
+        f"kafka-to-kafka / {mode}",
+    )
 
 
 def sasl_ssl(auth, mechanism: str) -> dict:
@@ -211,18 +212,6 @@ def sasl_ssl(auth, mechanism: str) -> dict:
         "sasl": {"mechanism": mechanism, "username": "app"},
         "tls": {"caFile": str(auth.ca)},
     }
-
-
-def test_chaos_cell_kafka_sasl_ssl_to_sasl_ssl(tmp_path, etcd_server, kafka_server, kafka, capsys):
-    """Both ends over SASL_SSL (SCRAM-SHA-512, the broker verified): every restarted client logs in
-    again, chaos's own topics and reads go the same way."""
-    connection = sasl_ssl(kafka_server.auth, "SCRAM-SHA-512")
-    home = tmp_path / "job"
-    job = jobs.prepare(home, jobs.kafka_to_kafka(home, kafka=kafka, connection=connection))
-    env = {"NOPSTREAM_KAFKA_PASSWORD": KAFKA_USERS["app"]}
-    result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=47, env=env)
-    check(result, capsys, "kafka-sasl-ssl / run")
-    assert KAFKA_USERS["app"] not in result.out + result.err
 
 
 def test_chaos_cell_csv_files(tmp_path, etcd_server, capsys):

@@ -220,3 +220,50 @@ def test_a_source_held_at_the_end_of_its_input_checkpoints_on_and_ends_once_let_
             proc.kill()
             proc.wait()
     assert committed(workdir, "out") == committed(tmp_path / "clean", "out")
+
+
+def test_sink_steps_left_at_the_end_of_a_schedule_are_reached_in_turn_by_the_last_epoch(tmp_path):
+    """Chaos arms the sink steps left at a schedule's end together and lets the input end
+    (`kills.Schedule._finale`): a job that writes only at its end (final counts) stages and publishes
+    its last epoch again after each of the three crashes, so each step is reached, output unchanged.
+    Armed one at a time, the second would wait for a durable epoch the finished job never makes."""
+    from nopstream import faults
+    from nopstream.local import kills
+
+    inputs = {"part-0.txt": "a b c a\n" * 200, "part-1.txt": "d e a\n" * 100}
+    model = wordcount_model("final-steps", interval_ms=100)
+    model["model"]["operators"][2]["emit"] = "final"
+    prepare(tmp_path / "clean", model, inputs)
+    code, err = run(tmp_path / "clean")
+    assert code == 0, err
+    workdir = tmp_path / "steps"
+    model["checkpoint"]["storage"]["local"]["path"] = str(workdir / "cp")
+    prepare(workdir, model, inputs)
+    folder = workdir / "faults"
+    folder.mkdir()
+    progress = kills.Progress(model)
+    schedule = kills.Schedule(
+        [kills.Event(point) for point in kills.FLOWING],
+        random.Random(1),
+        progress,
+        folder,
+        etcd=False,
+        first_kill=(0, 0),
+        between_kills=(0, 0),
+        fault_wait=60,
+        savepoint=lambda: True,
+        deadline=time.monotonic() + 240,
+    )
+    proc = start_job(workdir, env={faults.DIR_ENV: str(folder)})
+    try:
+        while progress.durable() < 3 and proc.poll() is None:  # held at the end of its input meanwhile
+            time.sleep(0.1)
+        schedule.drive(proc)
+        assert proc.wait(120) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    schedule.finish()
+    assert sorted(schedule.reached.hit) == sorted(kills.FLOWING) and not schedule.reached.missed
+    assert committed(workdir, "out") == committed(tmp_path / "clean", "out")

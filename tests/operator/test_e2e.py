@@ -718,14 +718,23 @@ def test_a_stopped_task_turns_ready_false_then_fails_its_pod_and_the_recovered_j
     assert condition(w, "stalls", "Degraded")["status"] == "False"
     assert leader_view(w, "stalls", status["leader"]["pod"])["leader"]["token"] == status["leader"]["token"]
     run = status["run"]
-    (pod,) = [
-        p
-        for p in w.pods("stalls")
-        if p["metadata"]["labels"].get("nopstream.io/run") == str(run)
-        and p["metadata"]["labels"].get("nopstream.io/vertex") == "lines"
-        and p["metadata"]["labels"].get("nopstream.io/subtask") == "0"
-    ]
-    pid = w.cluster.node.container_pid(pod["status"]["containerStatuses"][0]["containerID"])
+
+    def source_pid() -> int | None:
+        """The host PID of the run's first source task, once its container runs (a loaded node
+        restarts one whose probe timed out; its status names the container it starts next)."""
+        for p in w.pods("stalls"):
+            labels = p["metadata"]["labels"]
+            if (labels.get("nopstream.io/run"), labels.get("nopstream.io/vertex")) != (str(run), "lines"):
+                continue
+            if labels.get("nopstream.io/subtask") == "0":
+                with contextlib.suppress(LookupError, KeyError, IndexError):
+                    return w.cluster.node.container_pid(p["status"]["containerStatuses"][0]["containerID"])
+        assert w.job("stalls")["status"].get("phase") == "Running", (
+            "the job ended before its task was stopped"
+        )
+        return None
+
+    pid = w.wait("the source task's container running", source_pid, timeout=60)
     os.kill(pid, signal.SIGSTOP)  # frozen: its pod still Running, its TCP port still accepting
     stopped = time.monotonic()
     stalled = w.wait(
