@@ -10,7 +10,8 @@ at start.
 Records cross channels as JSON, so values become what JSON holds: Avro and Protobuf
 bytes are base64 text, Avro decimals decimal text, Protobuf enums their names and 64-bit
 integers numbers; Avro's date and time logical types stay the numbers they are encoded as
-(epoch days, milliseconds, microseconds), as an event-time field wants them.
+(epoch days, milliseconds, microseconds), as an event-time field wants them. An Avro
+writer takes the same forms back (`_avro_ready`): what a reader gave is written to the same bytes.
 
 A value that does not decode or does not fit its schema raises `PayloadError` (a bad
 record: `onError` decides); a registry that does not answer raises `RegistryUnreachable`
@@ -148,7 +149,9 @@ class AvroSchema:
         return _json_ready(record) if self._plain else record
 
     def write(self, record: Any) -> bytes:
-        """Encode one record."""
+        """Encode one record (bytes, fixed and decimals as `read` gives them: base64 and decimal text)."""
+        if self._plain:
+            record = _avro_ready(self.parsed, record, _named(self.parsed))
         buffer = io.BytesIO()
         try:
             fastavro.schemaless_writer(buffer, self.parsed, record)
@@ -183,6 +186,73 @@ def _json_ready(value: Any) -> Any:
     if isinstance(value, Decimal | UUID):
         return str(value)
     return value
+
+
+def _named(parsed: Any) -> dict[str, Any]:
+    """The named types of a schema fastavro parsed, by full name."""
+    return parsed.get("__named_schemas", {}) if isinstance(parsed, dict) else {}
+
+
+def _avro_ready(schema: Any, value: Any, named: dict[str, Any]) -> Any:
+    """`_json_ready` undone where `schema` wants it: base64 text as bytes (bytes, fixed), decimal text
+    as a Decimal; a value that is neither is left for fastavro to refuse."""
+    if isinstance(schema, str):
+        if schema in named:
+            return _avro_ready(named[schema], value, named)
+        return _bytes(value) if schema == "bytes" else value
+    if isinstance(schema, list):
+        return _avro_ready(_branch(schema, value, named), value, named)
+    kind = schema["type"]
+    if kind in ("record", "error") and isinstance(value, dict):
+        fields = {f["name"]: f["type"] for f in schema["fields"]}
+        return {k: _avro_ready(fields[k], v, named) if k in fields else v for k, v in value.items()}
+    if kind == "array" and isinstance(value, list):
+        return [_avro_ready(schema["items"], v, named) for v in value]
+    if kind == "map" and isinstance(value, dict):
+        return {k: _avro_ready(schema["values"], v, named) for k, v in value.items()}
+    if schema.get("logicalType") == "decimal" and isinstance(value, str | int | float):
+        try:
+            return Decimal(str(value))
+        except ArithmeticError:  # decimal.InvalidOperation: not a number
+            return value
+    if kind == "fixed":
+        return _bytes(value)
+    return _avro_ready(kind, value, named)  # {"type": "bytes"}, or a type nested as {"type": {...}}
+
+
+def _bytes(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError:
+        return value
+
+
+_JSON_KINDS: dict[type, tuple[str, ...]] = {
+    bool: ("boolean",),
+    int: ("int", "long", "float", "double", "bytes", "fixed"),  # a whole decimal reads as text, though
+    float: ("float", "double", "bytes", "fixed"),
+    str: ("string", "enum", "bytes", "fixed"),
+    list: ("array",),
+    dict: ("record", "error", "map"),
+}
+
+
+def _branch(union: list[Any], value: Any, named: dict[str, Any]) -> Any:
+    """The branch of a union a value written from JSON takes: null for None, else the first whose kind
+    holds the value's JSON type (a record's only when it has every field the value names)."""
+    if value is None:
+        return "null"
+    for branch in union:
+        resolved = named.get(branch, branch) if isinstance(branch, str) else branch
+        kind = resolved if isinstance(resolved, str) else resolved["type"]
+        if kind not in _JSON_KINDS.get(type(value), ()):
+            continue
+        if kind in ("record", "error") and not set(value) <= {f["name"] for f in resolved["fields"]}:
+            continue
+        return branch
+    return union[0]
 
 
 class JsonSchema:

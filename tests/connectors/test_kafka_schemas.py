@@ -7,11 +7,16 @@ every value, record, schema or registry that does not fit is refused in one line
 from __future__ import annotations
 
 import base64
+import datetime
+import decimal
+import io
 import json
 import random
+import uuid
 from collections import Counter
 from pathlib import Path
 
+import fastavro
 import pytest
 
 from nopstream.connectors import payloads
@@ -414,13 +419,6 @@ def test_a_registry_over_tls_is_verified(tmp_path, kafka):
 def test_avro_values_are_read_as_what_json_holds():
     """Bytes as base64 text, decimals and UUIDs as text, dates and times as the numbers they are
     encoded as (an event-time field wants them so), unions as their branch's value."""
-    import datetime
-    import decimal
-    import io
-    import uuid
-
-    import fastavro
-
     schema = {
         "type": "record",
         "name": "Row",
@@ -455,6 +453,70 @@ def test_avro_values_are_read_as_what_json_holds():
         "day": (datetime.date(2026, 12, 5) - datetime.date(1970, 1, 1)).days,
         "maybe": 1.5,
     }
+
+
+def test_avro_values_read_as_what_json_holds_are_written_back_to_the_same_bytes():
+    """What a source read (bytes and fixed as base64 text, decimals and UUIDs as text) is what a sink
+    writes: the same bytes, through unions, arrays, maps and named types; a value that is not base64
+    or not a number is refused by the schema, as a bad record."""
+    money = {
+        "type": "fixed",
+        "name": "Money",
+        "size": 4,
+        "logicalType": "decimal",
+        "precision": 8,
+        "scale": 2,
+    }
+    schema = {
+        "type": "record",
+        "name": "Row",
+        "namespace": "shop",
+        "fields": [
+            {"name": "raw", "type": "bytes"},
+            {"name": "digest", "type": {"type": "fixed", "name": "Digest", "size": 2}},
+            {
+                "name": "price",
+                "type": {"type": "bytes", "logicalType": "decimal", "precision": 8, "scale": 2},
+            },
+            {"name": "cost", "type": money},
+            {"name": "id", "type": {"type": "string", "logicalType": "uuid"}},
+            {"name": "maybe", "type": ["null", "shop.Digest"]},
+            {"name": "chunks", "type": {"type": "array", "items": "bytes"}},
+            {"name": "prices", "type": {"type": "map", "values": "shop.Money"}},
+            {
+                "name": "part",
+                "type": [
+                    "null",
+                    {"type": "record", "name": "A", "fields": [{"name": "a", "type": "bytes"}]},
+                    {"type": "record", "name": "B", "fields": [{"name": "b", "type": "string"}]},
+                ],
+            },
+            {"name": "label", "type": ["string", "bytes"]},
+        ],
+    }
+    row = {
+        "raw": b"\x00\xff",
+        "digest": b"\x01\x02",
+        "price": decimal.Decimal("12.34"),
+        "cost": decimal.Decimal("-0.05"),
+        "id": uuid.UUID(int=7),
+        "maybe": b"\x03\x04",
+        "chunks": [b"", b"\x05"],
+        "prices": {"x": decimal.Decimal("1.00")},
+        "part": {"b": "text"},
+        "label": "plain",
+    }
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(buffer, fastavro.parse_schema(schema), row)
+    avro = payloads.AvroSchema(json.dumps(schema))
+    read = avro.read(buffer.getvalue())
+    assert read["maybe"] == base64.b64encode(b"\x03\x04").decode() and read["cost"] == "-0.05"
+    assert avro.write(read) == buffer.getvalue()
+    assert avro.write({**read, "part": {"a": "AAE="}}) != buffer.getvalue()  # the record A, its bytes
+    with pytest.raises(payloads.PayloadError, match="does not fit the Avro schema"):
+        avro.write({**read, "raw": "not base64!"})
+    with pytest.raises(payloads.PayloadError, match="does not fit the Avro schema"):
+        avro.write({**read, "price": "twelve"})
 
 
 def test_subtasks_registering_a_new_subject_at_once_all_get_its_id(registry):
