@@ -55,8 +55,9 @@ class Hydra:
             "PUT", "/admin/keys/hydra.jwt.access-token", {"keys": [json.loads(key.private.read_text())]}
         )
 
-    def client(self, client_id: str, secret: str, scope: str) -> None:
-        """A client that may be granted tokens of `scope` for its id and secret (HTTP basic)."""
+    def client(self, client_id: str, secret: str, scope: str, *, method: str = "client_secret_basic") -> None:
+        """A client that may be granted tokens of `scope` for its id and secret, sent as `method` says
+        (HTTP basic, or `client_secret_post`: in the form)."""
         self._admin(
             "POST",
             "/admin/clients",
@@ -65,7 +66,7 @@ class Hydra:
                 "client_secret": secret,
                 "grant_types": ["client_credentials"],
                 "scope": scope,
-                "token_endpoint_auth_method": "client_secret_basic",
+                "token_endpoint_auth_method": method,
             },
         )
 

@@ -667,9 +667,53 @@ class SchemaRegistry:
         self.process.stop()
 
 
-def start_schema_registry(workdir: Path, *, serving: KeyPair | None = None) -> SchemaRegistry:
+@dataclass(frozen=True)
+class RegistryOidc:
+    """An OIDC provider (the tests' Hydra) whose tokens a registry requires: it checks them with the
+    provider's keys, and exchanges a client's HTTP basic credentials (an OAuth client's id and secret,
+    as Confluent clients send them) for one (Apicurio's basic-auth-client-credentials)."""
+
+    url: str
+    """The provider's base URL (Hydra's public port)."""
+    ca: Path
+    """The CA that signed its certificate."""
+
+
+def _oidc_settings(workdir: Path, oidc: RegistryOidc) -> list[str]:
+    """The registry's settings to require the tokens of `oidc`, its CA in a trust store made here."""
+    trust, password = workdir / "trust.p12", "nopstream-test"  # a store of one public certificate
+    keytool = ["keytool", "-importcert", "-noprompt", "-alias", "ca", "-file", str(oidc.ca),
+               "-keystore", str(trust), "-storetype", "PKCS12", "-storepass", password]  # fmt: skip
+    subprocess.run(keytool, check=True, capture_output=True, timeout=60)
+    trusted = [
+        f"trust-store-file={trust}",
+        f"trust-store-password={password}",
+        "trust-store-file-type=PKCS12",
+    ]
+    return [
+        "registry.auth.enabled=true",
+        "registry.auth.basic-auth-client-credentials.enabled=true",
+        f"quarkus.oidc.auth-server-url={oidc.url}",
+        # Hydra's discovery names its issuer's host, which nothing here resolves: its keys by address
+        "quarkus.oidc.discovery-enabled=false",
+        f"quarkus.oidc.jwks-path={oidc.url}/.well-known/jwks.json",
+        f"quarkus.oidc.token.issuer={OAUTH_ISSUER}",
+        # Apicurio asks for the token at the endpoint with "/" appended, which Hydra does not serve
+        # (/oauth2/token/): a query takes the slash
+        f"registry.auth.token.endpoint={oidc.url}/oauth2/token?via=registry",
+        "quarkus.oidc.tls.verification=required",
+        *(f"quarkus.oidc.tls.trust-store-{setting}" for setting in trusted),
+        # the token exchange's own client trusts what the JVM does
+        f"javax.net.ssl.trustStore={trust}", f"javax.net.ssl.trustStorePassword={password}",
+        "javax.net.ssl.trustStoreType=PKCS12",
+    ]  # fmt: skip
+
+
+def start_schema_registry(
+    workdir: Path, *, serving: KeyPair | None = None, oidc: RegistryOidc | None = None
+) -> SchemaRegistry:
     """Start the registry on a free port: plain HTTP, or with `serving` HTTPS only (its certificate
-    and key)."""
+    and key); with `oidc`, every call must be authenticated (HTTP basic or a bearer token)."""
     jar = CACHE / f"schema-registry-{REGISTRY_VERSION}" / "schema-registry-1-runner.jar"
     if not jar.is_file():
         raise ServerError("the schema registry is not built: run scripts/install-servers.sh registry")
@@ -686,6 +730,8 @@ def start_schema_registry(workdir: Path, *, serving: KeyPair | None = None) -> S
             f"quarkus.http.ssl.certificate.key-files={serving.key}",
             "quarkus.http.insecure-requests=disabled",
         ]
+    if oidc is not None:
+        settings += _oidc_settings(workdir, oidc)
     # a small heap and the client JIT, as the broker's: ready in about 4 s, ~230 MB resident
     argv = ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
     argv += [f"-D{s}" for s in settings] + ["-jar", str(jar)]
@@ -699,8 +745,11 @@ def start_schema_registry(workdir: Path, *, serving: KeyPair | None = None) -> S
 
             context = ssl.create_default_context()
             context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # only: is it up
-        with urllib.request.urlopen(f"{registry.url}/subjects", timeout=2, context=context) as answer:
-            return bool(answer.status == 200)
+        try:
+            with urllib.request.urlopen(f"{registry.url}/subjects", timeout=2, context=context) as answer:
+                return bool(answer.status == 200)
+        except urllib.error.HTTPError as err:  # it answers: up (with `oidc`, no call without a token)
+            return oidc is not None and err.code == 401
 
     wait_until("schema registry", ready, process=registry.process, timeout=90)
     return registry

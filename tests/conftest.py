@@ -315,6 +315,23 @@ def schema_registry(tmp_path_factory):
     server.stop()
 
 
+REGISTRY_CLIENT = ("schemas-app", secrets.token_hex(12))
+"""The OAuth client (id, secret) whose HTTP basic credentials `secured_registry` takes."""
+
+
+@pytest.fixture(scope="session")
+def secured_registry(hydra, kafka_server, tmp_path_factory):
+    """A second registry, started by the tests that ask: it takes only calls authenticated by the
+    session's Hydra, HTTP basic as `REGISTRY_CLIENT` among them (a JVM more: not the shared one)."""
+    from e2e import servers
+
+    hydra.client(*REGISTRY_CLIENT, "", method="client_secret_post")  # Apicurio posts it in the form
+    oidc = servers.RegistryOidc(f"https://127.0.0.1:{hydra.public}", kafka_server.auth.ca)
+    server = servers.start_schema_registry(tmp_path_factory.mktemp("secured-registry"), oidc=oidc)
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def registry(schema_registry):
     """The session's schema registry as the test's own client (`tests/registry_util.py`) sees it."""

@@ -17,9 +17,9 @@ def mounted(secret_ref: str | None, key: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def password(secret_ref: str | None, env: str) -> str:
-    """The mounted Secret's `password`, else the environment variable `env` ("" without either)."""
-    path = mounted(secret_ref, "password")
+def password(secret_ref: str | None, env: str, key: str = "password") -> str:
+    """The mounted Secret's `key`, else the environment variable `env` ("" without either)."""
+    path = mounted(secret_ref, key)
     return path.read_text().rstrip("\n") if path is not None else os.environ.get(env, "")
 
 

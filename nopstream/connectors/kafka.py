@@ -92,9 +92,8 @@ class KafkaSource:
         self.parallelism = parallelism
         self._pattern = re.compile(self.config.topic_pattern) if self.config.topic_pattern else None
         cluster = reach(self.config, self.config.topic)  # first: it refuses what no retry mends
-        self.codec = value_codec(
-            self.config, f"kafka source '{self.config.topic or self.config.topic_pattern}'"
-        )
+        who = f"kafka source '{self.config.topic or self.config.topic_pattern}'"
+        self.codec = value_codec(self.config, who, self.config.secret_ref)
         self.consumer = consumer(
             self.config, **{"enable.auto.offset.store": False, "auto.offset.reset": "error"}
         )
@@ -397,7 +396,7 @@ class KafkaSink(StagedSink):
                 f" {self.config.bootstrap_servers} (create it first)"
             )
         who = f"kafka sink '{self.name.operator_id}'"
-        codec = value_codec(self.config, who)
+        codec = value_codec(self.config, who, self.config.secret_ref)
         if isinstance(codec, RegistryCodec):
             codec.start_writing(self.config, who)
         self._codec = codec
@@ -438,7 +437,7 @@ def create_like(config: dict[str, Any], topic: str) -> None:
 def topic_records(config: dict[str, Any]) -> list[Any]:
     """Every committed record of the sink's topic, from the beginning (read_committed)."""
     c = KafkaSinkConfig.model_validate(config)
-    codec = value_codec(c, f"kafka topic '{c.topic}'")
+    codec = value_codec(c, f"kafka topic '{c.topic}'", c.secret_ref)
     reader = consumer(c)
     try:
         meta = reader.list_topics(c.topic, timeout=TIMEOUT).topics[c.topic]

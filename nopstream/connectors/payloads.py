@@ -494,12 +494,12 @@ def _writer_schema(kind: str, text: str, message: str | None) -> Schema:
     return ProtobufSchema(text, message) if kind == "PROTOBUF" else SCHEMAS[kind](text)
 
 
-def value_codec(config: KafkaPayload, who: str) -> PlainCodec | RegistryCodec:
+def value_codec(config: KafkaPayload, who: str, secret_ref: str | None) -> PlainCodec | RegistryCodec:
     """The codec of a connector's values; a registry format's registry is asked once here (StartRefused
-    naming `who` when it cannot be used)."""
+    naming `who` when it cannot be used), with the password of the connector's Secret `secret_ref`."""
     if config.format not in REGISTRY_FORMATS:
         return PlainCodec(config.format)
     assert config.schema_registry is not None  # the config's validator
-    registry = SchemaRegistryClient(config.schema_registry)
+    registry = SchemaRegistryClient(config.schema_registry, secret_ref)
     registry.reach(who)
     return RegistryCodec(registry, config.format)

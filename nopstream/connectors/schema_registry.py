@@ -9,6 +9,7 @@ another dependency.
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import ssl
@@ -19,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from nopstream.connectors.credentials import tls_paths
+from nopstream.connectors import credentials
 from nopstream.errors import StartRefused
 from nopstream.model.connectors import SchemaRegistry
 
@@ -31,6 +32,11 @@ REGISTER_TRIES = 5
 
 KINDS = {"avro": "AVRO", "protobuf": "PROTOBUF", "json-schema": "JSON"}
 """The registry's name of each format's schema type."""
+
+PASSWORD_ENV = "NOPSTREAM_REGISTRY_PASSWORD"
+PASSWORD_KEY = "registry-password"
+"""Where the password of `schemaRegistry.username` is: this key of the connector's Secret, else this
+variable."""
 
 _JSON = "application/vnd.schemaregistry.v1+json"
 
@@ -59,23 +65,31 @@ class RegistryRefused(Exception):
 class SchemaRegistryClient:
     """The registry one connector uses; schemas by id are read once."""
 
-    def __init__(self, config: SchemaRegistry) -> None:
-        """A client of `config.url`, over TLS as `config.tls` says for an https URL."""
+    def __init__(self, config: SchemaRegistry, secret_ref: str | None = None) -> None:
+        """A client of `config.url`, over TLS as `config.tls` says for an https URL, as `config.username`
+        with the password of the `secret_ref` Secret (mounted) or PASSWORD_ENV."""
         self.url = config.url.rstrip("/")
+        self.username = config.username
+        self.secret_ref = secret_ref
         self._context: ssl.SSLContext | None = None
         if self.url.startswith("https://"):
-            ca, cert, key = tls_paths(config.tls, None) if config.tls is not None else (None, None, None)
+            tls = config.tls
+            ca, cert, key = credentials.tls_paths(tls, None) if tls is not None else (None, None, None)
             self._context = ssl.create_default_context(cafile=ca)
             if cert is not None:
                 self._context.load_cert_chain(cert, key)
+        self._headers = {"Content-Type": _JSON, "Accept": _JSON}
+        self._password = ""
+        if config.username is not None:
+            self._password = credentials.password(secret_ref, PASSWORD_ENV, PASSWORD_KEY)
+            basic = base64.b64encode(f"{config.username}:{self._password}".encode()).decode("ascii")
+            self._headers["Authorization"] = f"Basic {basic}"
         self._by_id: dict[int, RegisteredSchema] = {}
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """The JSON answer of one call; RegistryRefused for a 4xx, RegistryUnreachable for the rest."""
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(
-            self.url + path, data=data, method=method, headers={"Content-Type": _JSON, "Accept": _JSON}
-        )
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=self._headers)
         try:
             with urllib.request.urlopen(request, timeout=TIMEOUT, context=self._context) as answer:
                 return json.loads(answer.read() or b"null")
@@ -85,7 +99,11 @@ class SchemaRegistryClient:
                 message = str(json.loads(text).get("message") or text)
             except (ValueError, AttributeError):
                 message = text
-            message = f"HTTP {err.code}: {message.strip()[:500]}"
+            message = (
+                f"HTTP {err.code}: {message.strip()[:500]}"
+                if message.strip()
+                else f"HTTP {err.code} {err.reason}"
+            )
             if 400 <= err.code < 500:
                 raise RegistryRefused(err.code, message) from None
             raise RegistryUnreachable(message) from None
@@ -95,10 +113,21 @@ class SchemaRegistryClient:
 
     def reach(self, who: str) -> None:
         """Ask for the subjects once; StartRefused naming `who` and the registry when that fails."""
+        registry = f"{who}: schema registry at {self.url}"
+        if self.username is not None and not self._password:
+            where = f"the key {PASSWORD_KEY} of Secret '{self.secret_ref}' or " if self.secret_ref else ""
+            raise StartRefused(f"{registry}: user '{self.username}' has no password ({where}{PASSWORD_ENV})")
         try:
             self._call("GET", "/subjects")
-        except (RegistryUnreachable, RegistryRefused) as err:
-            raise StartRefused(f"{who}: schema registry at {self.url} cannot be used: {err}") from None
+        except RegistryRefused as err:
+            if err.status in (401, 403):
+                who_asked = (
+                    f"user '{self.username}'" if self.username is not None else "a client without a username"
+                )
+                raise StartRefused(f"{registry} refused {who_asked}: {err}") from None
+            raise StartRefused(f"{registry} cannot be used: {err}") from None
+        except RegistryUnreachable as err:
+            raise StartRefused(f"{registry} cannot be used: {err}") from None
 
     def by_id(self, schema_id: int) -> RegisteredSchema:
         """The schema of an id (RegistryRefused when the registry has none)."""

@@ -162,11 +162,20 @@ class SchemaRegistry(ConnectorConfig):
 
     url: str = Field(pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$", max_length=2000)
     tls: TlsFiles | None = None
+    username: str | None = Field(None, min_length=1, max_length=1000)
+    """HTTP basic authentication as this user (Confluent Cloud: the API key; Apicurio: an OAuth client
+    it exchanges for a token). The password is the key `registry-password` of the connector's
+    `secretRef` Secret on a cluster, else NOPSTREAM_REGISTRY_PASSWORD; never in the model."""
 
     @model_validator(mode="after")
     def _tls_needs_https(self) -> SchemaRegistry:
         if self.tls is not None and not self.url.startswith("https://"):
             raise ValueError("tls needs an https url")
+        if "@" in self.url.split("/")[2]:
+            raise ValueError(
+                "url names a user: give it as username, its password in the connector's Secret"
+                " (key registry-password) or NOPSTREAM_REGISTRY_PASSWORD, never in the model"
+            )
         return self
 
 

@@ -11,6 +11,7 @@ import datetime
 import decimal
 import io
 import json
+import os
 import random
 import uuid
 from collections import Counter
@@ -24,6 +25,7 @@ from nopstream.connectors.schema_registry import SchemaRegistryClient, frame, me
 from nopstream.model.connectors import SchemaRegistry
 from tests.chaos import jobs
 from tests.checkpointing.test_faults import run_job
+from tests.conftest import REGISTRY_CLIENT
 from tests.kafka_util import Topics
 from tests.registry_util import Registry, avro_record, avro_value, framed
 
@@ -286,8 +288,8 @@ def _sink_model(kafka: Topics, registry: Registry, out: str, sink: dict, fmt: st
     }
 
 
-def _refused(tmp_path: Path, model: dict, kafka: Topics, out: str) -> str:
-    result = run(tmp_path / "job", model)
+def _refused(tmp_path: Path, model: dict, kafka: Topics, out: str, env: dict | None = None) -> str:
+    result = run(tmp_path / "job", model, env)
     assert result.returncode == 3, result.stderr
     assert "Traceback" not in result.stderr and "recovering:" not in result.stderr
     assert kafka.committed(out) == Counter()
@@ -414,6 +416,77 @@ def test_a_registry_over_tls_is_verified(tmp_path, kafka):
                 assert "CERTIFICATE_VERIFY_FAILED" in err, err
     finally:
         server.stop()
+
+
+def test_a_registry_that_takes_only_authenticated_calls_is_used_as_username(
+    tmp_path, kafka, secured_registry
+):
+    """Apicurio requiring Hydra's tokens, given HTTP basic credentials (an OAuth client's id and
+    secret, as Confluent clients send them): a sink as `username`, the password in
+    NOPSTREAM_REGISTRY_PASSWORD, registers its schema and writes exactly; with a wrong password or
+    none, the job is refused at start in one line, nothing published; the password is in no file the
+    job wrote and in no output."""
+    from nopstream.connectors.schema_registry import PASSWORD_ENV
+
+    user, password = REGISTRY_CLIENT
+    url = secured_registry.url
+    for case, given in (("good", password), ("wrong", f"not-{password}"), ("none", None)):
+        out = kafka.create("out")
+        model = _sink_model(kafka, Registry(url), out, {"valueSchema": json.dumps(jobs.TOTAL)})
+        model["jobId"] = f"registry-user-{case}"
+        model["model"]["sinks"][0]["config"]["schemaRegistry"]["username"] = user
+        env = {PASSWORD_ENV: given} if given is not None else {}
+        home = tmp_path / case
+        if case == "good":
+            result = run(home / "job", model, env)
+            assert result.returncode == 0, result.stderr
+            written = [p.read_bytes() for p in home.rglob("*") if p.is_file()]
+            assert not [b for b in written if password.encode() in b] and password not in result.stderr
+            os.environ[PASSWORD_ENV] = password  # the test's own reader, as the job's
+            try:
+                client = SchemaRegistryClient(SchemaRegistry(url=url, username=user))
+                codec = payloads.RegistryCodec(client, "avro")
+                assert kafka.committed(out, codec.decode) == Counter(
+                    json.dumps({"key": "a", "value": n}) for n in range(5)
+                )
+            finally:
+                del os.environ[PASSWORD_ENV]
+            continue
+        err = _refused(home, model, kafka, out, env)
+        refusal = (
+            f"kafka sink 'out': schema registry at {url}"
+            + {
+                "wrong": f" refused user '{user}': HTTP 401",
+                "none": f": user '{user}' has no password ({PASSWORD_ENV})",
+            }[case]
+        )
+        assert refusal in err, err
+        assert len([line for line in err.splitlines() if "kafka sink 'out'" in line]) == 1
+        assert password not in err
+
+
+def test_a_registry_url_with_a_user_in_it_is_refused_by_validation(tmp_path, nopstream):
+    """A password never goes into the model: a registry URL that names a user is refused, unechoed."""
+    registry = {"url": "https://app:hunter2@registry.example:8081/apis/ccompat/v7"}
+    sink = {"bootstrapServers": "127.0.0.1:1", "topic": "u", "format": "avro", "subject": "s"}
+    job = {
+        "jobId": "user-in-url",
+        "model": {
+            "sources": [
+                {"id": "in", "type": "kafka", "config": {"bootstrapServers": "127.0.0.1:1", "topic": "t"}}
+            ],
+            "operators": [],
+            "sinks": [{"id": "out", "type": "kafka", "config": {**sink, "schemaRegistry": registry}}],
+        },
+    }
+    (tmp_path / "job.yaml").write_text(json.dumps(job))
+    result = nopstream("validate", str(tmp_path / "job.yaml"))
+    assert result.code == 1 and "hunter2" not in result.out + result.err
+    assert (
+        "model.sinks[0].config.schemaRegistry: Value error, url names a user: give it as username, its"
+        " password in the connector's Secret (key registry-password) or NOPSTREAM_REGISTRY_PASSWORD,"
+        " never in the model"
+    ) in result.err
 
 
 def test_avro_values_are_read_as_what_json_holds():

@@ -1012,3 +1012,23 @@ def test_a_job_whose_sink_cannot_start_fails_at_once_naming_why(world, bucket, k
     )
     w.wait("no pods", lambda: w.pods("no-topic") == [])
     w.kubectl("delete", "streamjob", "no-topic", "--wait=true", "--timeout=60s")
+
+
+def test_the_storage_secret_is_in_no_status_plan_event_or_log_of_the_cluster(world):
+    """Last of the suite: every job above read and wrote its checkpoints with the storage Secret's key
+    (mounted as files); that key is in no StreamJob, ConfigMap (the plans), event, pod, Deployment or
+    Service, and in no log of a pod still there (the operator's, the coordinators', the bundled
+    servers'): only in its Secret."""
+    w = world
+    kinds = ["streamjobs", "configmaps", "events", "pods", "deployments", "statefulsets", "services"]
+    for kind in kinds:
+        listed = w.kubectl("get", kind, "--all-namespaces", "-o", "yaml")
+        assert w.secret_key not in listed, f"the storage secret key is in the {kind}"
+    pods = json.loads(w.kubectl("get", "pods", "--all-namespaces", "-o", "json"))["items"]
+    assert pods, "no pod to read the logs of"
+    for pod in pods:
+        where = ["-n", pod["metadata"]["namespace"], pod["metadata"]["name"]]
+        logs = w.kubectl("logs", *where, "--all-containers", "--tail=-1", check=False)
+        assert w.secret_key not in logs, f"the storage secret key is in the log of pod {where[-1]}"
+    stored = json.loads(w.kubectl("get", "secret", "nopstream-storage", "-o", "json"))["data"]
+    assert base64.b64decode(stored["secretKey"]).decode() == w.secret_key  # the key the jobs used
