@@ -245,7 +245,9 @@ for w in "${what[@]}"; do
     kafka) mkdir -p "$CACHE/kafka-$KAFKA_VERSION"
            # stamped with the pom's digest: a changed pom fetches the jars again
            timed "kafka $KAFKA_VERSION" "$CACHE/kafka-$KAFKA_VERSION/.fetched-$(sha256sum "$TOP/scripts/kafka/pom.xml" | cut -c1-12)" fetch_kafka ;;
-    registry) timed "schema registry $REGISTRY_VERSION" "$CACHE/schema-registry-$REGISTRY_VERSION/.built" build_registry ;;
+    registry) # stamped with its sources' digest: a changed pom or class builds it again
+              timed "schema registry $REGISTRY_VERSION" "$CACHE/schema-registry-$REGISTRY_VERSION/.built-$(
+                find "$TOP/scripts/schema-registry" -type f -print0 | sort -z | xargs -0 cat | sha256sum | cut -c1-12)" build_registry ;;
     minio) timed "minio $MINIO_VERSION" "$BIN/.minio-$MINIO_VERSION" build_minio ;;
     hydra) timed "hydra $HYDRA_VERSION" "$BIN/.hydra-$HYDRA_VERSION" build_hydra ;;
     helm) timed "helm $HELM_VERSION" "$BIN/.helm-$HELM_VERSION-stamped" build_helm ;;

@@ -25,12 +25,18 @@ class Registry:
         with urllib.request.urlopen(request, timeout=10) as answer:
             return json.loads(answer.read())
 
-    def register(self, subject: str, schema: dict | str, kind: str = "AVRO") -> int:
-        """The id of `schema` under `subject` (registered when new)."""
+    def register(
+        self, subject: str, schema: dict | str, kind: str = "AVRO", references: list | None = None
+    ) -> int:
+        """The id of `schema` under `subject` (registered when new), importing `references` (each a
+        dict of name, subject and version, as the Confluent API has them)."""
         text = schema if isinstance(schema, str) else json.dumps(schema)
-        return int(
-            self._call("POST", f"/subjects/{subject}/versions", {"schema": text, "schemaType": kind})["id"]
-        )
+        body = {"schema": text, "schemaType": kind, **({"references": references} if references else {})}
+        return int(self._call("POST", f"/subjects/{subject}/versions", body)["id"])
+
+    def references(self, subject: str) -> list:
+        """The references of the subject's latest schema."""
+        return list(self._call("GET", f"/subjects/{subject}/versions/latest").get("references") or [])
 
     def compatibility(self, subject: str, level: str) -> None:
         """Set the subject's compatibility rule (BACKWARD, FULL, NONE, ...)."""

@@ -4,8 +4,9 @@
 values carry the id of their schema (`schema_registry`): a reader decodes each value with
 the schema it names (Avro with fastavro, JSON Schema validated with jsonschema, Protobuf
 with the protobuf runtime after protoc, in-process from grpcio-tools, compiled the
-registry's `.proto` text); a writer encodes with the one schema it registered or looked up
-at start.
+registry's `.proto` text), the schemas its references name at hand (a Protobuf import, an
+Avro named type, a JSON Schema `$ref`); a writer encodes with the one schema it registered
+or looked up at start.
 
 Records cross channels as JSON, so values become what JSON holds: Avro and Protobuf
 bytes are base64 text, Avro decimals decimal text, Protobuf enums their names and 64-bit
@@ -25,7 +26,6 @@ import io
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,9 +37,13 @@ import orjson
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
+from referencing import Registry, Resource
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
 
 from nopstream.connectors.schema_registry import (
     KINDS,
+    Reference,
     RegistryRefused,
     SchemaRegistryClient,
     frame,
@@ -126,15 +130,19 @@ class Schema(Protocol):
 class AvroSchema:
     """An Avro schema (fastavro)."""
 
-    def __init__(self, text: str) -> None:
-        """Parse the schema's JSON text, its date and time logical types read as their numbers."""
-        try:
-            self.parsed = fastavro.parse_schema(_without_time_types(orjson.loads(text)))
-        except fastavro.schema.UnknownType as err:
-            raise SchemaError(f"not an Avro schema: it names the unknown type '{err.name}'") from None
-        except (ValueError, TypeError, KeyError) as err:
-            raise SchemaError(f"not an Avro schema: {err}") from None
-        self._plain = any(t in text for t in ('"bytes"', '"fixed"', '"decimal"', '"uuid"'))
+    def __init__(self, text: str, imports: dict[str, str] | None = None) -> None:
+        """Parse the schema's JSON text, its date and time logical types read as their numbers, the named
+        types of the schemas it `imports` (their texts by name) at hand."""
+        self.named: dict[str, Any] = {}
+        texts = dict(imports or {})
+        while texts:  # each import once the ones it names are parsed
+            parsed = {name: t for name, t in texts.items() if _parses(t, self.named)}
+            if not parsed:
+                raise SchemaError(f"not an Avro schema: its references {sorted(texts)} do not parse")
+            texts = {name: t for name, t in texts.items() if name not in parsed}
+        self.parsed = _parse_avro(text, self.named)
+        every = [text, *(imports or {}).values()]
+        self._plain = any(t in x for x in every for t in ('"bytes"', '"fixed"', '"decimal"', '"uuid"'))
 
     def read(self, payload: bytes) -> Any:
         """Decode one value; every byte must belong to it."""
@@ -151,7 +159,7 @@ class AvroSchema:
     def write(self, record: Any) -> bytes:
         """Encode one record (bytes, fixed and decimals as `read` gives them: base64 and decimal text)."""
         if self._plain:
-            record = _avro_ready(self.parsed, record, _named(self.parsed))
+            record = _avro_ready(self.parsed, record, self.named)
         buffer = io.BytesIO()
         try:
             fastavro.schemaless_writer(buffer, self.parsed, record)
@@ -188,9 +196,25 @@ def _json_ready(value: Any) -> Any:
     return value
 
 
-def _named(parsed: Any) -> dict[str, Any]:
-    """The named types of a schema fastavro parsed, by full name."""
-    return parsed.get("__named_schemas", {}) if isinstance(parsed, dict) else {}
+def _parse_avro(text: str, named: dict[str, Any]) -> Any:
+    """The schema fastavro parsed, its named types added to `named` (which holds the ones it may name)."""
+    try:
+        return fastavro.parse_schema(_without_time_types(orjson.loads(text)), named_schemas=named)
+    except fastavro.schema.UnknownType as err:
+        raise SchemaError(f"not an Avro schema: it names the unknown type '{err.name}'") from None
+    except (ValueError, TypeError, KeyError) as err:
+        raise SchemaError(f"not an Avro schema: {err}") from None
+
+
+def _parses(text: str, named: dict[str, Any]) -> bool:
+    """Parse an imported schema into `named`; False while it names a type not there yet."""
+    trial = dict(named)
+    try:
+        _parse_avro(text, trial)
+    except SchemaError:
+        return False
+    named.update(trial)
+    return True
 
 
 def _avro_ready(schema: Any, value: Any, named: dict[str, Any]) -> Any:
@@ -258,18 +282,26 @@ def _branch(union: list[Any], value: Any, named: dict[str, Any]) -> Any:
 class JsonSchema:
     """A JSON Schema (jsonschema, of the draft its `$schema` names, 2020-12 without one)."""
 
-    def __init__(self, text: str) -> None:
-        """Check the schema against its draft's meta-schema."""
+    def __init__(self, text: str, imports: dict[str, str] | None = None) -> None:
+        """Check the schema against its draft's meta-schema; a `$ref` to a name `imports` has (its
+        text by name) resolves to that schema."""
         try:
             schema = orjson.loads(text)
             cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
             cls.check_schema(schema)
+            resources = [
+                (name, Resource.from_contents(orjson.loads(t), default_specification=DRAFT202012))
+                for name, t in (imports or {}).items()
+            ]
         except (ValueError, jsonschema.SchemaError) as err:
             raise SchemaError(f"not a JSON Schema: {getattr(err, 'message', err)}") from None
-        self.validator = cls(schema)
+        self.validator = cls(schema, registry=Registry().with_resources(resources))
 
     def _check(self, record: Any) -> None:
-        error = jsonschema.exceptions.best_match(self.validator.iter_errors(record))
+        try:
+            error = jsonschema.exceptions.best_match(self.validator.iter_errors(record))
+        except Unresolvable as err:  # a $ref to no schema it imports
+            raise PayloadError(f"cannot be checked: its JSON Schema has a $ref to nothing ({err})") from None
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "the value"
             raise PayloadError(f"does not fit its JSON Schema at {where}: {error.message}")
@@ -292,9 +324,10 @@ class JsonSchema:
 class ProtobufSchema:
     """The messages of a `.proto` file (compiled by protoc, read by the protobuf runtime)."""
 
-    def __init__(self, text: str, message: str | None = None) -> None:
-        """Compile the file; a writer writes `message` (a full name), else the file's first message."""
-        fds = _compile_proto(text)
+    def __init__(self, text: str, message: str | None = None, imports: dict[str, str] | None = None) -> None:
+        """Compile the file, the files it `imports` (their texts by the name it imports them by) beside
+        it; a writer writes `message` (a full name), else the file's first message."""
+        fds = _compile_proto(text, imports or {})
         pool = descriptor_pool.DescriptorPool()
         for file in fds.file:
             pool.Add(file)
@@ -346,12 +379,20 @@ class ProtobufSchema:
         return self._path + bytes(encoded)
 
 
-def _compile_proto(text: str) -> descriptor_pb2.FileDescriptorSet:
-    """The file's descriptors, compiled by protoc (grpc_tools) with the well-known types at hand."""
+def _compile_proto(text: str, imports: dict[str, str]) -> descriptor_pb2.FileDescriptorSet:
+    """The file's descriptors, compiled by protoc (grpc_tools) with the well-known types and `imports`
+    at hand."""
     import grpc_tools
 
     include = Path(grpc_tools.__file__).parent / "_proto"
     with tempfile.TemporaryDirectory(prefix="nopstream-proto-") as tmp:
+        root = Path(tmp).resolve()
+        for name, imported in imports.items():
+            path = (root / name).resolve()
+            if name.startswith("/") or not path.is_relative_to(root) or name == "schema.proto":
+                raise SchemaError(f"imports '{name}', which is not a relative path of a .proto file")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(imported)
         (Path(tmp) / "schema.proto").write_text(text)
         out = Path(tmp) / "schema.pb"
         argv = [sys.executable, "-m", "grpc_tools.protoc", f"-I{tmp}", f"-I{include}",
@@ -414,12 +455,12 @@ def _field_value(field: FieldDescriptor, value: Any) -> Any:
     return value
 
 
-SCHEMAS: dict[str, Callable[[str], Schema]] = {
-    "AVRO": AvroSchema,
-    "JSON": JsonSchema,
-    "PROTOBUF": ProtobufSchema,
-}
-"""A reader and writer of each registry schema type."""
+def schema_of(kind: str, text: str, imports: dict[str, str], message: str | None = None) -> Schema:
+    """The reader and writer of a registry schema of type `kind` (AVRO, JSON, PROTOBUF), the schemas
+    it imports at hand; Protobuf writes `message`."""
+    if kind == "PROTOBUF":
+        return ProtobufSchema(text, message, imports)
+    return AvroSchema(text, imports) if kind == "AVRO" else JsonSchema(text, imports)
 
 
 class RegistryCodec:
@@ -447,7 +488,12 @@ class RegistryCodec:
                     f" {KINDS[self.format]} schemas)"
                 )
             try:
-                found = self._schemas[schema_id] = SCHEMAS[registered.kind](registered.text)
+                imports = self.registry.imports(registered.references)
+                found = self._schemas[schema_id] = schema_of(registered.kind, registered.text, imports)
+            except RegistryRefused as err:
+                raise PayloadError(
+                    f"has schema id {schema_id}, whose references the registry does not have ({err})"
+                ) from None
             except SchemaError as err:
                 raise PayloadError(f"has schema id {schema_id}, whose schema cannot be read: {err}") from None
         return found
@@ -467,15 +513,19 @@ class RegistryCodec:
         try:
             if config.value_schema is not None:
                 text = config.value_schema
-                schema = _writer_schema(kind, text, config.message)  # a bad schema never reaches the registry
-                schema_id = self.registry.register(subject, kind, text)
+                references = tuple(Reference(r.name, r.subject, r.version) for r in config.references)
+                imports = self.registry.imports(references)
+                # a bad schema never reaches the registry
+                schema = schema_of(kind, text, imports, config.message)
+                schema_id = self.registry.register(subject, kind, text, references)
             else:
                 latest = self.registry.latest(subject)
                 if latest.kind != kind:
                     raise SchemaError(
                         f"the latest schema of subject '{subject}' is {latest.kind}, not {kind}"
                     )
-                schema, schema_id = _writer_schema(kind, latest.text, config.message), latest.id
+                imports = self.registry.imports(latest.references)
+                schema, schema_id = schema_of(kind, latest.text, imports, config.message), latest.id
         except SchemaError as err:
             raise StartRefused(f"{who}: valueSchema: {err}") from None
         except RegistryRefused as err:
@@ -488,10 +538,6 @@ class RegistryCodec:
         assert self._writer is not None, "start_writing comes first"
         schema_id, schema = self._writer
         return frame(schema_id, schema.write(record))
-
-
-def _writer_schema(kind: str, text: str, message: str | None) -> Schema:
-    return ProtobufSchema(text, message) if kind == "PROTOBUF" else SCHEMAS[kind](text)
 
 
 def value_codec(config: KafkaPayload, who: str, secret_ref: str | None) -> PlainCodec | RegistryCodec:

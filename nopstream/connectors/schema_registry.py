@@ -42,12 +42,32 @@ _JSON = "application/vnd.schemaregistry.v1+json"
 
 
 @dataclass(frozen=True)
+class Reference:
+    """A schema another imports: the name it is imported by, and the subject version that holds it."""
+
+    name: str
+    subject: str
+    version: int
+
+
+@dataclass(frozen=True)
 class RegisteredSchema:
-    """A schema as the registry keeps it: its id, its type (AVRO, PROTOBUF, JSON) and its text."""
+    """A schema as the registry keeps it: its id, its type (AVRO, PROTOBUF, JSON), its text and the
+    schemas it imports."""
 
     id: int
     kind: str
     text: str
+    references: tuple[Reference, ...] = ()
+
+
+def _registered(schema_id: int, answer: dict[str, Any]) -> RegisteredSchema:
+    """A schema of the registry's answer (of /schemas/ids/ or /subjects/.../versions/)."""
+    references = tuple(
+        Reference(str(r["name"]), str(r["subject"]), int(r["version"]))
+        for r in answer.get("references") or []
+    )
+    return RegisteredSchema(schema_id, answer.get("schemaType") or "AVRO", answer["schema"], references)
 
 
 class RegistryUnreachable(OSError):
@@ -133,15 +153,35 @@ class SchemaRegistryClient:
         """The schema of an id (RegistryRefused when the registry has none)."""
         found = self._by_id.get(schema_id)
         if found is None:
-            answer = self._call("GET", f"/schemas/ids/{schema_id}")
-            found = RegisteredSchema(schema_id, answer.get("schemaType") or "AVRO", answer["schema"])
-            self._by_id[schema_id] = found
+            found = self._by_id[schema_id] = _registered(
+                schema_id, self._call("GET", f"/schemas/ids/{schema_id}")
+            )
         return found
 
-    def register(self, subject: str, kind: str, text: str) -> int:
-        """The id of `text` under `subject`, registered as a new version when the subject has it not
-        (the registry checks its compatibility rule; RegistryRefused when it says no)."""
-        body = {"schema": text, "schemaType": kind}
+    def imports(self, references: tuple[Reference, ...]) -> dict[str, str]:
+        """The text of each referenced schema and of every one they reference in turn, by the name it
+        is imported by (RegistryRefused when the registry has one not)."""
+        found: dict[str, str] = {}
+        todo = list(references)
+        while todo:
+            reference = todo.pop()
+            if reference.name in found:
+                continue
+            path = f"/subjects/{_quoted(reference.subject)}/versions/{reference.version}"
+            answer = self._call("GET", path)
+            found[reference.name] = answer["schema"]
+            todo += _registered(int(answer["id"]), answer).references
+        return found
+
+    def register(self, subject: str, kind: str, text: str, references: tuple[Reference, ...] = ()) -> int:
+        """The id of `text` (importing `references`) under `subject`, registered as a new version when
+        the subject has it not (the registry checks its compatibility rule; RegistryRefused when it says
+        no)."""
+        body: dict[str, Any] = {"schema": text, "schemaType": kind}
+        if references:
+            body["references"] = [
+                {"name": r.name, "subject": r.subject, "version": r.version} for r in references
+            ]
         for attempt in range(1, REGISTER_TRIES + 1):
             try:
                 answer = self._call("POST", f"/subjects/{_quoted(subject)}/versions", body)
@@ -155,14 +195,13 @@ class SchemaRegistryClient:
                     raise
                 time.sleep(0.2 * attempt * random.uniform(0.5, 1.5))  # apart: racing again would lose again
         schema_id = int(answer["id"])
-        self._by_id[schema_id] = RegisteredSchema(schema_id, kind, text)
+        self._by_id[schema_id] = RegisteredSchema(schema_id, kind, text, references)
         return schema_id
 
     def latest(self, subject: str) -> RegisteredSchema:
         """The subject's latest schema."""
         answer = self._call("GET", f"/subjects/{_quoted(subject)}/versions/latest")
-        found = RegisteredSchema(int(answer["id"]), answer.get("schemaType") or "AVRO", answer["schema"])
-        self._by_id[found.id] = found
+        found = self._by_id[int(answer["id"])] = _registered(int(answer["id"]), answer)
         return found
 
 

@@ -228,6 +228,15 @@ class KafkaSourceConfig(KafkaConnection, KafkaPayload):
         return self
 
 
+class SchemaReference(ConnectorConfig):
+    """A schema `valueSchema` imports (a Protobuf `import`, an Avro named type, a JSON Schema `$ref`):
+    the name it imports it by, and the registry subject's version that holds it."""
+
+    name: str = Field(min_length=1, max_length=1000)
+    subject: str = Field(min_length=1, max_length=1000)
+    version: StrictInt = Field(ge=1)
+
+
 class KafkaSinkConfig(KafkaConnection, KafkaPayload):
     """A topic that receives each durable epoch's records in one Kafka transaction (OUTBOX_EPOCH_LOG).
 
@@ -247,9 +256,13 @@ class KafkaSinkConfig(KafkaConnection, KafkaPayload):
     """The registry subject of the values (`<topic>-value` unless named: TopicNameStrategy)."""
     message: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")
     """Protobuf: the full name of the message written (the schema's first message unless named)."""
+    references: list[SchemaReference] = Field(default_factory=list, max_length=100)
+    """The schemas `valueSchema` imports, registered with it."""
 
     @model_validator(mode="after")
     def _schema_settings_fit(self) -> KafkaSinkConfig:
+        if self.references and self.value_schema is None:
+            raise ValueError("references go with valueSchema (the schemas it imports)")
         if self.format not in REGISTRY_FORMATS:
             given = [n for n, v in (("valueSchema", self.value_schema), ("subject", self.subject)) if v]
             if given:

@@ -21,7 +21,13 @@ import fastavro
 import pytest
 
 from nopstream.connectors import payloads
-from nopstream.connectors.schema_registry import SchemaRegistryClient, frame, message_path, read_message_path
+from nopstream.connectors.schema_registry import (
+    KINDS,
+    SchemaRegistryClient,
+    frame,
+    message_path,
+    read_message_path,
+)
 from nopstream.model.connectors import SchemaRegistry
 from tests.chaos import jobs
 from tests.checkpointing.test_faults import run_job
@@ -154,6 +160,106 @@ def test_protobuf_and_json_schema_both_ways(fmt, tmp_path, kafka, registry):
         }
 
 
+MONEY = {
+    "protobuf": 'syntax = "proto3";\npackage shop;\nmessage Money { string currency = 1; int64 cents = 2; }',
+    "avro": json.dumps(
+        {"type": "record", "name": "Money", "namespace": "shop",
+         "fields": [{"name": "currency", "type": "string"}, {"name": "cents", "type": "long"}]}
+    ),
+    "json-schema": json.dumps(
+        {"type": "object", "required": ["currency", "cents"],
+         "properties": {"currency": {"type": "string"}, "cents": {"type": "integer"}}}
+    ),
+}  # fmt: skip
+PRICED = {
+    "protobuf": (
+        'syntax = "proto3";\npackage shop;\nimport "money.proto";\n'
+        "message Order { string id = 1; Money price = 2; }\n"
+    ),
+    "avro": json.dumps(
+        {"type": "record", "name": "Order", "namespace": "shop",
+         "fields": [{"name": "id", "type": "string"}, {"name": "price", "type": "shop.Money"}]}
+    ),
+    "json-schema": json.dumps(
+        {"type": "object", "required": ["id", "price"],
+         "properties": {"id": {"type": "string"}, "price": {"$ref": "money.json"}}}
+    ),
+}  # fmt: skip
+IMPORTED_AS = {"protobuf": "money.proto", "avro": "shop.Money", "json-schema": "money.json"}
+"""The name each format's schema imports the money schema by."""
+
+
+@pytest.mark.parametrize("fmt", ["protobuf", "avro", "json-schema"])
+def test_schemas_that_import_others_are_read_and_written_with_their_references(
+    fmt, tmp_path, kafka, registry
+):
+    """Orders whose schema imports another (a Protobuf `import`, an Avro named type, a JSON Schema
+    `$ref`), registered with its reference as a producer's serializer does: the source reads each value
+    with the imported schema at hand, the sink registers its schema with the same reference and writes;
+    the records exact, decoded by the test's own code (Protobuf, Avro) and by a fresh client."""
+    kind = KINDS[fmt]
+    topic, out = kafka.create(f"priced-{fmt}"), kafka.create(f"priced-{fmt}-out")
+    registry.register(f"{topic}-money", MONEY[fmt], kind)
+    reference = {"name": IMPORTED_AS[fmt], "subject": f"{topic}-money", "version": 1}
+    schema_id = registry.register(f"{topic}-value", PRICED[fmt], kind, [reference])
+    orders = [{"id": f"o{i}", "price": {"currency": "EUR", "cents": 100 + i}} for i in range(20)]
+    if fmt == "protobuf":
+        order = _proto_classes(PRICED[fmt], {"money.proto": MONEY[fmt]}, ["shop.Order"])["shop.Order"]
+        values = [framed(schema_id, b"\x00" + order(**o).SerializeToString()) for o in orders]
+
+        def decode(value: bytes) -> dict:
+            assert value[5] == 0, value[:8]  # the first message's path
+            got = order.FromString(value[6:])
+            return {"id": got.id, "price": {"currency": got.price.currency, "cents": got.price.cents}}
+    elif fmt == "avro":
+        named: dict = {}
+        fastavro.parse_schema(json.loads(MONEY[fmt]), named_schemas=named)
+        parsed = fastavro.parse_schema(json.loads(PRICED[fmt]), named_schemas=named)
+        values = [avro_value(schema_id, parsed, o) for o in orders]
+
+        def decode(value: bytes) -> dict:
+            return fastavro.schemaless_reader(io.BytesIO(value[5:]), parsed, None)
+    else:
+        values = [framed(schema_id, json.dumps(o).encode()) for o in orders]
+
+        def decode(value: bytes) -> dict:
+            return json.loads(value[5:])
+
+    kafka.produce(topic, values, raw=True)
+    reg = {"format": fmt, "schemaRegistry": {"url": registry.url}}
+    sink = {"valueSchema": PRICED[fmt], "references": [reference]}
+    if fmt == "protobuf":
+        sink["message"] = "shop.Order"
+    model = {
+        "jobId": f"references-{fmt}",
+        "checkpoint": {"intervalMs": 150},
+        "model": {
+            "sources": [
+                {
+                    "id": "orders",
+                    "type": "kafka",
+                    "config": {"bootstrapServers": kafka.bootstrap, "topic": topic, "bounded": True, **reg},
+                }
+            ],
+            "operators": [],
+            "sinks": [
+                {
+                    "id": "out",
+                    "type": "kafka",
+                    "config": {"bootstrapServers": kafka.bootstrap, "topic": out, **reg, **sink},
+                }
+            ],
+        },
+    }
+    result = run(tmp_path / "job", model)
+    assert result.returncode == 0, result.stderr
+    expected = Counter(json.dumps(o, sort_keys=True) for o in orders)
+    assert kafka.committed(out, decode) == expected
+    codec = payloads.RegistryCodec(SchemaRegistryClient(SchemaRegistry(url=registry.url)), fmt)
+    assert kafka.committed(out, codec.decode) == expected
+    assert registry.references(f"{out}-value") == [reference]
+
+
 SCHEMA_FNS = """
 import json, os
 
@@ -165,8 +271,9 @@ def order(o):
 """
 
 
-def _proto_classes(text: str) -> dict:
-    """The message classes of a .proto file, compiled here by protoc apart from nopstream's codec."""
+def _proto_classes(text: str, imports: dict | None = None, names: list | None = None) -> dict:
+    """The message classes of a .proto file (the files it imports beside it), compiled here by protoc
+    apart from nopstream's codec."""
     import subprocess
     import sys
     import tempfile
@@ -176,6 +283,8 @@ def _proto_classes(text: str) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "t.proto").write_text(text)
+        for name, imported in (imports or {}).items():
+            Path(tmp, name).write_text(imported)
         include = Path(grpc_tools.__file__).parent / "_proto"
         subprocess.run(
             [
@@ -185,6 +294,7 @@ def _proto_classes(text: str) -> dict:
                 f"-I{tmp}",
                 f"-I{include}",
                 f"--descriptor_set_out={tmp}/o",
+                "--include_imports",
                 "t.proto",
             ],
             check=True,
@@ -193,7 +303,7 @@ def _proto_classes(text: str) -> dict:
     pool = descriptor_pool.DescriptorPool()
     for f in files.file:
         pool.Add(f)
-    names = ["shop.Envelope.Order", "shop.Total"]
+    names = names or ["shop.Envelope.Order", "shop.Total"]
     return {n: message_factory.GetMessageClass(pool.FindMessageTypeByName(n)) for n in names}
 
 

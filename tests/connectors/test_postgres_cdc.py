@@ -240,6 +240,41 @@ def test_a_snapshot_a_kill_cut_short_is_made_again_and_a_slot_without_one_is_ref
     restored.close()
 
 
+def test_a_snapshot_job_run_twice_at_once_is_refused_and_run_again_once_finished_adds_nothing(
+    tmp_path, postgres_server, database, db
+):
+    """`snapshot: initial`, bounded: a second run started while the first copies is refused naming the
+    holder; the first reads every row once; run again once finished, it restores its final epoch and
+    writes nothing more, and makes no new copy (the first dropped its own)."""
+    from tests.chaos import jobs
+    from tests.checkpointing.test_faults import committed, run_job, start_job
+
+    db.execute("INSERT INTO tags SELECT i, 't' || i FROM generate_series(1, 1500) i")
+    source = {**config(postgres_server, database), "snapshot": "initial"}
+    workdir = tmp_path / "job"
+    jobs.prepare(workdir, jobs.postgres_cdc(source, {"type": "file", "config": {"path": "per-row"}}))
+    first = start_job(workdir, env=postgres_server.env)  # paced: 2 ms a row, 3 s in all
+    try:
+        slots = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s"
+        wait_for(lambda: db.execute(slots, (source["slot"],)).fetchone() == (1,), "the job's slot")
+        second = run_job(workdir, env=postgres_server.env)
+        _, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == 0, err
+    assert second.returncode == 1, second.stderr
+    assert "job 'pg-cdc' cannot run: checkpoint namespace 'pg-cdc/main' in " in second.stderr
+    assert " is held by " in second.stderr and "Traceback" not in second.stderr
+    rows = Counter(json.dumps({"id": i, "tag": f"t{i}"}, sort_keys=True) for i in range(1, 1501))
+    every = committed(workdir, "out")
+    assert Counter(json.dumps(json.loads(c)["after"], sort_keys=True) for c in every.elements()) == rows
+    assert {json.loads(c)["op"] for c in every} == {"read"} and max(every.values()) == 1
+    assert _copies(db) == []
+    again = run_job(workdir, env=postgres_server.env)
+    assert again.returncode == 0, again.stderr
+    assert committed(workdir, "out") == every and _copies(db) == []
+
+
 def test_a_publication_made_after_the_changes_its_slot_holds_is_refused(postgres_server, database, db):
     """pgoutput reads each change with the catalog as it was then: a publication made later is not
     there for it. The server says so for every try; the source refuses to start, in one line."""

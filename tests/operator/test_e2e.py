@@ -90,7 +90,7 @@ class World:
                 return value
             if job is not None and (status := self.job(job).get("status", {})).get("phase") == "Failed":
                 failed = status
-            time.sleep(0.25)
+            time.sleep(1.0)  # each look starts kubectl: four a second took a tenth of this machine's CPU
         events = self.kubectl("get", "events", "--sort-by=.lastTimestamp", check=False).splitlines()[-25:]
         raise AssertionError(
             (f"{job} failed: {json.dumps(failed)}" if failed else f"timed out waiting for {what}")
