@@ -912,9 +912,6 @@ SHAPES: dict[str, Callable[..., dict[str, Any]]] = {
 }
 CHAOS_ARGS: dict[str, tuple[str, ...]] = {"dead-letters": ("--pace", "300")}
 """`nopstream chaos` arguments of a shape beyond the matrix's own."""
-ETCD_SHAPES = ("broadcast-rules",)
-"""The shapes also run with `--etcd`: broadcast state restored by task processes a new coordinator
-starts (Kafka to Kafka is the other `--etcd` cell; see test_matrix.ETCD_KILLS)."""
 
 
 def _write(home: Path, inputs: dict[str, str]) -> None:

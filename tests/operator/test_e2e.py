@@ -715,7 +715,8 @@ def test_a_stopped_task_turns_ready_false_then_fails_its_pod_and_the_recovered_j
     w.wait("an epoch durable", lambda: w.job("stalls")["status"].get("latestDurableEpoch"))
     status = w.job("stalls")["status"]
     assert status["leader"]["pod"].startswith("stalls-coordinator-") and status["leader"]["token"] > 0
-    assert condition(w, "stalls", "Degraded")["status"] == "False"
+    # a loaded node stalls epochs past the 2.5 s bound now and then: Degraded comes and goes
+    w.wait("Degraded=False", lambda: condition(w, "stalls", "Degraded")["status"] == "False", timeout=60)
     assert leader_view(w, "stalls", status["leader"]["pod"])["leader"]["token"] == status["leader"]["token"]
     run = status["run"]
 
@@ -753,7 +754,9 @@ def test_a_stopped_task_turns_ready_false_then_fails_its_pod_and_the_recovered_j
     # the liveness probe fails the stopped task's pod; the job recovers and is Ready again
     w.wait("a recovery", lambda: w.job("stalls")["status"]["run"] > run, timeout=90)
     w.kubectl("wait", "--for=condition=Ready", "streamjob/stalls", "--timeout=180s")
-    assert condition(w, "stalls", "Degraded")["status"] == "False"
+    w.wait(
+        "Degraded=False again", lambda: condition(w, "stalls", "Degraded")["status"] == "False", timeout=60
+    )
     w.wait("Succeeded", lambda: w.job("stalls")["status"].get("phase") == "Succeeded", timeout=300)
     got, expected = s3_records(s3_client, bucket, "stalled/"), clean.output()
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
