@@ -357,9 +357,13 @@ class PostgresCdcSource:
     def durable(self, epoch: int) -> None:
         """Epochs up to `epoch` are durable: the slot may let go of what their snapshots read, and the
         snapshot copy goes once one of them was taken after it was read whole."""
-        if self._copy_done_in is not None and epoch >= self._copy_done_in and self._copy_reader is not None:
-            cdc_snapshot.drop(self._copy_reader, self.config.slot)
-            self._copy_reader.close()
+        if self._copy_done_in is not None and epoch >= self._copy_done_in and self._copy is not None:
+            if self._copy_reader is None:  # closed at the end of a bounded input, before the final epoch
+                with connect(self.config) as conn:
+                    cdc_snapshot.drop(conn, self.config.slot)
+            else:
+                cdc_snapshot.drop(self._copy_reader, self.config.slot)
+                self._copy_reader.close()
             self._copy_reader = self._copy = self._copy_done_in = None
         done = [lsn for e, lsn in self._taken if e <= epoch]
         self._taken = [(e, lsn) for e, lsn in self._taken if e > epoch]

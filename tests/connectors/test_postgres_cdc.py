@@ -269,7 +269,7 @@ def test_a_snapshot_job_run_twice_at_once_is_refused_and_run_again_once_finished
     every = committed(workdir, "out")
     assert Counter(json.dumps(json.loads(c)["after"], sort_keys=True) for c in every.elements()) == rows
     assert {json.loads(c)["op"] for c in every} == {"read"} and max(every.values()) == 1
-    assert _copies(db) == []
+    assert _copies(db) == [], err[-3000:]
     again = run_job(workdir, env=postgres_server.env)
     assert again.returncode == 0, again.stderr
     assert committed(workdir, "out") == every and _copies(db) == []
