@@ -3,8 +3,8 @@
 Wire format: byte 0, the schema id (4 bytes, big-endian), for Protobuf the path of the
 message in its file (zig-zag varints: a count, then the indexes; a lone 0 is the first
 message), then the encoded value. The client keeps what it has read (a schema id never
-changes its schema) and speaks HTTP with the standard library: four calls do not need
-another dependency.
+changes its schema) and speaks HTTP with the standard library: a handful of calls do not
+need another dependency.
 """
 
 from __future__ import annotations

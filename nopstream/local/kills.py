@@ -146,7 +146,10 @@ class Schedule:
 
     def drive(self, proc: Child) -> None:
         """Carry out events while this start of the runner lives; return once it ended, or all are done."""
-        if self.armed is not None and not self._only_sink_steps():  # armed when the runner died
+        if self._only_sink_steps():
+            self._finale(proc)
+            return
+        if self.armed is not None:  # armed when the runner died: its next start reaches it
             self._await(proc)
         first = True
         while self.events and proc.poll() is None:
