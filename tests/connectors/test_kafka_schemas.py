@@ -123,27 +123,7 @@ def test_protobuf_and_json_schema_both_ways(fmt, tmp_path, kafka, registry):
         sink_schema = {"valueSchema": json.dumps({**total, "required": ["key", "value"]})}
     kafka.produce(topic, values, raw=True)
     reg = {"format": fmt, "schemaRegistry": {"url": registry.url}}
-    model = {
-        "jobId": f"schemas-{fmt}",
-        "checkpoint": {"intervalMs": 150},
-        "model": {
-            "sources": [
-                {
-                    "id": "orders",
-                    "type": "kafka",
-                    "config": {"bootstrapServers": kafka.bootstrap, "topic": topic, "bounded": True, **reg},
-                }
-            ],
-            "operators": operators,
-            "sinks": [
-                {
-                    "id": "out",
-                    "type": "kafka",
-                    "config": {"bootstrapServers": kafka.bootstrap, "topic": out, **reg, **sink_schema},
-                }
-            ],
-        },
-    }
+    model = _topic_to_topic(f"schemas-{fmt}", kafka, topic, out, reg, sink_schema, operators)
     result = run(tmp_path / "job", model)
     assert result.returncode == 0, result.stderr
     codec = payloads.RegistryCodec(SchemaRegistryClient(SchemaRegistry(url=registry.url)), fmt)
@@ -230,8 +210,23 @@ def test_schemas_that_import_others_are_read_and_written_with_their_references(
     sink = {"valueSchema": PRICED[fmt], "references": [reference]}
     if fmt == "protobuf":
         sink["message"] = "shop.Order"
-    model = {
-        "jobId": f"references-{fmt}",
+    model = _topic_to_topic(f"references-{fmt}", kafka, topic, out, reg, sink)
+    result = run(tmp_path / "job", model)
+    assert result.returncode == 0, result.stderr
+    expected = Counter(json.dumps(o, sort_keys=True) for o in orders)
+    assert kafka.committed(out, decode) == expected
+    codec = payloads.RegistryCodec(SchemaRegistryClient(SchemaRegistry(url=registry.url)), fmt)
+    assert kafka.committed(out, codec.decode) == expected
+    assert registry.references(f"{out}-value") == [reference]
+
+
+def _topic_to_topic(
+    job_id: str, kafka: Topics, topic: str, out: str, reg: dict, sink: dict, operators: list | None = None
+) -> dict:
+    """A job from the bounded topic `topic` through `operators` into `out`, both ends with `reg`'s
+    format and registry, the sink with `sink`'s settings."""
+    return {
+        "jobId": job_id,
         "checkpoint": {"intervalMs": 150},
         "model": {
             "sources": [
@@ -241,7 +236,7 @@ def test_schemas_that_import_others_are_read_and_written_with_their_references(
                     "config": {"bootstrapServers": kafka.bootstrap, "topic": topic, "bounded": True, **reg},
                 }
             ],
-            "operators": [],
+            "operators": operators or [],
             "sinks": [
                 {
                     "id": "out",
@@ -251,13 +246,6 @@ def test_schemas_that_import_others_are_read_and_written_with_their_references(
             ],
         },
     }
-    result = run(tmp_path / "job", model)
-    assert result.returncode == 0, result.stderr
-    expected = Counter(json.dumps(o, sort_keys=True) for o in orders)
-    assert kafka.committed(out, decode) == expected
-    codec = payloads.RegistryCodec(SchemaRegistryClient(SchemaRegistry(url=registry.url)), fmt)
-    assert kafka.committed(out, codec.decode) == expected
-    assert registry.references(f"{out}-value") == [reference]
 
 
 SCHEMA_FNS = """
