@@ -86,7 +86,10 @@ def test_chaos_catches_the_mutant(mutant, tmp_path, capsys):
         print(f"\n[mutant] {mutant}: exit {result.code}\n{result.out}{result.err}", end="")
     differs = result.code == 1 and "verdict: NOT exactly once" in result.out
     refused = result.code == 3 and "the run under kills failed" in result.err
-    assert differs or refused, result.out + result.err
+    # a cursor a byte late may land past the end of its file: the source's own check refuses every
+    # restore from that epoch, and the run recovers until chaos's time-out says where it waits
+    checked = result.code != 0 and "under a running job (its cursor is at byte" in result.out + result.err
+    assert differs or refused or (mutant == "resumes-a-byte-late" and checked), result.out + result.err
     if differs:
         assert re.search(r"(missing|duplicated): [1-9]", result.out), result.out
 
