@@ -12,7 +12,7 @@ Records cross channels as JSON, so values become what JSON holds: Avro and Proto
 bytes are base64 text, Avro decimals decimal text, Protobuf enums their names and 64-bit
 integers numbers; Avro's date and time logical types stay the numbers they are encoded as
 (epoch days, milliseconds, microseconds), as an event-time field wants them. An Avro
-writer takes the same forms back (`_avro_ready`): what a reader gave is written to the same bytes.
+writer takes the same forms back (`avro_forms`): what a reader gave is written to the same bytes.
 
 A value that does not decode or does not fit its schema raises `PayloadError` (a bad
 record: `onError` decides); a registry that does not answer raises `RegistryUnreachable`
@@ -26,10 +26,8 @@ import io
 import subprocess
 import sys
 import tempfile
-from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
-from uuid import UUID
 
 import fastavro
 import jsonschema
@@ -41,6 +39,7 @@ from referencing import Registry, Resource
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
+from nopstream.connectors import avro_forms
 from nopstream.connectors.schema_registry import (
     KINDS,
     Reference,
@@ -154,12 +153,12 @@ class AvroSchema:
         left = len(payload) - buffer.tell()
         if left:
             raise PayloadError(f"has {left} bytes left after the value its Avro schema reads")
-        return _json_ready(record) if self._plain else record
+        return avro_forms.json_ready(record) if self._plain else record
 
     def write(self, record: Any) -> bytes:
         """Encode one record (bytes, fixed and decimals as `read` gives them: base64 and decimal text)."""
         if self._plain:
-            record = _avro_ready(self.parsed, record, self.named)
+            record = avro_forms.avro_ready(self.parsed, record, self.named)
         buffer = io.BytesIO()
         try:
             fastavro.schemaless_writer(buffer, self.parsed, record)
@@ -168,38 +167,10 @@ class AvroSchema:
         return buffer.getvalue()
 
 
-_TIME_TYPES = {"date", "time-millis", "time-micros", "timestamp-millis", "timestamp-micros",
-               "local-timestamp-millis", "local-timestamp-micros"}  # fmt: skip
-
-
-def _without_time_types(schema: Any) -> Any:
-    """The schema with its date and time logical types dropped (their values stay numbers)."""
-    if isinstance(schema, list):
-        return [_without_time_types(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    return {
-        k: _without_time_types(v) for k, v in schema.items() if not (k == "logicalType" and v in _TIME_TYPES)
-    }
-
-
-def _json_ready(value: Any) -> Any:
-    """A decoded value with bytes as base64 text, decimals and UUIDs as text."""
-    if isinstance(value, dict):
-        return {k: _json_ready(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_ready(v) for v in value]
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    if isinstance(value, Decimal | UUID):
-        return str(value)
-    return value
-
-
 def _parse_avro(text: str, named: dict[str, Any]) -> Any:
     """The schema fastavro parsed, its named types added to `named` (which holds the ones it may name)."""
     try:
-        return fastavro.parse_schema(_without_time_types(orjson.loads(text)), named_schemas=named)
+        return fastavro.parse_schema(avro_forms.without_time_types(orjson.loads(text)), named_schemas=named)
     except fastavro.schema.UnknownType as err:
         raise SchemaError(f"not an Avro schema: it names the unknown type '{err.name}'") from None
     except (ValueError, TypeError, KeyError) as err:
@@ -215,68 +186,6 @@ def _parses(text: str, named: dict[str, Any]) -> bool:
         return False
     named.update(trial)
     return True
-
-
-def _avro_ready(schema: Any, value: Any, named: dict[str, Any]) -> Any:
-    """`_json_ready` undone where `schema` wants it: base64 text as bytes (bytes, fixed), decimal text
-    as a Decimal; a value that is neither is left for fastavro to refuse."""
-    if isinstance(schema, str):
-        if schema in named:
-            return _avro_ready(named[schema], value, named)
-        return _bytes(value) if schema == "bytes" else value
-    if isinstance(schema, list):
-        return _avro_ready(_branch(schema, value, named), value, named)
-    kind = schema["type"]
-    if kind in ("record", "error") and isinstance(value, dict):
-        fields = {f["name"]: f["type"] for f in schema["fields"]}
-        return {k: _avro_ready(fields[k], v, named) if k in fields else v for k, v in value.items()}
-    if kind == "array" and isinstance(value, list):
-        return [_avro_ready(schema["items"], v, named) for v in value]
-    if kind == "map" and isinstance(value, dict):
-        return {k: _avro_ready(schema["values"], v, named) for k, v in value.items()}
-    if schema.get("logicalType") == "decimal" and isinstance(value, str | int | float):
-        try:
-            return Decimal(str(value))
-        except ArithmeticError:  # decimal.InvalidOperation: not a number
-            return value
-    if kind == "fixed":
-        return _bytes(value)
-    return _avro_ready(kind, value, named)  # {"type": "bytes"}, or a type nested as {"type": {...}}
-
-
-def _bytes(value: Any) -> Any:
-    if not isinstance(value, str):
-        return value
-    try:
-        return base64.b64decode(value, validate=True)
-    except ValueError:
-        return value
-
-
-_JSON_KINDS: dict[type, tuple[str, ...]] = {
-    bool: ("boolean",),
-    int: ("int", "long", "float", "double", "bytes", "fixed"),  # a whole decimal reads as text, though
-    float: ("float", "double", "bytes", "fixed"),
-    str: ("string", "enum", "bytes", "fixed"),
-    list: ("array",),
-    dict: ("record", "error", "map"),
-}
-
-
-def _branch(union: list[Any], value: Any, named: dict[str, Any]) -> Any:
-    """The branch of a union a value written from JSON takes: null for None, else the first whose kind
-    holds the value's JSON type (a record's only when it has every field the value names)."""
-    if value is None:
-        return "null"
-    for branch in union:
-        resolved = named.get(branch, branch) if isinstance(branch, str) else branch
-        kind = resolved if isinstance(resolved, str) else resolved["type"]
-        if kind not in _JSON_KINDS.get(type(value), ()):
-            continue
-        if kind in ("record", "error") and not set(value) <= {f["name"] for f in resolved["fields"]}:
-            continue
-        return branch
-    return union[0]
 
 
 class JsonSchema:
