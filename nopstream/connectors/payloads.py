@@ -42,7 +42,6 @@ from referencing.jsonschema import DRAFT202012
 from nopstream.connectors import avro_forms
 from nopstream.connectors.schema_registry import (
     KINDS,
-    Reference,
     RegistryRefused,
     SchemaRegistryClient,
     frame,
@@ -422,7 +421,7 @@ class RegistryCodec:
         try:
             if config.value_schema is not None:
                 text = config.value_schema
-                references = tuple(Reference(r.name, r.subject, r.version) for r in config.references)
+                references = tuple(config.references)
                 imports = self.registry.imports(references)
                 # a bad schema never reaches the registry
                 schema = schema_of(kind, text, imports, config.message)

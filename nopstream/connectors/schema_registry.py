@@ -22,7 +22,7 @@ from typing import Any
 
 from nopstream.connectors import credentials
 from nopstream.errors import StartRefused
-from nopstream.model.connectors import SchemaRegistry
+from nopstream.model.connectors import SchemaReference, SchemaRegistry
 
 TIMEOUT = 10.0
 """Seconds for one call to the registry."""
@@ -42,15 +42,6 @@ _JSON = "application/vnd.schemaregistry.v1+json"
 
 
 @dataclass(frozen=True)
-class Reference:
-    """A schema another imports: the name it is imported by, and the subject version that holds it."""
-
-    name: str
-    subject: str
-    version: int
-
-
-@dataclass(frozen=True)
 class RegisteredSchema:
     """A schema as the registry keeps it: its id, its type (AVRO, PROTOBUF, JSON), its text and the
     schemas it imports."""
@@ -58,13 +49,13 @@ class RegisteredSchema:
     id: int
     kind: str
     text: str
-    references: tuple[Reference, ...] = ()
+    references: tuple[SchemaReference, ...] = ()
 
 
 def _registered(schema_id: int, answer: dict[str, Any]) -> RegisteredSchema:
     """A schema of the registry's answer (of /schemas/ids/ or /subjects/.../versions/)."""
     references = tuple(
-        Reference(str(r["name"]), str(r["subject"]), int(r["version"]))
+        SchemaReference(name=str(r["name"]), subject=str(r["subject"]), version=int(r["version"]))
         for r in answer.get("references") or []
     )
     return RegisteredSchema(schema_id, answer.get("schemaType") or "AVRO", answer["schema"], references)
@@ -158,7 +149,7 @@ class SchemaRegistryClient:
             )
         return found
 
-    def imports(self, references: tuple[Reference, ...]) -> dict[str, str]:
+    def imports(self, references: tuple[SchemaReference, ...]) -> dict[str, str]:
         """The text of each referenced schema and of every one they reference in turn, by the name it
         is imported by (RegistryRefused when the registry has one not)."""
         found: dict[str, str] = {}
@@ -173,15 +164,15 @@ class SchemaRegistryClient:
             todo += _registered(int(answer["id"]), answer).references
         return found
 
-    def register(self, subject: str, kind: str, text: str, references: tuple[Reference, ...] = ()) -> int:
+    def register(
+        self, subject: str, kind: str, text: str, references: tuple[SchemaReference, ...] = ()
+    ) -> int:
         """The id of `text` (importing `references`) under `subject`, registered as a new version when
         the subject has it not (the registry checks its compatibility rule; RegistryRefused when it says
         no)."""
         body: dict[str, Any] = {"schema": text, "schemaType": kind}
         if references:
-            body["references"] = [
-                {"name": r.name, "subject": r.subject, "version": r.version} for r in references
-            ]
+            body["references"] = [r.model_dump() for r in references]
         for attempt in range(1, REGISTER_TRIES + 1):
             try:
                 answer = self._call("POST", f"/subjects/{_quoted(subject)}/versions", body)

@@ -252,7 +252,7 @@ class Schedule:
                 break
             time.sleep(POLL)
         for point in points:
-            (self.reached.missed if faults.disarm(self.faults_dir, point) else self.reached.hit).append(point)
+            self._count(point)
 
     def _defer(self) -> bool:
         """Put the armed sink step back at the end of the schedule; False when a process took it first."""
@@ -268,6 +268,10 @@ class Schedule:
         """Count the armed point hit, or missed (then disarmed)."""
         assert self.armed is not None
         point, self.armed = self.armed, None
+        self._count(point)
+
+    def _count(self, point: str) -> None:
+        """Count an armed point hit, or missed (then disarmed)."""
         (self.reached.missed if faults.disarm(self.faults_dir, point) else self.reached.hit).append(point)
 
 

@@ -188,6 +188,19 @@ def test_every_fault_point_is_named_in_the_catalog_and_armed_once_for_a_whole_ru
     assert faults.disarm(tmp_path, "after-stage") and not faults.was_hit(tmp_path, "after-stage")
 
 
+def clean_then_under_faults(tmp_path: Path, model: dict, inputs: dict[str, str]) -> tuple[Path, Path]:
+    """Run the job failure-free in tmp_path/clean, then prepare it again in tmp_path/faulty with its
+    own checkpoints and an empty fault directory; (the faulty work directory, its fault directory)."""
+    prepare(tmp_path / "clean", model, inputs)
+    code, err = run(tmp_path / "clean")
+    assert code == 0, err
+    workdir = tmp_path / "faulty"
+    model["checkpoint"]["storage"]["local"]["path"] = str(workdir / "cp")
+    prepare(workdir, model, inputs)
+    (workdir / "faults").mkdir()
+    return workdir, workdir / "faults"
+
+
 def test_a_source_held_at_the_end_of_its_input_checkpoints_on_and_ends_once_let_go(tmp_path):
     """`nopstream chaos` holds a run's input at its end (`faults.holding`) until its schedule is done:
     epochs keep becoming durable while it is held, the job ends once it is let go, output unchanged."""
@@ -196,14 +209,7 @@ def test_a_source_held_at_the_end_of_its_input_checkpoints_on_and_ends_once_let_
 
     inputs = {"part-0.txt": "a b c a\n" * 200}  # read in one batch: the job ends in an epoch or two
     model = wordcount_model("held-input", interval_ms=100)
-    prepare(tmp_path / "clean", model, inputs)
-    code, err = run(tmp_path / "clean")
-    assert code == 0, err
-    workdir = tmp_path / "held"
-    model["checkpoint"]["storage"]["local"]["path"] = str(workdir / "cp")
-    prepare(workdir, model, inputs)
-    folder = workdir / "faults"
-    folder.mkdir()
+    workdir, folder = clean_then_under_faults(tmp_path, model, inputs)
     faults.hold(folder, held=True)
     progress = kills.Progress(model)
     proc = start_job(workdir, env={faults.DIR_ENV: str(folder)})
@@ -233,14 +239,7 @@ def test_sink_steps_left_at_the_end_of_a_schedule_are_reached_in_turn_by_the_las
     inputs = {"part-0.txt": "a b c a\n" * 200, "part-1.txt": "d e a\n" * 100}
     model = wordcount_model("final-steps", interval_ms=100)
     model["model"]["operators"][2]["emit"] = "final"
-    prepare(tmp_path / "clean", model, inputs)
-    code, err = run(tmp_path / "clean")
-    assert code == 0, err
-    workdir = tmp_path / "steps"
-    model["checkpoint"]["storage"]["local"]["path"] = str(workdir / "cp")
-    prepare(workdir, model, inputs)
-    folder = workdir / "faults"
-    folder.mkdir()
+    workdir, folder = clean_then_under_faults(tmp_path, model, inputs)
     progress = kills.Progress(model)
     schedule = kills.Schedule(
         [kills.Event(point) for point in kills.FLOWING],
