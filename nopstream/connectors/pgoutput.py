@@ -86,7 +86,15 @@ class Truncate:
     relations: tuple[int, ...]
 
 
-Message = Relation | Begin | Commit | Change | Truncate | None
+@dataclass(frozen=True)
+class Marker:
+    """A logical decoding message inside a transaction (`pg_logical_emit_message(true, prefix, ...)`),
+    as pgoutput sends it when asked for `messages`: its prefix."""
+
+    prefix: str
+
+
+Message = Relation | Begin | Commit | Change | Truncate | Marker | None
 
 
 class Reader:
@@ -127,8 +135,8 @@ def _ms(postgres_micros: int) -> int:
 
 
 def decode(data: bytes) -> Message:
-    """One pgoutput message; None for those a change stream does not need (origin, type, logical
-    message)."""
+    """One pgoutput message; None for those a change stream does not need (origin, type, a logical
+    message outside a transaction)."""
     r = Reader(data)
     tag = r.take("!c")
     if tag == b"B":
@@ -163,6 +171,9 @@ def decode(data: bytes) -> Message:
         count = r.take("!i")
         r.take("!b")  # options: CASCADE, RESTART IDENTITY
         return Truncate(tuple(r.take("!I") for _ in range(count)))
+    if tag == b"M":
+        transactional, _, prefix = r.take("!b"), r.take("!Q"), r.string()
+        return Marker(prefix) if transactional & 1 else None  # one outside a transaction has no place
     return None
 
 

@@ -11,6 +11,10 @@ commits after that LSN and skips those changes. The slot is told a position is f
 the epoch whose snapshot holds it is durable (`AcknowledgingSource`): the server keeps every
 change a restore may ask for again, and lets go of it after.
 
+With `endMarker` the input ends after the transaction holding the first logical decoding message of
+that prefix (`pg_logical_emit_message(true, prefix, ...)`): from then on it is bounded by that
+transaction's end, checkpointed as `bounded`'s end is, so every restore ends at the same change.
+
 With `snapshot: initial` a fresh job first reads the publication's tables as they were when its
 slot began (`connectors.cdc_snapshot`: a copy made with the slot's exported snapshot), each row a
 change of op `read`, then the slot's changes; its position in the copy is in the checkpoint too.
@@ -27,7 +31,7 @@ import psycopg2.extras
 from psycopg import sql
 
 from nopstream.connectors import cdc_snapshot
-from nopstream.connectors.pgoutput import Begin, Change, Commit, Relation, Truncate, decode, row
+from nopstream.connectors.pgoutput import Begin, Change, Commit, Marker, Relation, Truncate, decode, row
 from nopstream.connectors.postgres import connect, libpq_options, refusal
 from nopstream.errors import RestoreRefused, StartRefused
 from nopstream.model.connectors import PostgresCdcSourceConfig
@@ -67,6 +71,8 @@ class PostgresCdcSource:
         self._skip = 0  # changes of the first transaction after a restore that were read before it
         self._seen = 0  # changes of the transaction being read
         self._begin: Begin | None = None
+        self._marked = False  # the transaction being read holds the end marker
+        self._ended = False  # the end was reached inside a batch: nothing more is taken
         self._relations: dict[int, Relation] = {}
         self._snapshot_lsn: int | None = None
         self._taken: list[tuple[int, int]] = []  # (epoch, LSN) of snapshots not yet durable
@@ -211,6 +217,8 @@ class PostgresCdcSource:
     def _start_replication(self) -> None:
         assert self.position is not None
         options = {"proto_version": "1", "publication_names": self.config.publication}
+        if self.config.end_marker is not None:
+            options["messages"] = "true"
         self._cursor.start_replication(
             slot_name=self.config.slot, decode=False, start_lsn=self.position[0], options=options
         )
@@ -234,7 +242,7 @@ class PostgresCdcSource:
             return None
         records: list[Any] = []
         stamps: list[int] = []
-        while len(records) < max_records:
+        while len(records) < max_records and not self._ended:
             message = self._next()
             if message is None:
                 break
@@ -272,9 +280,16 @@ class PostgresCdcSource:
         if isinstance(message, Relation):
             self._relations[message.oid] = message
         elif isinstance(message, Begin):
-            self._begin, self._seen = message, 0
+            if self.end is not None and message.final_lsn >= self.end:
+                self._ended = True  # committed past the end: not read, by this reader or a restored one
+            else:
+                self._begin, self._seen = message, 0
         elif isinstance(message, Commit):
             self.position, self._begin, self._skip = (message.end_lsn, 0), None, 0
+            if self._marked:  # the input ends after this transaction, as `bounded` ends at its end
+                self.end, self._marked, self._ended = message.end_lsn, False, True
+        elif isinstance(message, Marker):
+            self._marked = self._marked or message.prefix == self.config.end_marker
         elif isinstance(message, Change | Truncate):
             self._seen += 1
             if self._seen > self._skip:  # the first ones of a transaction read before a restore are skipped
@@ -311,11 +326,12 @@ class PostgresCdcSource:
         return [{"op": change.op, "table": relation.qualified, "before": before, "after": after, "lsn": lsn}]
 
     def _done(self) -> bool:
-        """Bounded and past the end: no transaction open, and the server has sent what it decoded up to it."""
+        """At the end (`bounded`'s, or an end marker's): no transaction open, and the position, a transaction
+        committed past it, or what the server sent is there."""
         if self.end is None or self._begin is not None:
             return False
         assert self.position is not None
-        return self.position[0] >= self.end or self._cursor.wal_end >= self.end
+        return self._ended or self.position[0] >= self.end or self._cursor.wal_end >= self.end
 
     def _keep_alive(self, *, asked: bool) -> None:
         """Tell the server now and then that the reader is there; `asked` asks it to say how far it
@@ -358,12 +374,8 @@ class PostgresCdcSource:
         """Epochs up to `epoch` are durable: the slot may let go of what their snapshots read, and the
         snapshot copy goes once one of them was taken after it was read whole."""
         if self._copy_done_in is not None and epoch >= self._copy_done_in and self._copy is not None:
-            if self._copy_reader is None:  # closed at the end of a bounded input, before the final epoch
-                with connect(self.config) as conn:
-                    cdc_snapshot.drop(conn, self.config.slot)
-            else:
-                cdc_snapshot.drop(self._copy_reader, self.config.slot)
-                self._copy_reader.close()
+            cdc_snapshot.drop(self._copy_reader, self.config.slot)
+            self._copy_reader.close()
             self._copy_reader = self._copy = self._copy_done_in = None
         done = [lsn for e, lsn in self._taken if e <= epoch]
         self._taken = [(e, lsn) for e, lsn in self._taken if e > epoch]

@@ -384,7 +384,9 @@ class PostgresCdcSourceConfig(PostgresConnection):
     `tables` when it does not exist. `bounded` stops at the end of the WAL as the first start
     saw it (checkpointed, so a restart stops at the same place). `snapshot: initial` reads the
     tables as they were when the slot began first, each row a change of op `read`
-    (`connectors.cdc_snapshot`); `never`, the default, reads changes only.
+    (`connectors.cdc_snapshot`); `never`, the default, reads changes only. `endMarker` stops after
+    the transaction holding the first logical decoding message of that prefix, emitted with
+    `pg_logical_emit_message(true, '<endMarker>', '')`: an end the writer of the changes chooses.
     """
 
     slot: str = Field(pattern=r"^[a-z0-9_]{1,63}$")
@@ -392,6 +394,7 @@ class PostgresCdcSourceConfig(PostgresConnection):
     tables: list[str] | None = Field(None, min_length=1)
     bounded: StrictBool = False
     snapshot: Literal["initial", "never"] = "never"
+    end_marker: str | None = Field(None, min_length=1, max_length=200)
 
     @model_validator(mode="after")
     def _tables_are_names(self) -> PostgresCdcSourceConfig:
@@ -400,6 +403,8 @@ class PostgresCdcSourceConfig(PostgresConnection):
             raise ValueError(
                 f"{bad[0]!r} is not a table name (schema.table, lower-case letters, digits, '_')"
             )
+        if self.bounded and self.end_marker is not None:
+            raise ValueError("bounded and endMarker are two ends: give one")
         return self
 
 

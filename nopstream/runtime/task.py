@@ -274,13 +274,18 @@ class Task:
             await self._run_inputs()
         await self.outputs.send_all(EndOfStream())
         await asyncio.gather(*(ch.close() for ch in self.outputs.channels()))
-        if self.source is not None:
+        # a source whose origin keeps what it read is told of the final commit too, still open (its
+        # slot confirms the final epoch's position; its snapshot copy goes)
+        acknowledging = isinstance(self.source, AcknowledgingSource) and self.listener is not None
+        if self.source is not None and not acknowledging:
             self.source.close()
         await self.background.written()
         if self.chain.sinks and self.listener is None:  # no checkpointing: publish what is held
             await self.sink_calls.each(SinkOperator.publish_held)
-        elif self.chain.sinks:
+        elif self.chain.sinks or acknowledging:
             await self._final_committed.wait()
+        if acknowledging and self.source is not None:
+            self.source.close()
 
     async def _run_source(self) -> None:
         assert self.source is not None

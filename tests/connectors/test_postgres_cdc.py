@@ -138,6 +138,51 @@ def _copies(db) -> list[str]:
     return [name for (name,) in found.fetchall()]
 
 
+def test_an_end_marker_ends_the_input_after_its_transaction_and_a_restore_before_it_ends_there_too(
+    postgres_server, database, db
+):
+    """`endMarker`: the changes up to the end of the transaction holding the first transactional
+    message of that prefix, none after; messages of other prefixes and outside a transaction pass;
+    a reader restored before the marker ends at the same change, one restored past it at once."""
+    settings = config(postgres_server, database, endMarker="the-end")
+    first = PostgresCdcSource(settings, subtask=0)
+    first.read(1)  # makes the slot
+    db.execute("INSERT INTO tags VALUES (1, 'a')")
+    db.execute("SELECT pg_logical_emit_message(false, 'the-end', 'not in a transaction')")
+    with db.transaction():
+        db.execute("INSERT INTO tags VALUES (2, 'b')")
+        db.execute("SELECT pg_logical_emit_message(true, 'the-end-not', '')")
+    got = read_all(first, 2)
+    state = orjson.loads(orjson.dumps(first.snapshot()))  # before the marker
+    with db.transaction():
+        db.execute("INSERT INTO tags VALUES (3, 'c')")
+        db.execute("SELECT pg_logical_emit_message(true, 'the-end', '')")
+        db.execute("INSERT INTO tags VALUES (4, 'd')")  # in the marker's transaction: read
+    db.execute("INSERT INTO tags VALUES (5, 'e')")  # after it: never read
+    got += read_all(first, 2)
+    deadline = time.monotonic() + 10
+    while (batch := first.read(10)) is not None:
+        assert batch.records == [] and time.monotonic() < deadline
+    assert [r["after"]["id"] for r in got] == [1, 2, 3, 4]
+    ended = orjson.loads(orjson.dumps(first.snapshot()))
+    first.close()
+    assert ended["end"] == ended["cursors"][f"slot:{settings['slot']}"]["lsn"]
+
+    again = PostgresCdcSource(settings, subtask=0)
+    again.restore(state)
+    rest = read_all(again, 2)
+    while (batch := again.read(10)) is not None:
+        assert batch.records == []
+    assert without_lsn(rest) == without_lsn(got[2:])
+    again.close()
+    past = PostgresCdcSource(settings, subtask=0)
+    past.restore(ended)
+    assert past.read(10) is None
+    past.close()
+    with pytest.raises(ValueError, match="bounded and endMarker are two ends: give one"):
+        PostgresCdcSource({**settings, "bounded": True}, subtask=0)
+
+
 def test_an_initial_snapshot_reads_the_tables_as_the_slot_began_then_the_changes_after_it(
     postgres_server, database, db
 ):
@@ -244,15 +289,17 @@ def test_a_snapshot_job_run_twice_at_once_is_refused_and_run_again_once_finished
     tmp_path, postgres_server, database, db
 ):
     """`snapshot: initial`, bounded: a second run started while the first copies is refused naming the
-    holder; the first reads every row once; run again once finished, it restores its final epoch and
-    writes nothing more, and makes no new copy (the first dropped its own)."""
+    holder; the first reads every row once and drops its copy when its final epoch is committed; run
+    again once finished, it restores that epoch, writes nothing more and makes no new copy."""
     from tests.chaos import jobs
     from tests.checkpointing.test_faults import committed, run_job, start_job
 
     db.execute("INSERT INTO tags SELECT i, 't' || i FROM generate_series(1, 1500) i")
     source = {**config(postgres_server, database), "snapshot": "initial"}
     workdir = tmp_path / "job"
-    jobs.prepare(workdir, jobs.postgres_cdc(source, {"type": "file", "config": {"path": "per-row"}}))
+    model = jobs.postgres_cdc(source, {"type": "file", "config": {"path": "per-row"}})
+    # one epoch only, the final one: the source hears of its commit, and drops the copy, before it ends
+    jobs.prepare(workdir, {**model, "checkpoint": {"intervalMs": 600_000}})
     first = start_job(workdir, env=postgres_server.env)  # paced: 2 ms a row, 3 s in all
     try:
         slots = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s"
