@@ -21,9 +21,10 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from tests.chaos import jobs
+from tests.chaos import jobs, live_cdc
 from tests.conftest import KAFKA_USERS, run_nopstream
 from tests.lookup_server import LookupServer, lookup_server
 
@@ -149,8 +150,6 @@ def test_chaos_cell_final_counts_over_the_stripes_of_one_object(
 
 @pytest.mark.parametrize("mode", ["run"])
 def test_chaos_cell_files_to_postgres(mode, tmp_path, etcd_server, postgres_server, database, capsys):
-    import psycopg
-
     conninfo = postgres_server.conninfo.replace("dbname=postgres", f"dbname={database}")
     with psycopg.connect(conninfo, autocommit=True) as conn:
         for statement in jobs.POSTGRES_TABLES:
@@ -247,8 +246,6 @@ def test_chaos_cell_kafka_sasl_ssl_avro_both_ways(
 
 @pytest.mark.parametrize("mode", ["run"])
 def test_chaos_cell_kafka_to_postgres(mode, tmp_path, etcd_server, kafka, postgres_server, database, capsys):
-    import psycopg
-
     conninfo = postgres_server.conninfo.replace("dbname=postgres", f"dbname={database}")
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute(jobs.POSTGRES_TABLES[0])
@@ -262,78 +259,43 @@ def test_chaos_cell_kafka_to_postgres(mode, tmp_path, etcd_server, kafka, postgr
     check(result, capsys, f"kafka-to-postgres / {mode}")
 
 
-def cdc_source(server, database: str, *, snapshot_rows: int = 0) -> tuple[str, int, dict]:
-    """`database` on `server` given `items` (`snapshot_rows` rows in it first, read by an initial
-    snapshot), its publication, and a slot made before `jobs.change_rows` changed it: its conninfo, how
-    many changes (the rows of the snapshot too), the source's config (no TLS)."""
-    import random
+def test_chaos_cell_postgres_cdc_to_kafka(tmp_path, etcd_server, kafka, capsys, monkeypatch):
+    """An initial snapshot of 1,500 rows, then the changes made while the failure-free run reads; the run
+    under kills reads them too (its own copy of the job's slot), kills landing in the snapshot and in the
+    changes, and the server restarted under it."""
+    from e2e import servers
 
-    import psycopg
-
-    from nopstream.connectors.postgres_cdc import make_slot
-
-    conninfo = server.conninfo.replace("dbname=postgres", f"dbname={database}")
-    source = {"port": server.port, "user": server.user, "database": database, "slot": "chaos_cdc"}
-    source |= {"publication": "chaos_items", "tables": ["items"]}
-    if snapshot_rows:
-        source["snapshot"] = "initial"
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute("CREATE TABLE items (id int PRIMARY KEY, qty int, note text)")
-        conn.execute(
-            "INSERT INTO items SELECT i, i %% 5, 'first ' || i FROM generate_series(1000000, %s) i",
-            (1_000_000 + snapshot_rows - 1,),
-        )
-        conn.execute("CREATE PUBLICATION chaos_items FOR TABLE items")
-        if snapshot_rows:
-            make_slot(source)  # with its copy of the rows
-        else:  # over the conninfo, which has the server's TLS settings
-            conn.execute("SELECT pg_create_logical_replication_slot('chaos_cdc', 'pgoutput')")
-        changes = jobs.change_rows(conn, random.Random(61), rows=3000)
-    return conninfo, changes + snapshot_rows, source
-
-
-def only_the_slot_left(conninfo: str) -> None:
-    """Each run's own slot and snapshot copy were dropped once compared; drop the job's."""
-    import psycopg
-
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        assert conn.execute("SELECT slot_name FROM pg_replication_slots ORDER BY 1").fetchall() == [
-            ("chaos_cdc",)
-        ]
-        copies = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'nopstream_cdc'")
-        assert {name for (name,) in copies.fetchall()} <= {"chaos_cdc"}
-        conn.execute("SELECT pg_drop_replication_slot('chaos_cdc')")
-        conn.execute("DROP SCHEMA IF EXISTS nopstream_cdc CASCADE")
-
-
-def test_chaos_cell_postgres_cdc_to_kafka(tmp_path, etcd_server, kafka, postgres_server, database, capsys):
-    """Each run reads its own copy of the slot, made where the job's slot is (before every change),
-    and of its initial snapshot of 1,500 rows (kills land inside it too)."""
-    conninfo, changes, source = cdc_source(postgres_server, database, snapshot_rows=1500)
-    topic = kafka.create("row-changes", partitions=2)
-    per_row = {
-        "type": "kafka",
-        "config": {"bootstrapServers": kafka.bootstrap, "topic": topic, "keyField": "key"},
-    }
-    home = tmp_path / "job"
-    result = chaos(
-        jobs.prepare(home, jobs.postgres_cdc(source, per_row)),
-        tmp_path,
-        mode="run",
-        etcd_server=etcd_server,
-        seed=61,
-    )
-    check(result, capsys, "postgres-cdc-to-kafka / run")
-    # every change once in the file, and one rolling count per change in the topic
-    assert f"committed records: {2 * changes} failure-free, {2 * changes} under kills" in result.out
-    only_the_slot_left(conninfo)
+    server = servers.start_postgres(tmp_path / "pg")
+    monkeypatch.setenv("NOPSTREAM_POSTGRES_PASSWORD", server.password)  # the snapshot's copy, made here
+    try:
+        with psycopg.connect(server.conninfo, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE shop")
+        conninfo, source = live_cdc.cdc_source(server, "shop", snapshot_rows=1500)
+        topic = kafka.create("row-changes", partitions=2)
+        per_row = {
+            "type": "kafka",
+            "config": {"bootstrapServers": kafka.bootstrap, "topic": topic, "keyField": "key"},
+        }
+        job = jobs.prepare(tmp_path / "job", jobs.postgres_cdc(source, per_row, bounded=False))
+        changes = live_cdc.LiveChanges(server, conninfo, seed=61)
+        changes.start()
+        result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=61, env=server.env)
+        changes.join(60)
+        check(result, capsys, "postgres-cdc-to-kafka / run")
+        # every change once in the file, and one rolling count per change in the topic
+        count = 2 * (changes.changes + 1500)
+        assert f"committed records: {count} failure-free, {count} under kills" in result.out
+        assert changes.restarted, "the server was not restarted while the run under kills read it"
+        assert live_cdc.recovered_from_the_restart(tmp_path / "chaos")
+        live_cdc.only_the_slot_left(conninfo)
+    finally:
+        server.close()
 
 
 def test_chaos_cell_postgres_cdc_to_postgres_over_tls(tmp_path, etcd_server, capsys):
     """A server that takes only TLS with client certificates (replication too): the source reads its
-    slot and the sink upserts each row's count over verified TLS, in every run and restart."""
-    import psycopg
-
+    slot and the sink upserts each row's count over verified TLS, in every run and restart, the changes
+    made while the failure-free run reads and the server restarted under the run under kills."""
     from e2e import servers
     from e2e.certs import Pki
 
@@ -341,7 +303,7 @@ def test_chaos_cell_postgres_cdc_to_postgres_over_tls(tmp_path, etcd_server, cap
     try:
         with psycopg.connect(server.conninfo, autocommit=True) as conn:
             conn.execute("CREATE DATABASE shop")
-        conninfo, changes, source = cdc_source(server, "shop")
+        conninfo, source = live_cdc.cdc_source(server, "shop")
         with psycopg.connect(conninfo, autocommit=True) as conn:
             conn.execute(jobs.POSTGRES_TABLES[0])
         files = server.tls
@@ -363,12 +325,18 @@ def test_chaos_cell_postgres_cdc_to_postgres_over_tls(tmp_path, etcd_server, cap
             },
         }
         home = tmp_path / "job"
-        job = jobs.prepare(home, jobs.postgres_cdc({**source, "tls": tls}, per_row))
+        job = jobs.prepare(home, jobs.postgres_cdc({**source, "tls": tls}, per_row, bounded=False))
+        changes = live_cdc.LiveChanges(server, conninfo, seed=63)
+        changes.start()
         result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=63, env=server.env)
+        changes.join(60)
         check(result, capsys, "postgres-cdc-to-postgres-tls / run")
         # every change once in the file, and each row's last count in the table (3,000 rows inserted)
-        assert f"committed records: {changes + 3000} failure-free, {changes + 3000} under kills" in result.out
-        only_the_slot_left(conninfo)
+        count = changes.changes + 3000
+        assert f"committed records: {count} failure-free, {count} under kills" in result.out
+        assert changes.restarted, "the server was not restarted while the run under kills read it"
+        assert live_cdc.recovered_from_the_restart(tmp_path / "chaos")
+        live_cdc.only_the_slot_left(conninfo)
     finally:
         server.close()
 
