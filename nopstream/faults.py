@@ -6,7 +6,9 @@ exception); a caller may pass another action (the runner kills a task process).
 
 `NOPSTREAM_FAULTS_DIR=DIR` arms points from outside, once for every process of a run
 (`nopstream chaos`): a file `DIR/POINT.armed` fires the first pass of POINT in any
-process, which renames it `POINT.hit` (a rename is atomic: one process wins). Every
+process, which renames it `POINT.hit` (a rename is atomic: one process wins); armed with
+`pause`, the process stops itself there instead (SIGSTOP) and goes on when continued, as a
+process paused by its machine would (a deposed coordinator, resumed). Every
 process also leaves `DIR/POINT.passed` the first time it passes a point, so a
 failure-free run tells which steps a job has. While a file `DIR/end-of-input.hold`
 exists, a source that read all its input waits there, taking barriers, before it ends
@@ -30,6 +32,7 @@ from pathlib import Path
 ENV = "NOPSTREAM_FAULTS"
 DIR_ENV = "NOPSTREAM_FAULTS_DIR"
 ARMED, HIT, PASSED = ".armed", ".hit", ".passed"
+PAUSE = "pause"
 HOLD = "end-of-input.hold"
 
 POINTS = {
@@ -53,7 +56,11 @@ _passed: set[str] = set()
 def reached(point: str, action: Callable[[], None] | None = None) -> None:
     """Count a pass of `point`; fire the fault when this is the armed pass."""
     folder = os.environ.get(DIR_ENV)
-    if folder and _taken(Path(folder), point):
+    taken = _taken(Path(folder), point) if folder else None
+    if taken == PAUSE:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    if taken is not None:
         _fire(action)
         return
     spec = os.environ.get(ENV)
@@ -74,8 +81,9 @@ def _fire(action: Callable[[], None] | None) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _taken(folder: Path, point: str) -> bool:
-    """Note the first pass of `point` in this process; whether this pass takes the armed fault."""
+def _taken(folder: Path, point: str) -> str | None:
+    """Note the first pass of `point` in this process; the armed fault's action when this pass takes
+    it ("" for a kill, PAUSE), else None."""
     if point not in _passed:
         _passed.add(point)
         with contextlib.suppress(OSError):
@@ -83,13 +91,16 @@ def _taken(folder: Path, point: str) -> bool:
     try:
         (folder / (point + ARMED)).rename(folder / (point + HIT))
     except FileNotFoundError:
-        return False
-    return True
+        return None
+    with contextlib.suppress(OSError):
+        return (folder / (point + HIT)).read_text().strip()
+    return ""
 
 
-def arm(folder: Path, point: str) -> None:
-    """Arm `point` once for every process of the run that has `folder` as its DIR_ENV."""
-    (folder / (point + ARMED)).touch()
+def arm(folder: Path, point: str, *, pause: bool = False) -> None:
+    """Arm `point` once for every process of the run that has `folder` as its DIR_ENV: the process that
+    takes it is killed, or with `pause` stops itself (SIGSTOP) until continued."""
+    (folder / (point + ARMED)).write_text(PAUSE if pause else "")
 
 
 def disarm(folder: Path, point: str) -> bool:

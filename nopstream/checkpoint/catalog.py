@@ -1,14 +1,25 @@
 """What storage holds for a checkpoint namespace: durable epochs, verified reads, retention.
 
 Storage is the truth: an epoch is durable exactly when its manifest exists and
-verifies, so recovery can find the latest durable epoch by listing storage even when
-the epoch log is gone. Retention keeps the latest N durable epochs and every
-savepoint, and removes orphans: objects of epochs without a manifest that are older
-than the latest durable epoch (an epoch newer than it may still be in flight).
+verifies, and no later run superseded it, so recovery can find the latest durable
+epoch by listing storage even when the epoch log is gone. Retention keeps the latest N
+durable epochs and every savepoint, and removes orphans: objects of epochs without a
+manifest (or superseded) that are older than the latest durable epoch (an epoch newer
+than it may still be in flight).
+
+Fencing: a run records, before its tasks restore, which epoch it restores and the first
+epoch number it will use (`record_restore`: `_restores/{next}-after-{kept}`). Every
+epoch numbered between the two belonged to an earlier run that this one abandons (its
+sinks abort what those epochs staged), so a manifest of one of them is superseded,
+never durable, whenever it lands: a deposed coordinator that resumes and writes the
+manifest of the epoch it had in flight writes nothing a restore will ever read. A
+check before the write could not do it: the writer may pause between the check and
+the write.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +35,9 @@ from nopstream.checkpoint.formats import (
 )
 from nopstream.checkpoint.storage import Storage
 from nopstream.errors import RestoreRefused, StorageError
+
+RESTORES = "_restores"
+"""The folder of a namespace's restore records (`record_restore`)."""
 
 _READERS = 8
 """Segments read at once by a restore: an object store answers each GET in its own round trip."""
@@ -44,21 +58,47 @@ class Stored:
 
     namespace: str
     epochs: dict[int, frozenset[str]]
+    restores: frozenset[tuple[int, int]] = frozenset()
+    """(the last epoch a run kept, its first epoch) of each restore record: the epochs between are
+    superseded."""
 
     @classmethod
     def read(cls, storage: Storage, namespace: str) -> Stored:
         """List the namespace once."""
         prefix = f"checkpoint/{namespace}/"
         found: dict[int, set[str]] = {}
+        restores = set()
         for path in storage.list(prefix):
-            head = path[len(prefix) :].split("/", 1)[0]
+            head, _, rest = path[len(prefix) :].partition("/")
             if head.isdigit():
                 found.setdefault(int(head), set()).add(path)
-        return cls(namespace, {epoch: frozenset(paths) for epoch, paths in found.items()})
+            elif head == RESTORES and (record := _restore_of(rest)) is not None:
+                restores.add(record)
+        epochs = {epoch: frozenset(paths) for epoch, paths in found.items()}
+        return cls(namespace, epochs, frozenset(restores))
+
+    def superseded(self, epoch: int) -> tuple[int, int] | None:
+        """The restore record of a run that abandoned `epoch` (numbered between the epoch it restored
+        and its own first), or None."""
+        return next((r for r in sorted(self.restores) if r[0] < epoch < r[1]), None)
 
     def durable(self) -> list[int]:
-        """Epochs that have a manifest, oldest first (not yet verified)."""
-        return sorted(e for e, paths in self.epochs.items() if manifest_path(self.namespace, e) in paths)
+        """Epochs that have a manifest and were not superseded, oldest first (not yet verified)."""
+        return sorted(
+            e
+            for e, paths in self.epochs.items()
+            if manifest_path(self.namespace, e) in paths and self.superseded(e) is None
+        )
+
+    def check_not_superseded(self, epoch: int) -> None:
+        """RestoreRefused when a later run abandoned `epoch` (its manifest came after that run began)."""
+        record = self.superseded(epoch)
+        if record is not None:
+            raise RestoreRefused(
+                f"epoch {epoch} was abandoned by a later run, which kept the epochs up to {record[0]} and"
+                f" numbered its own from {record[1]}: its manifest came after that run began (a deposed"
+                " coordinator's), and its sinks' transactions were aborted"
+            )
 
     def latest_durable(self, *, since: int = 1) -> int | None:
         """The newest epoch with a manifest (of epoch `since` or later), or None."""
@@ -77,14 +117,35 @@ class Stored:
                 raise _missing(ref.path, manifest.epoch)
 
 
+def _restore_of(name: str) -> tuple[int, int] | None:
+    """(kept, next) of a restore record's name `{next}-after-{kept}`; None for anything else."""
+    first, sep, kept = name.partition("-after-")
+    if not (sep and first.isdigit() and kept.isdigit()):
+        return None
+    return int(kept), int(first)
+
+
+def restore_path(namespace: str, kept: int, next_epoch: int) -> str:
+    """Where the record of a run that kept the epochs up to `kept` and numbers from `next_epoch` is."""
+    return f"checkpoint/{namespace}/{RESTORES}/{next_epoch:012d}-after-{kept:012d}"
+
+
+def record_restore(
+    storage: Storage, namespace: str, *, restored: int | None, floor: int, next_epoch: int
+) -> None:
+    """Before a run's tasks restore: record that it restores `restored` (None: nothing, its lineage's
+    epochs beginning after `floor`) and numbers its own from `next_epoch`, so that every epoch between
+    is superseded; nothing is recorded when there is none (no epoch was in flight)."""
+    kept = max(restored or 0, floor)
+    if kept + 1 >= next_epoch:
+        return
+    body = {"restored": restored, "nextEpoch": next_epoch, "supersedes": [kept + 1, next_epoch - 1]}
+    storage.put(restore_path(namespace, kept, next_epoch), json.dumps(body, sort_keys=True).encode())
+
+
 def durable_epochs(storage: Storage, namespace: str) -> list[int]:
     """Epochs that have a manifest, oldest first (not yet verified)."""
     return Stored.read(storage, namespace).durable()
-
-
-def highest_epoch(storage: Storage, namespace: str) -> int | None:
-    """The highest epoch number anything in storage is kept under (durable or not), or None."""
-    return Stored.read(storage, namespace).highest()
 
 
 def _missing(path: str, epoch: int) -> RestoreRefused:
@@ -154,4 +215,11 @@ def apply_retention(storage: Storage, namespace: str, *, keep: int) -> list[str]
         for path in sorted(paths, key=lambda p: not p.endswith(MANIFEST_NAME)):
             storage.delete(path)
             deleted.append(path)
+    # a record whose epochs are all older than the latest kept: a manifest of one of them, however
+    # late, is older than an epoch kept, so never restored, and the next retention deletes it
+    oldest_latest = durable[-keep] if 0 < keep <= len(durable) else None
+    for kept_up_to, next_epoch in sorted(stored.restores):
+        if oldest_latest is not None and next_epoch <= oldest_latest:
+            storage.delete(restore_path(namespace, kept_up_to, next_epoch))
+            deleted.append(restore_path(namespace, kept_up_to, next_epoch))
     return deleted

@@ -86,9 +86,11 @@ def start_over(storage: Storage, namespace: str, *, nonce: str, base: int | None
     now = current(storage, namespace)
     if now.nonce == nonce:
         return None
+    stored = catalog.Stored.read(storage, namespace)
     if base is not None:
         catalog.read_manifest(storage, namespace, base)  # RestoreRefused when it is not durable
-    highest = catalog.highest_epoch(storage, namespace)
+        stored.check_not_superseded(base)
+    highest = stored.highest()
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
     if highest is None and now == Lineage():  # nothing to start over from: the first lineage, with the nonce
         return Lineage(1, 1, None, nonce, started)

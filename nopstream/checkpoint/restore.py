@@ -171,6 +171,10 @@ def choose(
     if starting is not None:
         lineage.record(storage, namespace, starting)
     highest = max(stored.highest() or 0, log_highest, chosen or 0, line.first_epoch - 1)
+    # before any task restores (and its sinks abort what later epochs staged): the epochs in between
+    # are this run's to abandon, whatever manifest of theirs lands later
+    floor = line.first_epoch - 1
+    catalog.record_restore(storage, namespace, restored=chosen, floor=floor, next_epoch=highest + 1)
     return RestorePoint(chosen, kind, line.number, highest + 1, from_plan=from_plan)
 
 

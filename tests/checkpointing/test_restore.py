@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nopstream.checkpoint import lineage, restore
+from nopstream.checkpoint import catalog, lineage, restore
 from nopstream.checkpoint.formats import Manifest, encode_manifest, encode_segment, manifest_path, segment_ref
 from nopstream.checkpoint.restore import NewLineage, RestorePoint, RestoreRequest
 from nopstream.errors import RestoreRefused
@@ -127,3 +127,45 @@ def test_a_refused_restore_from_starts_no_lineage(storage, plan):
     point = restore.choose(storage, plan, new_lineage=NewLineage("n2", base=2))
     assert point == RestorePoint(2, "checkpoint", lineage=2, next_epoch=3)
     assert lineage.current(storage, NS).nonce == "n2"
+
+
+def test_a_manifest_of_an_epoch_a_later_run_abandoned_is_never_durable_however_late_it_lands(storage, plan):
+    """Fencing storage: a run restores epoch 3 while 4 and 5 were in flight, and records so before its
+    tasks restore; the manifest of 4 a deposed coordinator writes after that is never durable: not
+    restored, not listed, refused to --restore-from, deleted by retention with the record once the
+    run's own epochs are durable."""
+    for epoch in (1, 2, 3):
+        durable(storage, plan, epoch)
+    storage.put(f"checkpoint/{NS}/4/out/0/operator/state", b"staged by the run before")
+    point = restore.choose(storage, plan, log_highest=5)
+    assert point == RestorePoint(3, "checkpoint", lineage=1, next_epoch=6)
+    record = f"checkpoint/{NS}/_restores/000000000006-after-000000000003"
+    assert storage.list(f"checkpoint/{NS}/_restores/") == [record]
+    durable(storage, plan, 4)  # late: the deposed coordinator resumed
+    assert catalog.Stored.read(storage, NS).durable() == [1, 2, 3]
+    assert catalog.durable_epochs(storage, NS) == [1, 2, 3]
+    assert restore.choose(storage, plan, log_highest=5).epoch == 3  # a second start of the run: the same
+    with pytest.raises(RestoreRefused) as refused:
+        restore.choose(storage, plan, new_lineage=NewLineage("again", base=4))
+    assert str(refused.value) == (
+        "epoch 4 was abandoned by a later run, which kept the epochs up to 3 and numbered its own from 6:"
+        " its manifest came after that run began (a deposed coordinator's), and its sinks' transactions"
+        " were aborted"
+    )
+    durable(storage, plan, 6)
+    durable(storage, plan, 7)
+    assert restore.choose(storage, plan).epoch == 7
+    catalog.apply_retention(storage, NS, keep=2)
+    assert sorted(storage.list(f"checkpoint/{NS}/")) == [manifest_path(NS, 6), manifest_path(NS, 7)]
+
+
+def test_a_run_with_no_epoch_in_flight_and_a_new_lineage_record_nothing(storage, plan):
+    """Nothing between the restored epoch and the next: no record (one PUT saved per recovery); a new
+    lineage numbers past every epoch, so the older lineage's epochs stay restorable with --restore-from."""
+    durable(storage, plan, 1)
+    durable(storage, plan, 2, kind="savepoint")
+    assert restore.choose(storage, plan).next_epoch == 3
+    fresh = restore.choose(storage, plan, new_lineage=NewLineage("fresh"))
+    assert fresh == RestorePoint(None, None, lineage=2, next_epoch=3)
+    assert storage.list(f"checkpoint/{NS}/_restores/") == []
+    assert restore.choose(storage, plan, new_lineage=NewLineage("back", base=2)).epoch == 2

@@ -8,6 +8,7 @@ etcd while something fails. The committed outputs must be equal as multisets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -20,6 +21,10 @@ from pathlib import Path
 import pytest
 
 from e2e import servers
+from nopstream import faults
+from nopstream.checkpoint import catalog
+from nopstream.checkpoint.formats import manifest_path
+from nopstream.checkpoint.storage import LocalStorage
 from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.epochlog import EpochLog
 from nopstream.cluster.etcd import EtcdBackend
@@ -43,8 +48,8 @@ def paced_wordcount(job_id: str) -> dict:
     return model
 
 
-def start(workdir: Path, etcd: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)])}
+def start(workdir: Path, etcd: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)])}
     return subprocess.Popen(
         [sys.executable, "-m", "nopstream", "run", "job.yaml", "--etcd", etcd],
         cwd=workdir,
@@ -106,16 +111,20 @@ def wait_for_commits(etcd: tuple[str, int], job: str, count: int, proc: subproce
     raise AssertionError(f"{job}: fewer than {count} committed epochs before the job ended")
 
 
-def expected_then_start(tmp_path: Path, job_id: str, etcd: str) -> tuple[object, subprocess.Popen[str]]:
-    """The paced word count's failure-free output (embedded default), then the job started on etcd."""
+def expected_then_start(
+    tmp_path: Path, job_id: str, etcd: str, *, retain: int = 3, env: dict[str, str] | None = None
+) -> tuple[object, subprocess.Popen[str]]:
+    """The paced word count's failure-free output (embedded default), then the job started on etcd
+    (keeping the latest `retain` durable epochs, with `env`)."""
     model = paced_wordcount(job_id)
+    model["checkpoint"]["retainLatest"] = retain
     prepare(tmp_path / "clean", model, {})
     code, err = run(tmp_path / "clean")
     assert code == 0, err
     expected = committed(tmp_path / "clean", "out")
     assert expected
     prepare(tmp_path / "etcd", model, {})
-    return expected, start(tmp_path / "etcd", etcd)
+    return expected, start(tmp_path / "etcd", etcd, env)
 
 
 def test_coordinator_failover_mid_job_keeps_the_run_and_the_output(tmp_path, etcd_server, capsys):
@@ -147,6 +156,69 @@ def test_coordinator_failover_mid_job_keeps_the_run_and_the_output(tmp_path, etc
         )
     got = committed(tmp_path / "etcd", "out")
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
+
+
+def test_a_deposed_coordinator_resumed_mid_commit_writes_a_manifest_no_restore_reads(
+    tmp_path, etcd_server, capsys
+):
+    """The leader stops itself (SIGSTOP) with every ACK of an epoch in, before its manifest; a task is
+    killed, and the other candidate leads a new run that restores an earlier epoch; then the paused
+    one is continued and writes its manifest. That epoch is superseded: never durable, never restored,
+    and the output is exact."""
+    job = "etcd-deposed-writer"
+    faults_dir = tmp_path / "faults"
+    faults_dir.mkdir()
+    etcd = "{}:{}".format(*etcd_server.endpoint)
+    env = {"NOPSTREAM_FAULTS_DIR": str(faults_dir)}
+    expected, proc = expected_then_start(tmp_path, job, etcd, retain=1000, env=env)
+    storage = LocalStorage(tmp_path / "etcd" / "cp")
+    namespace = f"{job}/main"
+    try:
+        wait_for_commits(etcd_server.endpoint, job, 2, proc)
+        faults.arm(faults_dir, "coordinator-before-manifest", pause=True)
+        deadline = time.monotonic() + 30
+        while not faults.was_hit(faults_dir, "coordinator-before-manifest"):
+            assert time.monotonic() < deadline and proc.poll() is None, "no leader reached its manifest"
+            time.sleep(0.05)
+        _, _, paused = coordination(etcd_server.endpoint, job)
+        processes = children(proc.pid)
+        os.kill(next(p for n, p in processes.items() if "coordinator" not in n), signal.SIGKILL)
+        while not catalog.Stored.read(storage, namespace).restores:  # the new run, led by the other
+            assert time.monotonic() < deadline + 60 and proc.poll() is None, "no new run restored"
+            time.sleep(0.1)
+        (kept, first) = next(iter(catalog.Stored.read(storage, namespace).restores))
+        recorded = (storage.root / catalog.restore_path(namespace, kept, first)).stat().st_mtime
+        os.kill(processes[paused], signal.SIGCONT)
+        # retention deletes it, an orphan, after the new run's next durable epoch: look at once
+        late = _superseded_manifest(storage, namespace, within=10)
+        seen = catalog.Stored.read(storage, namespace)
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert late is not None, "the resumed coordinator wrote no manifest"
+    epoch, written = late
+    assert kept < epoch < first and written > recorded
+    assert epoch not in seen.durable() and seen.latest_durable() != epoch
+    with capsys.disabled():
+        print(f"\n[etcd job] a deposed leader's manifest of epoch {epoch} landed after a run kept {kept}")
+    got = committed(tmp_path / "etcd", "out")
+    assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
+
+
+def _superseded_manifest(storage: LocalStorage, namespace: str, *, within: float) -> tuple[int, float] | None:
+    """(epoch, time written) of the first manifest of a superseded epoch seen within `within` s."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        stored = catalog.Stored.read(storage, namespace)
+        for epoch, paths in stored.epochs.items():
+            path = manifest_path(namespace, epoch)
+            if path in paths and stored.superseded(epoch):
+                with contextlib.suppress(FileNotFoundError):
+                    return epoch, (storage.root / path).stat().st_mtime
+        time.sleep(0.01)
+    return None
 
 
 def test_task_kills_recover_globally_through_the_run_in_etcd(tmp_path, etcd_server, capsys):
