@@ -71,6 +71,15 @@ def _timeless(conditions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in conditions]
 
 
+def waits(ctx: Context, seen: Observed, reason: str, message: str) -> None:
+    """The job waits, Pending and not Ready for `reason`, touching nothing (a Warning event once)."""
+    ready = next((c for c in seen.status.conditions if c.type == "Ready"), None)
+    if ready is None or ready.reason != reason:
+        ctx.emit(seen.job, "Warning", reason, message)
+    conditions = with_condition(seen.status.conditions, "Ready", "False", reason, message)
+    patch(ctx, seen, phase="Pending", conditions=conditions)
+
+
 def invalid(ctx: Context, seen: Observed, messages: list[str]) -> None:
     text = "; ".join(messages)
     if seen.status.phase != "Invalid":

@@ -129,9 +129,14 @@ def exclusive_pass(ctx: Context, etcd: EtcdView, namespace: str, name: str, hold
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-def delete(name: str, namespace: str | None, spec: kopf.Spec, **_: Any) -> None:
-    """Remove the job's pods and plan ConfigMaps; keep its checkpoints."""
-    cleanup(Kube(), namespace or "default", spec.get("jobId") or name)
+def delete(name: str, namespace: str | None, spec: kopf.Spec, body: kopf.Body, **_: Any) -> None:
+    """Remove the job's pods and plan ConfigMaps and let go of its checkpoint namespaces; keep its
+    checkpoints."""
+    etcd = EtcdView(pod_settings().etcd)
+    try:
+        cleanup(Kube(), etcd, namespace or "default", spec.get("jobId") or name, body.metadata.uid or "")
+    finally:
+        etcd.close()
 
 
 def peering_priority(pod_name: str) -> int:

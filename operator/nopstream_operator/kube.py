@@ -274,6 +274,32 @@ class EtcdView:
         finally:
             self.loop.run_until_complete(self.backend.revoke(lease))  # deletes the key if it is ours
 
+    def hold(self, key: str, value: bytes) -> bytes:
+        """Hold `key` with `value` unless it is held (no lease: until `drop_held`); its value now."""
+
+        async def take() -> bytes:
+            while True:
+                if await self.backend.create(key, value) is not None:
+                    return value
+                entry = await self.backend.get(key)
+                if entry is not None:  # else let go of between the two calls: take it
+                    return entry.value
+
+        return self.loop.run_until_complete(take())
+
+    def replace(self, key: str, expected: bytes, value: bytes) -> bool:
+        """Write `key` only if it holds `expected`; whether it did."""
+        return self.loop.run_until_complete(self.backend.compare_and_swap(key, expected, value))
+
+    def drop_held(self, prefix: str, held: Callable[[bytes], bool]) -> int:
+        """Delete the keys under `prefix` whose value `held` takes; how many."""
+
+        async def drop() -> int:
+            found = await self.backend.get_prefix(prefix)
+            return sum([await self.backend.delete(k) for k, e in sorted(found.items()) if held(e.value)])
+
+        return self.loop.run_until_complete(drop())
+
     def run(self, layout: Layout) -> int:
         """The job's current run (0 before the first)."""
         return self.loop.run_until_complete(Registry(self.backend, layout).current_run())

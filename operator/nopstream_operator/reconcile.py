@@ -32,7 +32,7 @@ from nopstream.node import recovery
 from nopstream.node.wire import guard
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream_operator import health
-from nopstream_operator.acts import delete_pods, fail, has_condition, invalid, patch, with_condition
+from nopstream_operator.acts import delete_pods, fail, has_condition, invalid, patch, waits, with_condition
 from nopstream_operator.changes import (
     first_deploy,
     restart_nonce,
@@ -41,8 +41,9 @@ from nopstream_operator.changes import (
     spec_change,
     suspend,
 )
+from nopstream_operator.claims import holds_checkpoints, release
 from nopstream_operator.decide import Lost, Refused, Whole, decide_pods
-from nopstream_operator.kube import Kube, NameTaken
+from nopstream_operator.kube import EtcdView, Kube, NameTaken
 from nopstream_operator.observed import (
     Context,
     Observed,
@@ -80,6 +81,8 @@ def reconcile_once(ctx: Context, namespace: str, name: str) -> None:
         invalid(ctx, seen, [str(i) for i in err.issues])
         return
     seen = dataclasses.replace(seen, model=model)
+    if not holds_checkpoints(ctx, seen, desired):
+        return
     if seen.status.plan_fingerprint is None:
         first_deploy(ctx, seen, desired)
         return
@@ -101,12 +104,7 @@ def reconcile_once(ctx: Context, namespace: str, name: str) -> None:
     try:
         reconcile_pods(ctx, seen, deployment)
     except NameTaken as taken:  # nothing of the other owner's is touched; this job waits for the name
-        message = f"{taken}: remove it or rename this job"
-        ready = next((c for c in seen.status.conditions if c.type == "Ready"), None)
-        if ready is None or ready.reason != "NameConflict":
-            ctx.emit(seen.job, "Warning", "NameConflict", message)
-        conditions = with_condition(seen.status.conditions, "Ready", "False", "NameConflict", message)
-        patch(ctx, seen, phase="Pending", conditions=conditions)
+        waits(ctx, seen, "NameConflict", f"{taken}: remove it or rename this job")
 
 
 def _ensure_fences(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
@@ -328,8 +326,10 @@ def _refresh(
     return phase
 
 
-def cleanup(kube: Kube, namespace: str, job_id: str) -> None:
-    """The job is deleted: its pods, plan ConfigMaps, Secret, Service, NetworkPolicy go; checkpoints stay."""
+def cleanup(kube: Kube, etcd: EtcdView, namespace: str, job_id: str, uid: str) -> None:
+    """The job is deleted: its pods, plan ConfigMaps, Secret, Service, NetworkPolicy and claims on
+    checkpoint namespaces go; checkpoints stay."""
+    release(etcd, uid)
     delete_pods(kube, namespace, map(pod_view, kube.pods(namespace, job_id)))
     kube.delete_configmaps(namespace, job_id)
     kube.delete("Secret", namespace, job_secret_name(job_id))

@@ -627,6 +627,46 @@ def test_twelve_streamjobs_at_once_are_each_driven(world):
     w.kubectl("delete", "streamjob", *names, "--wait=true", "--timeout=60s")
 
 
+def test_a_checkpoint_namespace_held_in_another_namespace_is_refused_naming_the_holder(world):
+    """Two StreamJobs of one name in two Kubernetes namespaces, given one explicit checkpointNamespace
+    and storage: the second waits, creating nothing, naming the first; deleted, the first lets go and
+    the second deploys."""
+    w = world
+    w.kubectl("create", "namespace", "team-b")
+    first = wordcount("shared-cp", "no-bucket", "http://127.0.0.1:9", "out")
+    first["spec"]["checkpointNamespace"] = "shared/wordcount"
+    second = {**first, "metadata": {"name": "shared-cp", "namespace": "team-b"}}
+    try:
+        w.kubectl("apply", "-f", "-", input=json.dumps(first))
+        w.wait("the first deployed", lambda: w.job("shared-cp").get("status", {}).get("run"))
+        w.kubectl("apply", "-f", "-", input=json.dumps(second))
+
+        def theirs() -> dict:
+            return json.loads(w.kubectl("get", "streamjob", "shared-cp", "-n", "team-b", "-o", "json"))
+
+        def held() -> dict | None:
+            job = theirs()
+            ready = [c for c in job.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
+            return job if ready and ready[0]["reason"] == "CheckpointNamespaceHeld" else None
+
+        refused = w.wait("the second refused", held)
+        ready = next(c for c in refused["status"]["conditions"] if c["type"] == "Ready")
+        assert ready["message"] == (
+            "checkpoint namespace 'shared/wordcount' in s3 http://127.0.0.1:9 no-bucket/cp-out is held by"
+            " StreamJob default/shared-cp (one StreamJob per checkpoint namespace; delete that StreamJob or"
+            " give this one another checkpointNamespace)"
+        )
+        assert refused["status"]["phase"] == "Pending" and "run" not in refused["status"]
+        assert (
+            w.kubectl("get", "configmaps,pods", "-n", "team-b", "-l", "nopstream.io/job", "-o", "name") == ""
+        )
+        w.kubectl("delete", "streamjob", "shared-cp", "--wait=true", "--timeout=60s")
+        w.wait("the second deployed", lambda: theirs().get("status", {}).get("run") == 1)
+    finally:
+        w.kubectl("delete", "streamjob", "shared-cp", "--ignore-not-found", "--wait=true", "--timeout=60s")
+        w.kubectl("delete", "namespace", "team-b", "--wait=false")
+
+
 def test_a_savepoint_on_request_then_suspend_and_resume(world, s3_client, bucket, clean_run):
     w = world
     upload_lines(s3_client, bucket, random.Random(5), files=8, lines=2000, words=6)

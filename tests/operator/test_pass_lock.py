@@ -1,9 +1,11 @@
-"""One pass over a StreamJob at a time, across operator replicas: the pass key in a real etcd."""
+"""One pass over a StreamJob at a time, across operator replicas, and one StreamJob per checkpoint
+namespace across Kubernetes namespaces: the keys in a real etcd."""
 
 from __future__ import annotations
 
 import threading
 
+from nopstream_operator.claims import CLAIMS, Holder, release
 from nopstream_operator.handlers import exclusive_pass
 from nopstream_operator.kube import EtcdView
 
@@ -41,3 +43,22 @@ def test_a_pass_held_by_one_replica_is_skipped_by_another_and_free_after(etcd_se
     finally:
         first.close()
         second.close()
+
+
+def test_a_claim_is_held_by_the_first_replaced_only_from_its_value_and_released_by_its_uid(etcd_server):
+    endpoint = "{}:{}".format(*etcd_server.endpoint)
+    one, two = EtcdView(endpoint), EtcdView(endpoint)
+    a, b = Holder("prod", "wc", "u-1").to_json(), Holder("staging", "wc", "u-2").to_json()
+    try:
+        assert one.hold(CLAIMS + "x", a) == a
+        assert two.hold(CLAIMS + "x", b) == a  # held: the holder, not b
+        assert two.replace(CLAIMS + "x", b, b) is False and two.hold(CLAIMS + "x", b) == a
+        assert one.hold(CLAIMS + "y", a) == a
+        assert release(two, "u-2") == 0
+        assert release(one, "u-1") == 2
+        assert two.hold(CLAIMS + "x", b) == b  # free once released
+        assert two.replace(CLAIMS + "x", b, a) is True and one.hold(CLAIMS + "x", b) == a
+    finally:
+        release(one, "u-1")
+        one.close()
+        two.close()

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from nopstream_operator.claims import Holder, claim_key
 from nopstream_operator.decide import Lost, Refused, RunPods, Whole, decide_pods
 from nopstream_operator.health import now_ms, rfc3339
 from nopstream_operator.kube import JobInEtcd, NameTaken
@@ -37,11 +38,17 @@ class FakeKube:
 
     def __init__(self, job: dict[str, Any]) -> None:
         self.streamjob = copy.deepcopy(job)
+        self.others: dict[tuple[str, str], dict[str, Any]] = {}  # StreamJobs of other namespaces
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.writes: list[str] = []
 
     def job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return copy.deepcopy(self.streamjob)
+        if (namespace, name) in self.others:
+            return copy.deepcopy(self.others[(namespace, name)])
+        meta = self.streamjob["metadata"]
+        return (
+            copy.deepcopy(self.streamjob) if (namespace, name) == (meta["namespace"], meta["name"]) else None
+        )
 
     def pods(self, namespace: str, job_id: str) -> list[dict[str, Any]]:
         return [copy.deepcopy(o) for (kind, _), o in sorted(self.objects.items()) if kind == "Pod"]
@@ -124,6 +131,16 @@ class FakeEtcd:
         self.leader: tuple[str, int] | None = None
         self.requests: dict[int, RestoreRequest] = {}
         self.takeovers: dict[int, str | None] = {}
+        self.claims: dict[str, bytes] = {}
+
+    def hold(self, key: str, value: bytes) -> bytes:
+        return self.claims.setdefault(key, value)
+
+    def replace(self, key: str, expected: bytes, value: bytes) -> bool:
+        if self.claims.get(key) != expected:
+            return False
+        self.claims[key] = value
+        return True
 
     def run(self, layout: Any) -> int:
         return self.current_run
@@ -408,6 +425,34 @@ def test_a_secret_of_the_jobs_name_held_by_another_owner_stops_the_job_before_an
     )
     assert not [k for k in kinds(kube) if k.startswith("Pod")]
     assert [r for r, _ in events].count("NameConflict") == 1
+
+
+def test_a_checkpoint_namespace_another_streamjob_holds_keeps_the_job_pending_until_that_one_is_gone(world):
+    """Two namespaces, one explicit checkpointNamespace and storage: the job whose claim another
+    StreamJob holds creates nothing and says which holds it; once that one is gone (its deletion
+    missed by the operator), the job takes the claim over and deploys."""
+    ctx, kube, etcd, events = world
+    kube.streamjob["spec"]["checkpointNamespace"] = "shared/wordcount"
+    key = claim_key(compiled(kube.streamjob, None)[1])
+    other = copy.deepcopy(kube.streamjob)
+    other["metadata"] = {"namespace": "staging", "name": NAME, "uid": "u-2"}
+    kube.others[("staging", NAME)] = other
+    etcd.claims[key] = Holder("staging", NAME, "u-2").to_json()
+    passes(ctx, 2)
+    ready = next(c for c in status(kube)["conditions"] if c["type"] == "Ready")
+    assert (status(kube)["phase"], ready["reason"]) == ("Pending", "CheckpointNamespaceHeld")
+    assert ready["message"] == (
+        "checkpoint namespace 'shared/wordcount' in s3 http://s3:9000 cp/ is held by StreamJob"
+        " staging/wordcount (one StreamJob per checkpoint namespace; delete that StreamJob or give this"
+        " one another checkpointNamespace)"
+    )
+    assert kinds(kube) == [] and etcd.current_run == 0
+    assert [r for r, _ in events] == ["CheckpointNamespaceHeld"]
+    del kube.others[("staging", NAME)]
+    passes(ctx)
+    assert Holder.from_json(etcd.claims[key]) == Holder("prod", NAME, "u-1")
+    assert (status(kube)["phase"], etcd.current_run) == ("Pending", 1)
+    assert [k.split()[0] for k in kinds(kube)] == ["ConfigMap"]
 
 
 def test_a_new_restart_nonce_starts_a_new_lineage_in_the_next_run(world):
