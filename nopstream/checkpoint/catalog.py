@@ -101,7 +101,7 @@ class Stored:
             )
 
     def latest_durable(self, *, since: int = 1) -> int | None:
-        """The newest epoch with a manifest (of epoch `since` or later), or None."""
+        """The newest durable epoch (of epoch `since` or later), or None."""
         epochs = [e for e in self.durable() if e >= since]
         return epochs[-1] if epochs else None
 
@@ -144,7 +144,7 @@ def record_restore(
 
 
 def durable_epochs(storage: Storage, namespace: str) -> list[int]:
-    """Epochs that have a manifest, oldest first (not yet verified)."""
+    """Epochs that have a manifest and were not superseded, oldest first (not yet verified)."""
     return Stored.read(storage, namespace).durable()
 
 
