@@ -117,6 +117,8 @@ async def drive(
             await WAKEUPS.wait(namespace, job_id, PASS_SECONDS)
     finally:
         WAKEUPS.forget(namespace, job_id)
+        # cancelled (kopf pausing for a peer, the operator stopping) while a pass runs: the pass goes on
+        # in its thread, and the view closes once it ends (`EtcdView.lock`)
         await asyncio.to_thread(etcd.close)
 
 

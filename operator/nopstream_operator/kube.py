@@ -10,9 +10,10 @@ import asyncio
 import base64
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -27,6 +28,7 @@ from nopstream.plan.epochs import EpochKind, EpochState
 from nopstream_operator.resources import GROUP, LABEL_JOB, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def load_config() -> None:
@@ -249,6 +251,9 @@ class EtcdView:
     def __init__(self, endpoint: str) -> None:
         """A client of the etcd server at host:port."""
         host, _, port = endpoint.rpartition(":")
+        # one thread at a time drives the loop; a pass holds the view throughout (`exclusive`), so a
+        # daemon cancelled while its pass runs in a worker thread closes the view only after the pass
+        self.lock = threading.RLock()
         self.loop = asyncio.new_event_loop()
         self.backend = self.loop.run_until_complete(self._connect(host, int(port)))
 
@@ -256,10 +261,15 @@ class EtcdView:
     async def _connect(host: str, port: int) -> EtcdBackend:
         return EtcdBackend(host, port)
 
+    def _run(self, call: Coroutine[Any, Any, T]) -> T:
+        with self.lock:
+            return self.loop.run_until_complete(call)
+
     def close(self) -> None:
-        """Close the client and the loop."""
-        self.loop.run_until_complete(self.backend.close())
-        self.loop.close()
+        """Close the client and the loop, once no pass holds the view."""
+        with self.lock:
+            self.loop.run_until_complete(self.backend.close())
+            self.loop.close()
 
     @contextlib.contextmanager
     def exclusive(self, key: str, holder: str, ttl: int) -> Iterator[bool]:
@@ -267,12 +277,13 @@ class EtcdView:
 
         A holder that dies inside the block frees the key when its lease expires.
         """
-        lease = self.loop.run_until_complete(self.backend.grant(ttl))
-        try:
-            created = self.loop.run_until_complete(self.backend.create(key, holder.encode(), lease=lease))
-            yield created is not None
-        finally:
-            self.loop.run_until_complete(self.backend.revoke(lease))  # deletes the key if it is ours
+        with self.lock:
+            lease = self._run(self.backend.grant(ttl))
+            try:
+                created = self._run(self.backend.create(key, holder.encode(), lease=lease))
+                yield created is not None
+            finally:
+                self._run(self.backend.revoke(lease))  # deletes the key if it is ours
 
     def hold(self, key: str, value: bytes) -> bytes:
         """Hold `key` with `value` unless it is held (no lease: until `drop_held`); its value now."""
@@ -285,11 +296,11 @@ class EtcdView:
                 if entry is not None:  # else let go of between the two calls: take it
                     return entry.value
 
-        return self.loop.run_until_complete(take())
+        return self._run(take())
 
     def replace(self, key: str, expected: bytes, value: bytes) -> bool:
         """Write `key` only if it holds `expected`; whether it did."""
-        return self.loop.run_until_complete(self.backend.compare_and_swap(key, expected, value))
+        return self._run(self.backend.compare_and_swap(key, expected, value))
 
     def drop_held(self, prefix: str, held: Callable[[bytes], bool]) -> int:
         """Delete the keys under `prefix` whose value `held` takes; how many."""
@@ -298,11 +309,11 @@ class EtcdView:
             found = await self.backend.get_prefix(prefix)
             return sum([await self.backend.delete(k) for k, e in sorted(found.items()) if held(e.value)])
 
-        return self.loop.run_until_complete(drop())
+        return self._run(drop())
 
     def run(self, layout: Layout) -> int:
         """The job's current run (0 before the first)."""
-        return self.loop.run_until_complete(Registry(self.backend, layout).current_run())
+        return self._run(Registry(self.backend, layout).current_run())
 
     def advance_run(
         self,
@@ -320,7 +331,7 @@ class EtcdView:
         """
         registry = Registry(self.backend, layout)
         request = None if restore is None else restore.to_json()
-        return self.loop.run_until_complete(registry.next_run(expected, takeover=takeover, restore=request))
+        return self._run(registry.next_run(expected, takeover=takeover, restore=request))
 
     def observe(self, layout: Layout) -> JobInEtcd:
         """Everything a pass reads of the job in etcd, read once: its run, its epoch log, the latest
@@ -337,4 +348,4 @@ class EtcdView:
             who = (leader.candidate, leader.token)
             return JobInEtcd(run, entries, durable, durable_at, who, leader.endpoint)
 
-        return self.loop.run_until_complete(read())
+        return self._run(read())

@@ -9,7 +9,7 @@ from nopstream_operator.claims import CLAIMS, Holder, release
 from nopstream_operator.handlers import exclusive_pass
 from nopstream_operator.kube import EtcdView
 
-from nopstream.cluster.layout import operator_pass
+from nopstream.cluster.layout import Layout, operator_pass
 
 
 def test_a_pass_held_by_one_replica_is_skipped_by_another_and_free_after(etcd_server, monkeypatch):
@@ -62,3 +62,28 @@ def test_a_claim_is_held_by_the_first_replaced_only_from_its_value_and_released_
         release(one, "u-1")
         one.close()
         two.close()
+
+
+def test_a_view_closed_while_a_pass_holds_it_closes_once_the_pass_ends(etcd_server, monkeypatch):
+    """A daemon cancelled mid-pass closes its view from another thread: the close waits for the pass
+    (the CI run that found it: "This event loop is already running", the daemon retried in 60 s)."""
+    view = EtcdView("{}:{}".format(*etcd_server.endpoint))
+    inside, release, runs = threading.Event(), threading.Event(), []
+
+    def slow_pass(ctx, namespace, name):
+        inside.set()
+        release.wait(10)
+        runs.append(view.run(Layout("ns", "job", "main")))  # the view still serves the pass
+
+    monkeypatch.setattr("nopstream_operator.handlers.reconcile_once", slow_pass)
+    worker = threading.Thread(target=exclusive_pass, args=("ctx", view, "ns", "job", "op-a"))
+    worker.start()
+    assert inside.wait(10)
+    closer = threading.Thread(target=view.close)
+    closer.start()
+    closer.join(0.5)
+    assert closer.is_alive()  # waits for the pass
+    release.set()
+    worker.join(10)
+    closer.join(10)
+    assert runs == [0] and view.loop.is_closed()
