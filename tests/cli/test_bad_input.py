@@ -336,7 +336,8 @@ def test_savepoint_asks_the_run_that_is_live_not_a_stale_one(tmp_path):
     model["model"]["sources"][0] = {
         "id": "lines",
         "type": "generator",
-        "config": {"kind": "words", "count": 4000, "ratePerSecond": 1000},
+        # 10 s: a loaded machine takes seconds to start `nopstream savepoint`, and the job must outlast it
+        "config": {"kind": "words", "count": 10000, "ratePerSecond": 1000},
     }
     write(tmp_path, model)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
