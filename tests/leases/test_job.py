@@ -35,9 +35,9 @@ from tests.checkpointing.test_faults import committed, prepare, run, wordcount_m
 from tests.conftest import ROOT
 
 
-def paced_wordcount(job_id: str) -> dict:
+def paced_wordcount(job_id: str, *, interval_ms: int = 300) -> dict:
     """A rolling word count over generated lines paced to about eight seconds (1,500 lines/s)."""
-    model = wordcount_model(job_id, interval_ms=300)
+    model = wordcount_model(job_id, interval_ms=interval_ms)
     model["model"]["sources"] = [
         {
             "id": "lines",
@@ -112,11 +112,17 @@ def wait_for_commits(etcd: tuple[str, int], job: str, count: int, proc: subproce
 
 
 def expected_then_start(
-    tmp_path: Path, job_id: str, etcd: str, *, retain: int = 3, env: dict[str, str] | None = None
+    tmp_path: Path,
+    job_id: str,
+    etcd: str,
+    *,
+    retain: int = 3,
+    interval_ms: int = 300,
+    env: dict[str, str] | None = None,
 ) -> tuple[object, subprocess.Popen[str]]:
     """The paced word count's failure-free output (embedded default), then the job started on etcd
     (keeping the latest `retain` durable epochs, with `env`)."""
-    model = paced_wordcount(job_id)
+    model = paced_wordcount(job_id, interval_ms=interval_ms)
     model["checkpoint"]["retainLatest"] = retain
     prepare(tmp_path / "clean", model, {})
     code, err = run(tmp_path / "clean")
@@ -170,7 +176,9 @@ def test_a_deposed_coordinator_resumed_mid_commit_writes_a_manifest_no_restore_r
     faults_dir.mkdir()
     etcd = "{}:{}".format(*etcd_server.endpoint)
     env = {"NOPSTREAM_FAULTS_DIR": str(faults_dir)}
-    expected, proc = expected_then_start(tmp_path, job, etcd, retain=1000, env=env)
+    # epochs 1.5 s apart: the late manifest is looked for before the new run's next durable epoch, whose
+    # retention deletes it (superseded, an orphan)
+    expected, proc = expected_then_start(tmp_path, job, etcd, retain=1000, interval_ms=1500, env=env)
     storage = LocalStorage(tmp_path / "etcd" / "cp")
     namespace = f"{job}/main"
     try:
@@ -189,7 +197,6 @@ def test_a_deposed_coordinator_resumed_mid_commit_writes_a_manifest_no_restore_r
         (kept, first) = next(iter(catalog.Stored.read(storage, namespace).restores))
         recorded = (storage.root / catalog.restore_path(namespace, kept, first)).stat().st_mtime
         os.kill(processes[paused], signal.SIGCONT)
-        # retention deletes it, an orphan, after the new run's next durable epoch: look at once
         late = _superseded_manifest(storage, namespace, within=10)
         seen = catalog.Stored.read(storage, namespace)
         _, err = proc.communicate(timeout=240)
