@@ -289,12 +289,12 @@ class EtcdView:
         """Hold `key` with `value` unless it is held (no lease: until `drop_held`); its value now."""
 
         async def take() -> bytes:
-            while True:
+            while True:  # read first: a held key (every pass of a running job) costs one call
+                entry = await self.backend.get(key)
+                if entry is not None:
+                    return entry.value
                 if await self.backend.create(key, value) is not None:
                     return value
-                entry = await self.backend.get(key)
-                if entry is not None:  # else let go of between the two calls: take it
-                    return entry.value
 
         return self._run(take())
 
