@@ -280,8 +280,8 @@ def test_chaos_cell_postgres_cdc_to_kafka(tmp_path, etcd_server, kafka, capsys, 
         changes = live_cdc.LiveChanges(server, conninfo, seed=61)
         changes.start()
         result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=61, env=server.env)
+        check(result, capsys, "postgres-cdc-to-kafka / run")  # first: a chaos that failed says why
         changes.join(60)
-        check(result, capsys, "postgres-cdc-to-kafka / run")
         # every change once in the file, and one rolling count per change in the topic
         count = 2 * (changes.changes + 1500)
         assert f"committed records: {count} failure-free, {count} under kills" in result.out
@@ -329,8 +329,8 @@ def test_chaos_cell_postgres_cdc_to_postgres_over_tls(tmp_path, etcd_server, cap
         changes = live_cdc.LiveChanges(server, conninfo, seed=63)
         changes.start()
         result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=63, env=server.env)
+        check(result, capsys, "postgres-cdc-to-postgres-tls / run")  # first: a chaos that failed says why
         changes.join(60)
-        check(result, capsys, "postgres-cdc-to-postgres-tls / run")
         # every change once in the file, and each row's last count in the table (3,000 rows inserted)
         count = changes.changes + 3000
         assert f"committed records: {count} failure-free, {count} under kills" in result.out
