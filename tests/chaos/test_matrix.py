@@ -259,6 +259,22 @@ def test_chaos_cell_kafka_to_postgres(mode, tmp_path, etcd_server, kafka, postgr
     check(result, capsys, f"kafka-to-postgres / {mode}")
 
 
+def cdc_chaos(job, tmp_path, etcd_server, capsys, server, conninfo: str, *, seed: int, cell: str, committed):
+    """`nopstream chaos` of a postgres-cdc job beside `live_cdc.LiveChanges` of its server: exact, with
+    `committed(changes made)` records in each run, the server restarted under the run under kills and
+    recovered from, and only the job's slot left."""
+    changes = live_cdc.LiveChanges(server, conninfo, seed=seed)
+    changes.start()
+    result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=seed, env=server.env)
+    check(result, capsys, f"{cell} / run")  # first: a chaos that failed says why
+    changes.join(60)
+    count = committed(changes.changes)
+    assert f"committed records: {count} failure-free, {count} under kills" in result.out
+    assert changes.restarted, "the server was not restarted while the run under kills read it"
+    assert live_cdc.recovered_from_the_restart(tmp_path / "chaos")
+    live_cdc.only_the_slot_left(conninfo)
+
+
 def test_chaos_cell_postgres_cdc_to_kafka(tmp_path, etcd_server, kafka, capsys, monkeypatch):
     """An initial snapshot of 1,500 rows, then the changes made while the failure-free run reads; the run
     under kills reads them too (its own copy of the job's slot), kills landing in the snapshot and in the
@@ -277,17 +293,18 @@ def test_chaos_cell_postgres_cdc_to_kafka(tmp_path, etcd_server, kafka, capsys, 
             "config": {"bootstrapServers": kafka.bootstrap, "topic": topic, "keyField": "key"},
         }
         job = jobs.prepare(tmp_path / "job", jobs.postgres_cdc(source, per_row, bounded=False))
-        changes = live_cdc.LiveChanges(server, conninfo, seed=61)
-        changes.start()
-        result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=61, env=server.env)
-        check(result, capsys, "postgres-cdc-to-kafka / run")  # first: a chaos that failed says why
-        changes.join(60)
         # every change once in the file, and one rolling count per change in the topic
-        count = 2 * (changes.changes + 1500)
-        assert f"committed records: {count} failure-free, {count} under kills" in result.out
-        assert changes.restarted, "the server was not restarted while the run under kills read it"
-        assert live_cdc.recovered_from_the_restart(tmp_path / "chaos")
-        live_cdc.only_the_slot_left(conninfo)
+        cdc_chaos(
+            job,
+            tmp_path,
+            etcd_server,
+            capsys,
+            server,
+            conninfo,
+            seed=61,
+            cell="postgres-cdc-to-kafka",
+            committed=lambda changes: 2 * (changes + 1500),
+        )
     finally:
         server.close()
 
@@ -326,17 +343,18 @@ def test_chaos_cell_postgres_cdc_to_postgres_over_tls(tmp_path, etcd_server, cap
         }
         home = tmp_path / "job"
         job = jobs.prepare(home, jobs.postgres_cdc({**source, "tls": tls}, per_row, bounded=False))
-        changes = live_cdc.LiveChanges(server, conninfo, seed=63)
-        changes.start()
-        result = chaos(job, tmp_path, mode="run", etcd_server=etcd_server, seed=63, env=server.env)
-        check(result, capsys, "postgres-cdc-to-postgres-tls / run")  # first: a chaos that failed says why
-        changes.join(60)
         # every change once in the file, and each row's last count in the table (3,000 rows inserted)
-        count = changes.changes + 3000
-        assert f"committed records: {count} failure-free, {count} under kills" in result.out
-        assert changes.restarted, "the server was not restarted while the run under kills read it"
-        assert live_cdc.recovered_from_the_restart(tmp_path / "chaos")
-        live_cdc.only_the_slot_left(conninfo)
+        cdc_chaos(
+            job,
+            tmp_path,
+            etcd_server,
+            capsys,
+            server,
+            conninfo,
+            seed=63,
+            cell="postgres-cdc-to-postgres-tls",
+            committed=lambda changes: changes + 3000,
+        )
     finally:
         server.close()
 
