@@ -149,12 +149,12 @@ def measure(w: World, client: Minio, bucket: str, job: str, *, standby: bool) ->
 
 def operator_cpu_share(w: World, seconds: float = 60.0) -> float:
     """The active operator container's CPU time over `seconds`, as a share of one core."""
-    assert w.cluster is not None and w.cluster.node is not None
+    assert w.cluster is not None
     pids = []
     for pod in json.loads(
         w.kubectl("get", "pods", "-l", "app.kubernetes.io/component=operator", "-o", "json")
     )["items"]:
-        pids.append(w.cluster.node.container_pid(pod["status"]["containerStatuses"][0]["containerID"]))
+        pids.append(w.cluster.container_pid(pod["status"]["containerStatuses"][0]["containerID"]))
 
     def usage(pid: int) -> int:
         line = next(x for x in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if ":cpuacct" in x)

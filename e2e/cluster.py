@@ -1,17 +1,21 @@
-"""A one-node Kubernetes cluster inside a network namespace of the suite's own.
+"""A Kubernetes cluster of two nodes (by default) inside network namespaces of the suite's own.
 
-etcd, kube-apiserver, controller-manager, scheduler and the node (containerd, kubelet,
-kube-proxy, CoreDNS: `e2e/node.py`) all run inside the namespace of `e2e/netns.py`.
+etcd, kube-apiserver, controller-manager, scheduler and node-0 (containerd, kubelet,
+kube-proxy, CoreDNS: `e2e/node.py`) run inside the namespace of `e2e/netns.py`; every
+other node runs in a namespace of its own linked to the nodes' bridge there. A worker
+node can be lost (`kill_node`: every process of it at once) and started again
+(`restart_node`). The controller manager calls a node lost once it has missed four of
+its lease renewals (`NODE_MONITOR_GRACE`), not after the default 50 s.
 Certificates and service-account keys are generated per cluster; the API server runs
 with Node and RBAC authorization, an audit log of every write, and client-certificate
 authentication. This machine reaches the API server, and any Service by its cluster
 IP, through loopback forwards into the namespace (`e2e/forward.py`); `kubeconfig` is
 an admin kubeconfig (group system:masters) through the API server's forward.
-`stop` ends every process by PID, removes the node's cgroups, and the namespaces end
+`stop` ends every process by PID, removes the nodes' cgroups, and the namespaces end
 with their last process.
 
 Use it from Python (`with Cluster.start(workdir) as cluster: ...`) or from a shell:
-`python -m e2e.cluster up DIR` starts one and prints its kubeconfig path.
+`python -m e2e.cluster up DIR [--nodes N]` starts one and prints its kubeconfig path.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import socket
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -33,10 +38,21 @@ import yaml
 from e2e import servers
 from e2e.certs import Pki, write_kubeconfig
 from e2e.netns import Namespace
-from e2e.node import CLUSTER_DOMAIN, NODE_IP, NODE_NAME, Node, NodeCredentials, set_up_network
+from e2e.node import (
+    CLUSTER_DOMAIN,
+    NODE_IP,
+    NODE_LEASE_SECONDS,
+    Node,
+    NodeCredentials,
+    NodeSpec,
+    join,
+    route_pods,
+    set_up_network,
+)
 from nopstream.local.children import Child
 
 SERVICE_CIDR = "10.96.0.0/24"
+NODE_MONITOR_GRACE = f"{NODE_LEASE_SECONDS}s"  # four of a kubelet's lease renewals
 APISERVER_PORT = 6443
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
@@ -52,7 +68,7 @@ AUDIT_POLICY = {
 
 @dataclass
 class Cluster:
-    """A running one-node cluster and the files a client needs."""
+    """A running cluster and the files a client needs."""
 
     workdir: Path
     ns: Namespace
@@ -60,7 +76,7 @@ class Cluster:
     kubeconfig: Path
     audit_log: Path
     server: str = ""
-    node: Node | None = None
+    nodes: list[Node] = field(default_factory=list)
     processes: list[Child] = field(default_factory=list)
 
     @property
@@ -69,20 +85,47 @@ class Cluster:
         return self.pki.ca.cert
 
     @classmethod
-    def start(cls, workdir: Path, *, timeout: float = 180.0) -> Cluster:
-        """Create the namespace, start every component, and wait until the node is Ready."""
+    def start(cls, workdir: Path, *, nodes: int = 2, timeout: float = 180.0) -> Cluster:
+        """Create the namespaces, start every component, and wait until every node is Ready.
+
+        The nodes start side by side (importing the images is most of a node's start).
+        """
         workdir.mkdir(parents=True, exist_ok=True)
         ns = Namespace.create(workdir / "ns")
         cluster = cls(workdir, ns, Pki(workdir / "pki"), workdir / "admin.kubeconfig", workdir / "audit.log")
+        specs = [NodeSpec(i) for i in range(nodes)]
         try:
             set_up_network(ns)
+            route_pods(ns, specs[0], specs)
             cluster._start_control_plane(timeout)
-            cluster.node = Node.start(ns, workdir / "node", cluster._node_credentials())
-            servers.wait_until("the node Ready", cluster._node_ready, timeout=timeout)
+            creds = [cluster._node_credentials(spec) for spec in specs]
+            with ThreadPoolExecutor(nodes) as pool:
+                starts = [
+                    pool.submit(cluster._start_node, spec, specs, c)
+                    for spec, c in zip(specs, creds, strict=True)
+                ]
+            failed = [exc for f in starts if (exc := f.exception()) is not None]
+            cluster.nodes.extend(f.result() for f in starts if f.exception() is None)
+            if failed:
+                raise failed[0]
+            servers.wait_until("every node Ready", cluster._nodes_ready, timeout=timeout)
         except BaseException:
             cluster.stop()
             raise
         return cluster
+
+    def _start_node(self, spec: NodeSpec, specs: list[NodeSpec], creds: NodeCredentials) -> Node:
+        """Start node `spec`, past node-0 in a namespace of its own linked to the bridge."""
+        if not spec.index:
+            return Node.start(spec, self.ns, self.workdir / spec.name, creds, own_ns=False)
+        ns = Namespace.create(self.workdir / f"ns-{spec.name}")
+        try:
+            join(self.ns, ns, spec)
+            route_pods(ns, spec, specs)
+            return Node.start(spec, ns, self.workdir / spec.name, creds, own_ns=True)
+        except BaseException:
+            ns.stop()
+            raise
 
     def _inside_kubeconfig(self, name: str, cn: str, orgs: tuple[str, ...] = ()) -> Path:
         client = self.pki.issue(name, cn, orgs=orgs)
@@ -94,10 +137,12 @@ class Cluster:
             client=client,
         )
 
-    def _node_credentials(self) -> NodeCredentials:
+    def _node_credentials(self, spec: NodeSpec) -> NodeCredentials:
         return NodeCredentials(
             ca=self.ca,
-            kubelet=self._inside_kubeconfig("kubelet", f"system:node:{NODE_NAME}", ("system:nodes",)),
+            kubelet=self._inside_kubeconfig(
+                f"kubelet-{spec.name}", f"system:node:{spec.name}", ("system:nodes",)
+            ),
             kube_proxy=self._inside_kubeconfig("kube-proxy", "system:kube-proxy"),
             # CoreDNS is test infrastructure here, not a workload: it reads as admin
             coredns=self._inside_kubeconfig("coredns", "coredns", ("system:masters",)),
@@ -174,6 +219,8 @@ class Cluster:
                     "--use-service-account-credentials=true",
                     f"--cluster-signing-cert-file={pki.ca.cert}",
                     f"--cluster-signing-key-file={pki.ca.key}",
+                    f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
+                    "--node-monitor-period=1s",
                 ],
             ),
             ("kube-scheduler", "system:kube-scheduler", []),
@@ -230,7 +277,7 @@ class Cluster:
         return self.kubectl("get", "--raw", "/readyz", check=False).stdout.strip() == "ok"
 
     def _alive(self) -> None:
-        for proc in [*self.processes, *(self.node.processes if self.node else [])]:
+        for proc in [*self.processes, *(p for node in self.nodes for p in node.processes)]:
             if not proc.alive():
                 raise servers.ServerError(f"{proc.name} exited\n{proc.tail(30)}")
 
@@ -240,13 +287,50 @@ class Cluster:
         # server: the default service account of `default` is made by a controller.
         return self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0
 
-    def _node_ready(self) -> bool:
+    def _nodes_ready(self) -> bool:
         self._alive()
+        return all(self.node_ready(node.spec.name) for node in self.nodes)
+
+    def node_ready(self, name: str) -> bool:
+        """Whether Node `name`'s Ready condition is True."""
         out = self.kubectl(
-            "get", "node", NODE_NAME, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
+            "get", "node", name, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
             check=False,
         )  # fmt: skip
         return out.stdout.strip() == "True"
+
+    def node(self, name: str) -> Node:
+        """The running node called `name`."""
+        return next(n for n in self.nodes if n.spec.name == name)
+
+    def container_pid(self, container_id: str) -> int:
+        """The host PID of a container's first process, on whichever node runs it."""
+        for node in self.nodes:
+            with contextlib.suppress(LookupError):
+                return node.container_pid(container_id)
+        raise LookupError(f"no node runs {container_id}")
+
+    def kill_node(self, name: str) -> None:
+        """Lose worker node `name` (`Node.kill`); it stays listed, dead, until `restart_node`."""
+        self.node(name).kill()
+
+    def restart_node(self, name: str, *, timeout: float = 120.0) -> None:
+        """Start lost node `name` again in a new namespace, as a machine boots: same name, address
+        and disk (its images), no container left; wait until it is Ready."""
+        old = self.node(name)
+        old.stop()  # what the lost node left: its cgroups
+        # the kernel removes a dead namespace's links a moment after its last process
+        link = f"n{old.spec.index}"
+        servers.wait_until(
+            f"{link} gone", lambda: self.ns.run("ip", "link", "show", link, check=False).returncode
+        )
+        specs = [n.spec for n in self.nodes]
+        self.nodes[self.nodes.index(old)] = new = self._start_node(
+            old.spec, specs, self._node_credentials(old.spec)
+        )
+        servers.wait_until(
+            f"{name} Ready", lambda: new.ns.holder.alive() and self.node_ready(name), timeout=timeout
+        )
 
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60.0
@@ -271,10 +355,11 @@ class Cluster:
         ]
 
     def stop(self) -> None:
-        """Stop the node (containers, cgroups), every component by PID, then the namespaces."""
+        """Stop the nodes (containers, cgroups, their namespaces), every component by PID, then the
+        suite's namespace."""
         try:
-            if self.node is not None:
-                self.node.stop()
+            for node in reversed(self.nodes):
+                node.stop()
         finally:
             for proc in reversed(self.processes):
                 proc.stop()
@@ -294,8 +379,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("command", choices=["up"])
     parser.add_argument("workdir", type=Path)
+    parser.add_argument("--nodes", type=int, default=2)
     args = parser.parse_args()
-    with Cluster.start(args.workdir) as cluster:
+    with Cluster.start(args.workdir, nodes=args.nodes) as cluster:
         print(f"KUBECONFIG={cluster.kubeconfig}", flush=True)
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -1,12 +1,16 @@
-"""The node of the one-node test cluster: containerd, the kubelet, kube-proxy and CoreDNS.
+"""A node of the test cluster: containerd, the kubelet, kube-proxy (and, on the first, CoreDNS).
 
-All run inside the suite's own namespace (`e2e/netns.py`): the node's address is on a
-veth interface there, pods get addresses on a bridge there (the CNI bridge plugin),
+The first node, node-0, runs in the suite's own namespace (`e2e/netns.py`) beside the
+control plane; every other node runs in a network and mount namespace of its own,
+joined to the first by a veth pair whose outer end is a port of the bridge `nodes` in
+the suite's namespace (`join`). Nodes reach each other's pods by routes through that
+bridge; nothing of them is on this machine's interfaces. Each node's pods get
+addresses on a bridge of the node's own (the CNI bridge plugin) in its own subnet,
 Service IPs are iptables rules there (kube-proxy), and names resolve through CoreDNS
-listening on the node's address (the kubelet's clusterDNS). Pods are containers of
-images built by `scripts/build-image.sh` and imported into containerd at start: no
-registry is reached. The kubelet puts every pod's cgroups under a cgroup root of this
-node's own, removed (with every process in it killed) at stop.
+listening on node-0's address (every kubelet's clusterDNS). Pods are containers of
+images built by `scripts/build-image.sh` and imported into each node's containerd at
+its first start: no registry is reached. The kubelet puts every pod's cgroups under a
+cgroup root of this node's own, removed (with every process in it killed) at stop.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from e2e.netns import Namespace, kill_until_gone
 from nopstream.local.children import Child
 
 NODE_NAME = "node-0"
-NODE_IP = "10.250.0.2"
-POD_CIDR = "10.88.0.0/16"
+NODE_IP = "10.250.0.2"  # node-0's: the control plane's too
+POD_CIDR = "10.88.0.0/16"  # the cluster's: node i's pods are in 10.88.i.0/24
+BRIDGE = "nodes"  # in the suite's namespace: node-0's address, the other nodes' links
 CLUSTER_DOMAIN = "cluster.local"
 PAUSE_IMAGE = "docker.io/nopstream-e2e/pause:0.1.0"
 # the runtime image with the e2e jobs' functions: what the suite's pods run
@@ -39,6 +44,29 @@ IMAGES_DIR = servers.CACHE / "images"  # where scripts/build-image.sh leaves the
 CNI_PLUGINS = "/usr/lib/cni"  # Debian's containernetworking-plugins
 RUNC = "/usr/sbin/runc"  # Debian's runc
 CGROUP_FS = Path("/sys/fs/cgroup")
+NODE_LEASE_SECONDS = 12
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A node's place in the cluster: its name, address and pods' subnet follow its index."""
+
+    index: int
+
+    @property
+    def name(self) -> str:
+        """`node-<index>`: the Node object's name and the kubelet's hostname."""
+        return f"node-{self.index}"
+
+    @property
+    def ip(self) -> str:
+        """The node's address on the nodes' bridge."""
+        return f"10.250.0.{2 + self.index}"
+
+    @property
+    def pod_subnet(self) -> str:
+        """The addresses of the node's pods."""
+        return f"10.88.{self.index}.0/24"
 
 
 @dataclass(frozen=True)
@@ -57,47 +85,83 @@ def _cgroup_controllers() -> list[Path]:
 
 
 def set_up_network(ns: Namespace) -> None:
-    """Give the namespace the node's address and let it route pods' traffic.
-
-    The address sits on one end of a veth pair whose both ends stay inside (this kernel
-    has no dummy interfaces): the node's "uplink", which leads nowhere.
-    """
-    ns.run("ip", "link", "add", "node0", "type", "veth", "peer", "name", "node0-end")
-    ns.run("ip", "addr", "add", f"{NODE_IP}/24", "dev", "node0")
-    for link in ("node0", "node0-end"):
-        ns.run("ip", "link", "set", link, "up")
+    """Give the suite's namespace node-0's address on the nodes' bridge and let it route pods' traffic."""
+    ns.run("ip", "link", "add", BRIDGE, "type", "bridge")
+    ns.run("ip", "addr", "add", f"{NODE_IP}/24", "dev", BRIDGE)
+    ns.run("ip", "link", "set", BRIDGE, "up")
     # A default route so that Service IPs (DNAT in OUTPUT) and the kubelet's node-IP
     # checks find one; nothing leaves the namespace through it.
-    ns.run("ip", "route", "add", "default", "dev", "node0")
+    ns.run("ip", "route", "add", "default", "dev", BRIDGE)
+    _forwarding(ns)
+
+
+def _forwarding(ns: Namespace) -> None:
     for key in ("net.ipv4.ip_forward=1", "net.bridge.bridge-nf-call-iptables=1"):
         ns.run("sysctl", "-q", "-w", key)
 
 
+def join(cluster: Namespace, ns: Namespace, spec: NodeSpec) -> None:
+    """Link node `spec`'s own namespace `ns` to the nodes' bridge in `cluster` (after `set_up_network`)."""
+    outer = f"n{spec.index}"  # the port on the bridge; the inner end is the node's eth0
+    cluster.run(
+        "ip", "link", "add", outer, "type", "veth", "peer", "name", "eth0", "netns", str(ns.holder.pid)
+    )
+    cluster.run("ip", "link", "set", outer, "master", BRIDGE, "up")
+    ns.run("ip", "addr", "add", f"{spec.ip}/24", "dev", "eth0")
+    ns.run("ip", "link", "set", "eth0", "up")
+    ns.run("ip", "route", "add", "default", "via", NODE_IP)
+    _forwarding(ns)
+
+
+def route_pods(ns: Namespace, own: NodeSpec, nodes: list[NodeSpec]) -> None:
+    """Routes from node `own`'s namespace to every other node's pods, through that node."""
+    for other in nodes:
+        if other != own:
+            ns.run("ip", "route", "replace", other.pod_subnet, "via", other.ip)
+
+
 @dataclass
 class Node:
-    """A running node; `stop` removes its containers, processes and cgroups."""
+    """A running node; `stop` removes its containers, processes and cgroups (and its own namespace)."""
 
+    spec: NodeSpec
     ns: Namespace
     workdir: Path
     cgroup_root: str
     processes: list[Child] = field(default_factory=list)
+    own_ns: bool = False  # a namespace of its own (every node but node-0), stopped with it
 
     # containerd's API socket and state: in the namespace's own /run (a socket path under a
     # test's temporary directory is too long for a unix socket)
     containerd_socket = Path("/run/containerd/containerd.sock")
 
     @classmethod
-    def start(cls, ns: Namespace, workdir: Path, creds: NodeCredentials, *, timeout: float = 120.0) -> Node:
-        """Make the node's cgroup root, start its components, import the images (after `set_up_network`)."""
+    def start(
+        cls,
+        spec: NodeSpec,
+        ns: Namespace,
+        workdir: Path,
+        creds: NodeCredentials,
+        *,
+        own_ns: bool,
+        timeout: float = 120.0,
+    ) -> Node:
+        """Make the node's cgroup root, start its components, import the images it lacks.
+
+        Its namespace is linked already (`set_up_network` or `join`); node-0 runs CoreDNS.
+        A node started again over the same `workdir` (`Cluster.restart_node`) finds its
+        images in containerd's root there, as a rebooted machine finds its disk.
+        """
         workdir.mkdir(parents=True, exist_ok=True)
-        node = cls(ns, workdir, f"/nopstream-e2e-{os.getpid()}-{secrets.token_hex(3)}")
+        node = cls(spec, ns, workdir, f"/nopstream-e2e-{os.getpid()}-{secrets.token_hex(3)}", own_ns=own_ns)
         try:
             node._make_cgroup_root()
             node._containerd(timeout)
             node._import_images()
             node._kubelet(creds)
             node._kube_proxy(creds)
-            node._coredns(creds)
+            if spec.index == 0:
+                node._coredns(creds)
         except BaseException:
             node.stop()
             raise
@@ -128,13 +192,14 @@ class Node:
                             "type": "bridge",
                             "bridge": "cni0",
                             "isGateway": True,
-                            "ipMasq": True,
+                            # pods reach other nodes' pods by their own addresses (routes, no NAT)
+                            "ipMasq": False,
                             "hairpinMode": True,
                             "ipam": {
                                 "type": "host-local",
-                                "ranges": [[{"subnet": POD_CIDR}]],
+                                "ranges": [[{"subnet": self.spec.pod_subnet}]],
                                 "routes": [{"dst": "0.0.0.0/0"}],
-                                "dataDir": str(cni / "ipam"),
+                                # its leases in the node's own /var/lib: a restarted node starts empty
                             },
                         },
                         {"type": "portmap", "capabilities": {"portMappings": True}},
@@ -163,7 +228,7 @@ state = "/run/containerd"
     bin_dirs = ["{CNI_PLUGINS}"]
     conf_dir = "{cni / "net.d"}"
 [plugins."io.containerd.grpc.v1.cri"]
-  stream_server_address = "{NODE_IP}"
+  stream_server_address = "{self.spec.ip}"
 """
         d.mkdir(parents=True, exist_ok=True)
         (d / "config.toml").write_text(config)
@@ -190,11 +255,15 @@ state = "/run/containerd"
         )  # fmt: skip
 
     def _import_images(self) -> None:
+        done = self.workdir / "containerd" / "imported"  # beside containerd's root: kept over restarts
+        if done.exists():
+            return
         for name in IMAGES:
             archive = IMAGES_DIR / f"{name}.tar"
             if not archive.exists():
                 raise servers.ServerError(f"no image {archive}: run scripts/install-servers.sh image")
             self.ctr("images", "import", str(archive))
+        done.touch()
 
     def _kubelet(self, creds: NodeCredentials) -> None:
         # Its root dir (volumes, pod resources socket) and the pods' logs stay at their
@@ -206,7 +275,7 @@ state = "/run/containerd"
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "address": NODE_IP,
+            "address": self.spec.ip,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
             "authentication": {
@@ -231,6 +300,9 @@ state = "/run/containerd"
             "registerNode": True,
             "maxPods": 110,
             "shutdownGracePeriod": "0s",
+            # renewed every quarter of it: the controller manager's grace (`e2e/cluster.py`) sees
+            # four renewals missed before it calls the node lost
+            "nodeLeaseDurationSeconds": NODE_LEASE_SECONDS,
         }
         (d / "config.yaml").write_text(yaml.safe_dump(config))
         self.processes.append(
@@ -240,8 +312,8 @@ state = "/run/containerd"
                     servers.binary("kubelet"),
                     f"--config={d / 'config.yaml'}",
                     f"--kubeconfig={creds.kubelet}",
-                    f"--node-ip={NODE_IP}",
-                    f"--hostname-override={NODE_NAME}",
+                    f"--node-ip={self.spec.ip}",
+                    f"--hostname-override={self.spec.name}",
                     "--v=1",
                 ],
                 log=self.workdir / "kubelet.log",
@@ -254,8 +326,8 @@ state = "/run/containerd"
             "kind": "KubeProxyConfiguration",
             "mode": "iptables",
             "clientConnection": {"kubeconfig": str(creds.kube_proxy)},
-            "hostnameOverride": NODE_NAME,
-            "bindAddress": NODE_IP,
+            "hostnameOverride": self.spec.name,
+            "bindAddress": self.spec.ip,
             "clusterCIDR": POD_CIDR,
             "healthzBindAddress": "127.0.0.1:10256",
             "metricsBindAddress": "127.0.0.1:10249",
@@ -324,6 +396,23 @@ state = "/run/containerd"
                 pids.update(int(p) for p in (cgroup / "cgroup.procs").read_text().split())
         return pids
 
+    def kill(self, timeout: float = 30.0) -> None:
+        """Lose the node as a power cut would: every process of it (kubelet, containerd, shims,
+        containers) and its namespace SIGKILLed at once; its link to the bridge goes with them.
+
+        Only a node with a namespace of its own can be lost (node-0's is the control plane's).
+        Its cgroups and files stay until `stop`; `Cluster.restart_node` starts it again.
+        """
+        assert self.own_ns, "node-0 shares the control plane's namespace"
+        ours = [*self.processes, self.ns.holder]  # our children: polled, so reaped, not left as zombies
+
+        def alive() -> set[int]:
+            return {*self._cgroup_pids(), *self.ns.members(), *(p.pid for p in ours if p.alive())}
+
+        left = kill_until_gone(alive, time.monotonic() + timeout)
+        if left:
+            raise servers.ServerError(f"processes of {self.spec.name} still alive after {timeout}s: {left}")
+
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the kubelet, kill every container process, stop the rest, remove the cgroups."""
         for proc in self.processes:
@@ -334,6 +423,8 @@ state = "/run/containerd"
         for proc in reversed(self.processes):
             proc.stop(grace=5)
         self._remove_cgroups(deadline)
+        if self.own_ns:
+            self.ns.stop()
 
     def _remove_cgroups(self, deadline: float) -> None:
         for path in self._cgroup_tree():

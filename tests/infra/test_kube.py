@@ -1,8 +1,9 @@
-"""The one-node cluster: CRD, scheduling, pods as containers of the built image, DNS, Services, RBAC.
+"""The test cluster: CRD, scheduling, pods as containers of the built image, DNS, Services, RBAC,
+pods of two nodes reaching each other, a node lost and started again.
 
 Everything here runs on the session's cluster (`kube_cluster`), in a namespace of this
-module's own, but the last test, which starts a cluster of its own to show that
-stopping one leaves this machine as it was.
+module's own, but the last test, which starts a cluster of its own to lose a node of it
+and to show that stopping one leaves this machine as it was.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from nopstream_operator.resources import POD_USER, connector_secret_volume
 
 from e2e.cluster import Cluster
 from e2e.netns import ns_inode
-from e2e.node import E2E_IMAGE, NODE_NAME, POD_CIDR
+from e2e.node import E2E_IMAGE, NodeSpec
 from tests.conftest import ROOT
 
 # the session's one cluster: under pytest-xdist these tests all run on one worker
@@ -148,9 +149,9 @@ def test_a_scheduled_pod_runs_as_a_container_with_its_env_and_secret(cluster):
         "pod Succeeded",
         lambda: (p := pod_json(cluster, "hello")) and p["status"].get("phase") == "Succeeded" and p,
     )
-    assert pod["spec"]["nodeName"] == NODE_NAME  # placed by the real scheduler
+    node = NodeSpec(int(pod["spec"]["nodeName"].removeprefix("node-")))  # placed by the real scheduler
     ip = pod["status"]["podIP"]
-    assert ipaddress.ip_address(ip) in ipaddress.ip_network(POD_CIDR)
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network(node.pod_subnet)
     (status,) = pod["status"]["containerStatuses"]
     assert status["containerID"].startswith("containerd://")
     assert status["state"]["terminated"]["exitCode"] == 0
@@ -179,7 +180,7 @@ def running_pod(cluster, name: str, command: list[str], **spec) -> dict:
 
 
 def container_pid(cluster, pod: dict) -> int:
-    return cluster.c.node.container_pid(pod["status"]["containerStatuses"][0]["containerID"])
+    return cluster.c.container_pid(pod["status"]["containerStatuses"][0]["containerID"])
 
 
 def test_a_deleted_pod_is_stopped_and_its_process_ends(cluster):
@@ -319,6 +320,85 @@ def test_pods_reach_a_service_by_name_and_so_does_this_machine_through_a_forward
     assert urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).read().decode() == f"{page}\n"
 
 
+def test_pods_of_two_nodes_reach_each_other_by_address_and_by_service_without_nat(cluster):
+    """A server on node-1, a client on node-0: the client's requests arrive from its own pod address."""
+    page = "served on node-1"
+    server = [
+        "sh",
+        "-c",
+        f"mkdir -p /tmp/w && echo '{page}' > /tmp/w/index.html && exec python -m http.server -d /tmp/w 8000",
+    ]
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "far", "labels": {"app": "far"}},
+        "spec": {
+            "nodeName": "node-1",
+            "containers": [
+                container(
+                    "main",
+                    server,
+                    readinessProbe={"httpGet": {"path": "/", "port": 8000}, "periodSeconds": 1},
+                )
+            ],
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "far"},
+        "spec": {"selector": {"app": "far"}, "ports": [{"port": 80, "targetPort": 8000}]},
+    }
+    cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [manifest, service]}),
+    )
+    far = wait_for(
+        "far Ready",
+        lambda: (
+            (p := pod_json(cluster, "far"))
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+            and p
+        ),
+    )
+    fetch = (
+        "import os, time, urllib.request\n"
+        "print(os.environ['POD_IP'])\n"
+        f"for url in ('http://{far['status']['podIP']}:8000/', 'http://far.{NS}.svc.cluster.local/'):\n"
+        "    for _ in range(40):\n"  # kube-proxy programs a new Service a moment after its pod is Ready
+        "        try:\n"
+        "            print(urllib.request.urlopen(url, timeout=5).read().decode().strip())\n"
+        "            break\n"
+        "        except OSError:\n"
+        "            time.sleep(0.5)\n"
+    )
+    env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    client = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "near"},
+        "spec": {
+            "nodeName": "node-0",
+            "restartPolicy": "Never",
+            "containers": [container("main", ["python", "-c", fetch], env=env)],
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(client))
+    wait_for(
+        "near done",
+        lambda: (p := pod_json(cluster, "near")) and p["status"].get("phase") in ("Succeeded", "Failed"),
+    )
+    ip, *pages = cluster.kubectl("logs", "near").stdout.splitlines()
+    assert pages == [page, page]
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network(NodeSpec(0).pod_subnet)
+    served = [
+        line.split()[0] for line in cluster.kubectl("logs", "far").stdout.splitlines() if '"GET /' in line
+    ]
+    assert served.count(ip) == 2  # both requests from the client's own address: routed, not masqueraded
+
+
 def test_a_pod_gets_its_service_account_and_rbac_applies(cluster):
     cluster.kubectl("create", "serviceaccount", "reader")
     cluster.kubectl("create", "role", "pod-reader", "--verb=get,list", "--resource=pods")
@@ -375,28 +455,63 @@ def machine_state() -> dict[str, object]:
     }
 
 
-def test_a_stopped_cluster_leaves_this_machine_as_it_was(tmp_path):
+def test_a_lost_node_goes_not_ready_tainted_and_a_stopped_cluster_leaves_this_machine_as_it_was(tmp_path):
+    """node-1 lost (every process of it killed at once): its container's process is gone, the
+    controller manager calls it NotReady within its grace and taints it unreachable; started
+    again it is Ready and runs its pod anew; and the whole cluster stopped leaves nothing."""
     before = machine_state()
     with Cluster.start(tmp_path / "kube") as own:
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": "p"},
-            "spec": {"containers": [container("main", ["sleep", "600"])]},
+            "spec": {"nodeName": "node-1", "containers": [container("main", ["sleep", "600"])]},
         }
         own.kubectl("apply", "-f", "-", input=json.dumps(pod))
-        wait_for(
+        running = wait_for(
             "p Running",
-            lambda: own.kubectl("get", "pod", "p", "-o", "jsonpath={.status.phase}").stdout == "Running",
+            lambda: (
+                (p := json.loads(own.kubectl("get", "pod", "p", "-o", "json").stdout))["status"].get("phase")
+                == "Running"
+                and p
+            ),
         )
-        holder = own.ns.holder.pid
-        net = ns_inode(holder, "net")
+        holders = [own.ns.holder.pid, own.node("node-1").ns.holder.pid]
+        net = ns_inode(holders[0], "net")
         members = own.ns.members()
         assert members and all(ns_inode(p, "net") == net or ns_inode(p, "mnt") for p in members)
-        assert machine_state()["cgroups"] != before["cgroups"]  # the node's cgroup root, while it runs
+        assert machine_state()["cgroups"] != before["cgroups"]  # the nodes' cgroup roots, while they run
+        sleeper = own.container_pid(running["status"]["containerStatuses"][0]["containerID"])
+
+        lost = time.monotonic()
+        own.kill_node("node-1")
+        with pytest.raises(ProcessLookupError):
+            os.kill(sleeper, 0)
+        wait_for("node-1 NotReady", lambda: not own.node_ready("node-1"), timeout=60)
+        assert time.monotonic() - lost < 30  # four lease renewals missed: 12 s, not the default 50 s
+        taints = json.loads(own.kubectl("get", "node", "node-1", "-o", "jsonpath={.spec.taints}").stdout)
+        assert {(t["key"], t["effect"]) for t in taints} == {
+            ("node.kubernetes.io/unreachable", "NoSchedule"),
+            ("node.kubernetes.io/unreachable", "NoExecute"),
+        }
+        assert own.node_ready("node-0")
+
+        own.restart_node("node-1")
+        wait_for(
+            "p running again on the restarted node",
+            lambda: (
+                (p := json.loads(own.kubectl("get", "pod", "p", "-o", "json").stdout))["status"]
+                .get("containerStatuses", [{}])[0]
+                .get("restartCount")
+                == 1
+                and "running" in p["status"]["containerStatuses"][0]["state"]
+            ),
+        )
+        holders.append(own.node("node-1").ns.holder.pid)
     assert machine_state() == before
-    with pytest.raises(FileNotFoundError):
-        os.stat(f"/proc/{holder}/ns/net")
+    for holder in holders:
+        with pytest.raises(FileNotFoundError):
+            os.stat(f"/proc/{holder}/ns/net")
     left = [p for p in os.listdir("/proc") if p.isdigit() and str(tmp_path) in _cmdline(int(p))]
     assert left == []
 

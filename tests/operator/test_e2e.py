@@ -112,12 +112,12 @@ class World:
             for p in json.loads(found or '{"items": []}')["items"]
             if p["status"].get("phase") != "Succeeded"
         ]
-        if self.cluster is not None and self.cluster.node is not None:
+        if self.cluster is not None:
             for pod in pods:
                 for container in pod["status"].get("containerStatuses", []):
                     if "running" in container.get("state", {}):
                         with contextlib.suppress(Exception):  # it may end meanwhile: the log says so
-                            os.kill(self.cluster.node.container_pid(container["containerID"]), signal.SIGUSR1)
+                            os.kill(self.cluster.container_pid(container["containerID"]), signal.SIGUSR1)
             time.sleep(1)
         out = []
         for pod in pods:
@@ -134,10 +134,10 @@ class World:
     def kill(self, pod: str, nonce: int) -> None:
         """Kill a pod: on our node, odd nonces SIGKILL its container's process from outside (as
         the OOM killer would) and even ones force-delete it; on any cluster, force-delete it."""
-        if self.cluster is not None and self.cluster.node is not None and nonce % 2:
+        if self.cluster is not None and nonce % 2:
             status = json.loads(self.kubectl("get", "pod", pod, "-o", "json"))["status"]
             os.kill(
-                self.cluster.node.container_pid(status["containerStatuses"][0]["containerID"]), signal.SIGKILL
+                self.cluster.container_pid(status["containerStatuses"][0]["containerID"]), signal.SIGKILL
             )
         else:
             self.kubectl("delete", "pod", pod, "--grace-period=0", "--force", "--wait=false")
@@ -744,7 +744,7 @@ def test_a_stopped_task_turns_ready_false_then_fails_its_pod_and_the_recovered_j
     world, s3_client, bucket, clean_run
 ):
     w = world
-    if w.cluster is None or w.cluster.node is None:
+    if w.cluster is None:
         pytest.skip("stopping a container's process needs the suite's own node")
     upload_lines(s3_client, bucket, random.Random(23), files=6, lines=1500, words=6)
     clean = clean_run(s3_client, bucket, wordcount("stall-clean", bucket, w.s3_url, "clean", parallelism=2))
@@ -769,7 +769,7 @@ def test_a_stopped_task_turns_ready_false_then_fails_its_pod_and_the_recovered_j
                 continue
             if labels.get("nopstream.io/subtask") == "0":
                 with contextlib.suppress(LookupError, KeyError, IndexError):
-                    return w.cluster.node.container_pid(p["status"]["containerStatuses"][0]["containerID"])
+                    return w.cluster.container_pid(p["status"]["containerStatuses"][0]["containerID"])
         assert w.job("stalls")["status"].get("phase") == "Running", (
             "the job ended before its task was stopped"
         )
