@@ -136,9 +136,7 @@ class World:
         the OOM killer would) and even ones force-delete it; on any cluster, force-delete it."""
         if self.cluster is not None and nonce % 2:
             status = json.loads(self.kubectl("get", "pod", pod, "-o", "json"))["status"]
-            os.kill(
-                self.cluster.container_pid(status["containerStatuses"][0]["containerID"]), signal.SIGKILL
-            )
+            os.kill(self.cluster.container_pid(status["containerStatuses"][0]["containerID"]), signal.SIGKILL)
         else:
             self.kubectl("delete", "pod", pod, "--grace-period=0", "--force", "--wait=false")
 
