@@ -111,7 +111,8 @@ def fail(ctx: Context, seen: Observed, deployment: DeploymentPlan, reason: str, 
 
 
 def delete_pods(kube: Kube, namespace: str, pods: Iterable[PodView]) -> None:
-    """Delete each of `pods` not being deleted already, at once (grace 0: its processes are crash-only)."""
+    """Delete each of `pods` at once (grace 0: its processes are crash-only) unless it is being deleted
+    already on a node that is not lost (that kubelet ends it; a lost node's never would)."""
     for pod in pods:
-        if not pod.deleting:
+        if not pod.deleting or pod.node_lost:
             kube.delete_pod(namespace, pod.name, grace=0)

@@ -61,13 +61,18 @@ def decide_pods(seen: Observed, deployment: DeploymentPlan) -> RunPods:
         pod = seen.pods.get(name)
         if pod is None:
             create.append(name)
-        elif (
-            pod.phase == "Failed" or pod.fingerprint != deployment.partitioned_fingerprint
-        ) and not pod.deleting:
+        elif pod.node_lost or (
+            (pod.phase == "Failed" or pod.fingerprint != deployment.partitioned_fingerprint)
+            and not pod.deleting
+        ):
             delete.append(name)
     tasks = [p for p in seen.pods.values() if p.role == "task"]
     standbys = {p.task: p for p in tasks if next_runs_standby(seen, deployment, p)}
-    delete += [p.name for p in tasks if p.run != run and not p.deleting and standbys.get(p.task) is not p]
+    delete += [
+        p.name
+        for p in tasks
+        if p.run != run and (not p.deleting or p.node_lost) and standbys.get(p.task) is not p
+    ]
     current = {p.task: p for p in tasks if p.run == run}
     outcome = None if seen.status.phase == "Succeeded" else _outcome(seen, deployment, current)
     return RunPods(tuple(create), tuple(delete), current, frozenset(standbys), outcome)
@@ -85,7 +90,8 @@ def _outcome(
         reason = "BadInput" if refusal is not None and refusal.kind == "input" else "CannotStart"
         said = last.removeprefix(TASK_LINE) or f"exit code {refused.exit_code}"
         return Refused(reason, f"{refused.name}: {said}")
-    lost = [p.name for p in current.values() if p.phase == "Failed" or p.deleting]
+    lost = [p.name for p in current.values() if (p.phase == "Failed" or p.deleting) and not p.node_lost]
+    lost += [f"{p.name} (its node {p.node} is lost)" for p in current.values() if p.node_lost]
     if seen.status.deployed_run == run:
         lost += [task_pod_name(t, run) + " (gone)" for t in deployment.tasks if t.name not in current]
     if lost:
@@ -108,6 +114,7 @@ def next_runs_standby(seen: Observed, deployment: DeploymentPlan, pod: PodView) 
         and pod.run == seen.run + 1
         and pod.fingerprint == deployment.partitioned_fingerprint
         and seen.status.phase != "Succeeded"
+        and not pod.node_lost
     )
 
 

@@ -2,7 +2,7 @@
 
 One daemon per StreamJob runs a pass every PASS_SECONDS (observe, validate,
 reconcile) in a worker thread, and at once when the pod watch sees one of the job's
-pods lost (`wakeups`). Each pass holds the job's key in etcd
+pods lost or the node watch a node lost (`wakeups`, `nodes`). Each pass holds the job's key in etcd
 (`layout.operator_pass`), so the passes of one job never overlap, not even across
 operator replicas: when kopf peering hands over, the paused replica's daemon may be in
 a pass while the newly active one starts its own, and two passes with two views of one
@@ -25,6 +25,7 @@ import kopf
 
 from nopstream.cluster.layout import operator_pass
 from nopstream_operator.kube import EtcdView, Kube, load_config
+from nopstream_operator.nodes import LostNodes
 from nopstream_operator.observed import Context
 from nopstream_operator.reconcile import cleanup, reconcile_once
 from nopstream_operator.resources import GROUP, LABEL_JOB, PLURAL, VERSION, PodSettings
@@ -35,6 +36,7 @@ PASS_SECONDS = 1.0
 PASS_LEASE_SECONDS = 30
 FINALIZER = "nopstream.io/finalizer"
 WAKEUPS = Wakeups()
+LOST_NODES = LostNodes()
 
 
 def pod_settings(env: dict[str, str] | None = None) -> PodSettings:
@@ -85,6 +87,13 @@ async def pod_event(event: kopf.RawEvent, body: kopf.Body, namespace: str | None
         WAKEUPS.wake(namespace or "default", body.metadata.labels[LABEL_JOB])
 
 
+@kopf.on.event("v1", "nodes")
+async def node_event(event: kopf.RawEvent, **_: Any) -> None:
+    """A node's readiness: one newly lost starts every job's next pass now (its pods are replaced)."""
+    if LOST_NODES.seen(event.get("type"), dict(event["object"])):
+        WAKEUPS.wake_all()
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def drive(
     stopped: kopf.DaemonStopped,
@@ -103,7 +112,7 @@ async def drive(
     """
     settings = pod_settings()
     etcd = await asyncio.to_thread(EtcdView, settings.etcd)
-    ctx = Context(await asyncio.to_thread(Kube), etcd, settings, _emit)
+    ctx = Context(await asyncio.to_thread(Kube), etcd, settings, _emit, lost_nodes=LOST_NODES.names)
     namespace = namespace or "default"
     job_id = spec.get("jobId") or name  # what the job's pods are labelled with
     holder = f"{socket.gethostname()}/{os.getpid()}"

@@ -49,11 +49,14 @@ class PodView:
     exit_code: int | None = None  # of its container, once terminated
     message: str = ""  # the container's termination message (the end of its log, when it failed)
     leader: bool = False  # labelled as the leading coordinator (the leader Service's endpoint)
+    node: str = ""  # the node it is bound to ('' before it is scheduled)
+    node_lost: bool = False  # that node is lost (`nodes`): the pod is replaced, not waited for
 
 
-def pod_view(pod: dict[str, Any]) -> PodView:
-    """A pod's role, run, task, phase and readiness."""
+def pod_view(pod: dict[str, Any], lost_nodes: frozenset[str] = frozenset()) -> PodView:
+    """A pod's role, run, task, phase and readiness, and whether its node is one of `lost_nodes`."""
     meta, status = pod["metadata"], pod.get("status") or {}
+    node = (pod.get("spec") or {}).get("nodeName") or ""
     labels = meta.get("labels") or {}
     conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
     run = labels.get(LABEL_RUN)
@@ -78,6 +81,8 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         exit_code=terminated.get("exitCode"),
         message=terminated.get("message") or "",
         leader=labels.get(LABEL_LEADER) == "true",
+        node=node,
+        node_lost=node in lost_nodes,
     )
 
 
@@ -127,6 +132,7 @@ class Context:
     emit: Emit
     plans: dict[str, tuple[PartitionedPlan, DeploymentPlan]] = field(default_factory=dict)
     clock: Callable[[], float] = time.time  # wall seconds: the restart policy's window and backoff
+    lost_nodes: Callable[[], frozenset[str]] = frozenset  # the node watch's (`nodes.LostNodes.names`)
 
 
 def observe(ctx: Context, namespace: str, name: str) -> Observed | None:
@@ -135,7 +141,8 @@ def observe(ctx: Context, namespace: str, name: str) -> Observed | None:
     if job is None or job["metadata"].get("deletionTimestamp"):
         return None
     job_id = (job.get("spec") or {}).get("jobId") or name
-    pods = {p.name: p for p in map(pod_view, ctx.kube.pods(namespace, job_id))}
+    lost = ctx.lost_nodes()
+    pods = {p.name: p for p in (pod_view(pod, lost) for pod in ctx.kube.pods(namespace, job_id))}
     return Observed(job, pods)
 
 

@@ -231,13 +231,15 @@ class _PodSteps:
         """Create the run's task pods now (the backoff was waited before the recovery began, see
         `_recover`): waiting a pass would add its period to every recovery.
 
-        A standby holding a pod's name is adopted as it is, unless it failed (then it is
-        replaced).
+        A standby holding a pod's name is adopted as it is, unless it failed or its node is
+        lost (then it is replaced).
         """
         ns = self.deployment.namespace
         for task in self.deployment.tasks:
             standby = self.seen.pods.get(task_pod_name(task, run))
-            if standby is not None and (standby.phase not in ("Pending", "Running") or standby.deleting):
+            if standby is not None and (
+                standby.phase not in ("Pending", "Running") or standby.deleting or standby.node_lost
+            ):
                 self.ctx.kube.delete_pod(ns, standby.name, grace=0)
             self.ctx.kube.create(task_pod(self.seen.job, self.deployment, task, run, self.ctx.pods))
 

@@ -1,4 +1,4 @@
-"""Pod events that cut a job's wait for its next pass short: a lost pod is acted on at once.
+"""Pod and node events that cut a job's wait for its next pass short: a lost pod is acted on at once.
 
 Each job's daemon passes every PASS_SECONDS and, between passes, waits on its job's
 event here; the pod watch sets it when one of the job's pods is deleted, is being
@@ -38,6 +38,11 @@ class Wakeups:
     def wake(self, namespace: str, job_id: str) -> None:
         """Start the job's next pass now (nothing when no daemon drives the job here)."""
         if (event := self._events.get((namespace, job_id))) is not None:
+            event.set()
+
+    def wake_all(self) -> None:
+        """Start the next pass of every job driven here now (a node was lost: any may have pods on it)."""
+        for event in self._events.values():
             event.set()
 
     async def wait(self, namespace: str, job_id: str, seconds: float) -> bool:

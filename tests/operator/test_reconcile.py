@@ -119,6 +119,14 @@ class FakeKube:
                 "containerStatuses": [{"state": state}],
             }
 
+    def place(self, node: str, names: set[str], *, deleting: bool = False) -> None:
+        """Bind pods `names` to `node` (and mark them being deleted, as an eviction would)."""
+        for name in names:
+            pod = self.objects[("Pod", name)]
+            pod["spec"]["nodeName"] = node
+            if deleting:
+                pod["metadata"]["deletionTimestamp"] = "2026-12-06T00:00:00Z"
+
 
 class FakeEtcd:
     """The job's run counter, epoch log summary and restore requests."""
@@ -295,6 +303,47 @@ def test_a_task_lost_after_the_coordinators_completed_gets_its_recovery_led_by_n
     passes(ctx)
     assert sorted(n for k, n in kube.objects if k == "Pod" and "coordinator" in n) == coordinators
     assert all(kube.objects[("Pod", n)].get("status") is None for n in coordinators)  # new pods
+
+
+def test_pods_on_a_lost_node_go_at_once_a_task_by_a_recovery_and_a_coordinator_by_itself(world):
+    ctx, kube, etcd, events = world
+    passes(ctx, 2)
+    kube.set_pods("coordinator", "Running")
+    kube.set_pods("task", "Running")
+    tasks = sorted(task_pods(kube, 1))
+    coordinators = sorted(n for k, n in kube.objects if k == "Pod" and "coordinator" in n)
+    kube.place("node-0", {*tasks[1:], coordinators[1]})
+    kube.place("node-1", {tasks[0], coordinators[0]})
+    passes(ctx)
+    assert (status(kube)["phase"], etcd.current_run) == ("Running", 1)  # node-1 is not lost yet
+    ctx.lost_nodes = lambda: frozenset({"node-1"})
+    # an eviction began on node-1, but its kubelet is gone: the pod would stay Terminating for ever
+    kube.place("node-1", {tasks[0]}, deleting=True)
+    before = len(kube.writes)
+    passes(ctx)
+    assert (status(kube)["phase"], status(kube)["run"], etcd.current_run) == ("Recovering", 2, 2)
+    writes = kube.writes[before:]
+    assert f"delete Pod {coordinators[0]}" in writes and f"delete Pod {tasks[0]}" in writes
+    assert f"delete Pod {coordinators[1]}" not in writes  # on node-0: it leads meanwhile
+    (message,) = [m for r, m in events if r == "Recovery"]
+    assert message.startswith(f"{tasks[0]} (its node node-1 is lost) failed (run 1 -> 2)")
+    passes(ctx)
+    assert kube.objects[("Pod", coordinators[0])].get("status") is None  # made again, to be scheduled
+
+
+def test_a_standby_on_a_lost_node_is_replaced_not_adopted(world):
+    ctx, kube, etcd, _events = world
+    standbys = running_with_standbys(ctx, kube)
+    far = sorted(standbys)[0]
+    kube.set_pods("task", "Running")
+    kube.place("node-1", {far})
+    ctx.lost_nodes = lambda: frozenset({"node-1"})
+    before = len(kube.writes)
+    passes(ctx)
+    assert etcd.current_run == 1  # no pod of the run on it: no recovery
+    assert kube.writes[before:] == [f"delete Pod {far}", f"create Pod {far}"]  # made anew, in one pass
+    made = kube.objects[("Pod", far)]
+    assert made.get("status") is None and made["metadata"]["labels"]["nopstream.io/standby"] == "true"
 
 
 def test_past_its_recoveries_the_job_fails_and_its_pods_go(world):

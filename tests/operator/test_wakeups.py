@@ -1,10 +1,11 @@
-"""A lost pod starts its job's next pass at once; other pod changes wait for the periodic pass."""
+"""A lost pod or node starts its job's next pass at once; other pod changes wait for the periodic pass."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+from nopstream_operator.nodes import LostNodes
 from nopstream_operator.wakeups import Wakeups, is_loss
 
 RUNNING = {
@@ -80,3 +81,34 @@ def test_a_wake_after_the_daemon_ended_is_not_kept_for_the_next_daemon():
         return await wakeups.wait("ns", "wc", 0.01)
 
     assert asyncio.run(scenario()) is False
+
+
+def node(name: str, ready: str | None) -> dict:
+    conditions = (
+        []
+        if ready is None
+        else [{"type": "MemoryPressure", "status": "False"}, {"type": "Ready", "status": ready}]
+    )
+    return {"metadata": {"name": name}, "status": {"conditions": conditions}}
+
+
+def test_a_node_is_lost_while_its_ready_condition_is_not_true_and_only_its_turn_wakes_every_job():
+    lost = LostNodes()
+    assert not lost.seen("ADDED", node("node-0", None))  # registered, not yet reporting: not lost
+    assert not lost.seen("ADDED", node("node-1", "True"))
+    assert lost.seen("MODIFIED", node("node-1", "Unknown"))  # missed its lease renewals
+    assert not lost.seen("MODIFIED", node("node-1", "Unknown"))  # still lost: no new wake
+    assert lost.seen("MODIFIED", node("node-0", "False"))  # the kubelet says it is unwell
+    assert lost.names() == {"node-0", "node-1"}
+    assert not lost.seen("MODIFIED", node("node-1", "True"))  # back
+    assert not lost.seen("DELETED", node("node-0", "False"))  # gone from the cluster: nothing to replace by
+    assert lost.names() == frozenset()
+
+    async def scenario() -> tuple[bool, bool]:
+        wakeups = Wakeups()
+        wakeups.watch("ns", "wc")
+        wakeups.watch("other", "wc")
+        wakeups.wake_all()
+        return await wakeups.wait("ns", "wc", 0.01), await wakeups.wait("other", "wc", 0.01)
+
+    assert asyncio.run(scenario()) == (True, True)

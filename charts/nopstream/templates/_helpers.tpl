@@ -16,3 +16,15 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{ .Values.etcd.endpoint }}
 {{- end -}}
 {{- end -}}
+
+{{- /* A pod spec's nodeSelector and tolerations from a values section ("" when it sets neither). */ -}}
+{{- define "nopstream.placement" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
