@@ -45,7 +45,7 @@ import yaml
 
 from e2e import servers
 from e2e.cluster import Cluster
-from e2e.node import E2E_IMAGE, NODE_IP
+from e2e.node import E2E_IMAGE, NODE_IP, NODE_NAME
 from tests.conftest import EXAMPLES, ROOT, s3_records
 
 # the session's one cluster: under pytest-xdist these tests all run on one worker
@@ -175,10 +175,14 @@ def world(tmp_path_factory, request) -> Iterator[World]:
 def own_world(cluster: Cluster, workdir: Path) -> World:
     """The chart installed on our node, with its bundled etcd and MinIO, and forwards to both."""
     repository, _, tag = E2E_IMAGE.removeprefix("docker.io/").rpartition(":")
+    # the servers and the operator stay on node-0, beside the control plane: a lost worker node
+    # takes job pods only (a lost etcd or MinIO is another fault, not a node loss of the job's)
+    beside_control_plane = {"nodeSelector": {"kubernetes.io/hostname": NODE_NAME}}
     ours = {
         "image": {"repository": repository, "tag": tag},
-        "etcd": {"bundled": True, "image": "nopstream-e2e/etcd:0.1.0"},
-        "minio": {"bundled": True, "image": "nopstream-e2e/minio:0.1.0"},
+        "operator": beside_control_plane,
+        "etcd": {"bundled": True, "image": "nopstream-e2e/etcd:0.1.0", **beside_control_plane},
+        "minio": {"bundled": True, "image": "nopstream-e2e/minio:0.1.0", **beside_control_plane},
     }
     (workdir / "node-values.yaml").write_text(yaml.safe_dump(ours))
     w = World(
@@ -1053,6 +1057,55 @@ def test_a_job_whose_sink_cannot_start_fails_at_once_naming_why(world, bucket, k
     )
     w.wait("no pods", lambda: w.pods("no-topic") == [])
     w.kubectl("delete", "streamjob", "no-topic", "--wait=true", "--timeout=60s")
+
+
+def test_a_lost_node_s_pods_are_replaced_on_the_other_node_and_the_output_is_exact(
+    world, s3_client, bucket, clean_run
+):
+    """node-1 lost with the job's pods on it (every process of the node killed at once, its link
+    gone): the operator replaces them once the node is NotReady, without Kubernetes' five-minute
+    eviction, and the output equals a failure-free run's. node-1 is started again after."""
+    w = world
+    if w.cluster is None:
+        pytest.skip("losing a node needs the suite's own cluster")
+    upload_lines(s3_client, bucket, random.Random(41), files=16, lines=2500, words=6)
+    clean = clean_run(s3_client, bucket, wordcount("node-clean", bucket, w.s3_url, "clean"))
+    w.kubectl("apply", "-f", "-", input=json.dumps(wordcount("node-loss", bucket, w.pod_s3_url, "out")))
+    w.wait("an epoch durable", lambda: w.job("node-loss").get("status", {}).get("latestDurableEpoch"))
+    status = w.job("node-loss")["status"]
+    on_node_1 = [
+        p["metadata"]["name"]
+        for p in w.pods("node-loss")
+        if p["spec"].get("nodeName") == "node-1"
+        and p["metadata"]["labels"].get("nopstream.io/role") == "task"
+    ]
+    assert on_node_1 and status["phase"] == "Running", (
+        status,
+        [p["spec"].get("nodeName") for p in w.pods("node-loss")],
+    )
+    try:
+        lost = time.monotonic()
+        w.cluster.kill_node("node-1")
+        w.wait("a new run", lambda: w.job("node-loss")["status"]["run"] > status["run"], timeout=120)
+        replaced = time.monotonic() - lost
+        w.wait(
+            "Running or Succeeded again",
+            lambda: w.job("node-loss")["status"].get("phase") in ("Running", "Succeeded"),
+        )
+        w.wait("Succeeded", lambda: w.job("node-loss")["status"].get("phase") == "Succeeded", timeout=400)
+    finally:
+        w.cluster.restart_node("node-1")
+    # the node lifecycle controller's grace (12 s here) and one pass: not the 300 s eviction
+    assert replaced < 60, replaced
+    events = w.kubectl("get", "events", "--field-selector", "involvedObject.name=node-loss", "-o", "json")
+    causes = [e["message"] for e in json.loads(events)["items"] if e["reason"] == "Recovery"]
+    assert any("(its node node-1 is lost)" in c for c in causes), causes
+    assert {p["spec"].get("nodeName") for p in w.pods("node-loss")} == {
+        NODE_NAME
+    }  # made while node-1 was lost
+    got, expected = s3_records(s3_client, bucket, "out/"), clean.output()
+    assert sum(expected.values()) == 16 * 2500 * 6
+    assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
 
 
 def test_the_storage_secret_is_in_no_status_plan_event_or_log_of_the_cluster(world):
