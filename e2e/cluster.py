@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import signal
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +66,19 @@ AUDIT_POLICY = {
         {"level": "Metadata"},
     ],
 }
+
+
+@dataclass
+class Cut:
+    """A partition in force: the commands that undo it, run by `heal`."""
+
+    undo: list[tuple[Namespace, tuple[str, ...]]]
+
+    def heal(self) -> None:
+        """End the partition (once; later calls do nothing)."""
+        while self.undo:
+            ns, argv = self.undo.pop()
+            ns.run(*argv)
 
 
 @dataclass
@@ -309,6 +324,27 @@ class Cluster:
             with contextlib.suppress(LookupError):
                 return node.container_pid(container_id)
         raise LookupError(f"no node runs {container_id}")
+
+    def cut(self, one: Iterable[str], other: Iterable[str]) -> Cut:
+        """Drop every packet between addresses `one` and `other` (pods', nodes') both ways, from
+        now until `Cut.heal`: rules first in FORWARD on every node, where all of a pod's traffic
+        passes (bridged too: bridge-nf-call-iptables); established connections included."""
+        rules = [
+            (node.ns, ("FORWARD", "-s", a, "-d", b, "-j", "DROP"))
+            for node in self.nodes
+            for x, y in itertools.product(one, other)
+            for a, b in ((x, y), (y, x))
+        ]
+        for ns, rule in rules:
+            ns.run("iptables", "-w", "-I", *rule[:1], "1", *rule[1:])
+        return Cut([(ns, ("iptables", "-w", "-D", *rule)) for ns, rule in rules])
+
+    def isolate_node(self, name: str) -> Cut:
+        """Cut worker node `name` off the nodes' bridge (its link down): its processes run on, it
+        reaches nothing and nothing reaches it (the control plane, etcd, node-0's pods) until healed."""
+        link = f"n{self.node(name).spec.index}"
+        self.ns.run("ip", "link", "set", link, "down")
+        return Cut([(self.ns, ("ip", "link", "set", link, "up"))])
 
     def kill_node(self, name: str) -> None:
         """Lose worker node `name` (`Node.kill`); it stays listed, dead, until `restart_node`."""

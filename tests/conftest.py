@@ -209,7 +209,7 @@ def _group(item: pytest.Item) -> str | None:
 
 @pytest.fixture(scope="session")
 def kube_cluster(tmp_path_factory):
-    """The one-node Kubernetes cluster (`e2e/cluster.py`) shared by the session, in its own namespace.
+    """The two-node Kubernetes cluster (`e2e/cluster.py`) shared by the session, in its own namespace.
 
     One per test run: the tests that use it are one xdist group. Were they spread over
     the workers (pytest-xdist#1386 did that silently), each would start a cluster of its

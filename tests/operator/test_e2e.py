@@ -1,7 +1,7 @@
 """End to end on a Kubernetes cluster: helm install, StreamJobs, kills, rescale, refusals, quiet passes.
 
-By default the suite brings its own world: the session's one-node cluster of `e2e/`
-(containerd and a kubelet in a network namespace of the suite's own), pods that are
+By default the suite brings its own world: the session's two-node cluster of `e2e/`
+(containerd and a kubelet per node, in network namespaces of the suite's own), pods that are
 containers of the runtime image built by scripts/build-image.sh, and the chart
 installed as users install it, with its bundled etcd and MinIO as pods reached by
 Service name; this process reaches them through loopback forwards into the
@@ -47,6 +47,7 @@ from e2e import servers
 from e2e.cluster import Cluster
 from e2e.node import E2E_IMAGE, NODE_IP, NODE_NAME
 from tests.conftest import EXAMPLES, ROOT, s3_records
+from tests.operator import nemesis
 
 # the session's one cluster: under pytest-xdist these tests all run on one worker
 pytestmark = pytest.mark.xdist_group("kube")
@@ -105,7 +106,7 @@ class World:
 
     def unfinished_pods_logs(self) -> str:
         """Each job pod not Succeeded: its phase and the end of its log (without access lines), which
-        on our node ends with where its process waits (`nopstream.stacks`, by SIGUSR1)."""
+        on our nodes ends with where its process waits (`nopstream.stacks`, by SIGUSR1)."""
         found = self.kubectl("get", "pods", "-l", "nopstream.io/job", "-o", "json", check=False)
         pods = [
             p
@@ -132,7 +133,7 @@ class World:
         return json.loads(out)["items"]
 
     def kill(self, pod: str, nonce: int) -> None:
-        """Kill a pod: on our node, odd nonces SIGKILL its container's process from outside (as
+        """Kill a pod: on our nodes, odd nonces SIGKILL its container's process from outside (as
         the OOM killer would) and even ones force-delete it; on any cluster, force-delete it."""
         if self.cluster is not None and nonce % 2:
             status = json.loads(self.kubectl("get", "pod", pod, "-o", "json"))["status"]
@@ -173,7 +174,7 @@ def world(tmp_path_factory, request) -> Iterator[World]:
 
 
 def own_world(cluster: Cluster, workdir: Path) -> World:
-    """The chart installed on our node, with its bundled etcd and MinIO, and forwards to both."""
+    """The chart installed on our cluster, with its bundled etcd and MinIO, and forwards to both."""
     repository, _, tag = E2E_IMAGE.removeprefix("docker.io/").rpartition(":")
     # the servers and the operator stay on node-0, beside the control plane: a lost worker node
     # takes job pods only (a lost etcd or MinIO is another fault, not a node loss of the job's)
@@ -205,7 +206,7 @@ class Broker:
 
 @pytest.fixture(scope="module")
 def broker(world, tmp_path_factory) -> Iterator[Broker]:
-    """On our node, a broker inside the cluster's namespace: pods reach it at the node's
+    """On our cluster, a broker inside the cluster's namespace: pods reach it at node-0's
     address, this process through a forward (its second listener advertises the forward)."""
     if world.cluster is None:
         given = os.environ.get("NOPSTREAM_E2E_KAFKA")
@@ -1057,6 +1058,32 @@ def test_a_job_whose_sink_cannot_start_fails_at_once_naming_why(world, bucket, k
     )
     w.wait("no pods", lambda: w.pods("no-topic") == [])
     w.kubectl("delete", "streamjob", "no-topic", "--wait=true", "--timeout=60s")
+
+
+NEMESIS_FAULTS = 10
+
+
+def test_a_job_through_partitions_and_pauses_of_the_nemesis_is_exact(world, s3_client, bucket, clean_run):
+    """Ten seeded faults (`nemesis.py`: every kind once, a task pod, the leading coordinator and
+    the worker node partitioned, the leader and a task paused), each healed after 2-8 s (a node
+    cut 4-20 s), the next once the job runs again with a new durable epoch: the output equals a
+    failure-free run's. NOPSTREAM_NEMESIS_SEED replays a run's faults."""
+    w = world
+    if w.cluster is None:
+        pytest.skip("partitions and pauses need the suite's own cluster")
+    seed = int(os.environ.get("NOPSTREAM_NEMESIS_SEED") or random.randrange(1 << 32))
+    upload_lines(s3_client, bucket, random.Random(seed), files=64, lines=2500, words=4)
+    clean = clean_run(s3_client, bucket, wordcount("nemesis-clean", bucket, w.s3_url, "clean"))
+    w.kubectl("apply", "-f", "-", input=json.dumps(wordcount("nemesis", bucket, w.pod_s3_url, "out")))
+    w.wait("an epoch durable", lambda: w.job("nemesis").get("status", {}).get("latestDurableEpoch"))
+    faults = nemesis.unleash(w, "nemesis", random.Random(seed), NEMESIS_FAULTS)
+    said = f"seed {seed}: {faults}\n{recovery_causes(w, 'nemesis')}"
+    assert len(faults) == NEMESIS_FAULTS, f"the job ended before {NEMESIS_FAULTS} faults; {said}"
+    w.wait("Succeeded", lambda: w.job("nemesis")["status"].get("phase") == "Succeeded", timeout=600)
+    got, expected = s3_records(s3_client, bucket, "out/"), clean.output()
+    assert sum(expected.values()) == 64 * 2500 * 4
+    lost, doubled = sum((expected - got).values()), sum((got - expected).values())
+    assert got == expected, f"lost {lost}, doubled {doubled}; {said}"
 
 
 def test_a_lost_node_s_pods_are_replaced_on_the_other_node_and_the_output_is_exact(
