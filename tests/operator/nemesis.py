@@ -34,11 +34,13 @@ WORKER = "node-1"
 
 @dataclass(frozen=True)
 class Fault:
-    """One fault as it was made: its kind, what it struck, and how long it lasted."""
+    """One fault as it was made: its kind, what it struck, how long it lasted, and how long after
+    its heal the job ran with a new durable epoch."""
 
     kind: str
     target: str
     seconds: float
+    settled_s: float
 
 
 def plan(rng: random.Random, count: int) -> list[tuple[str, float]]:
@@ -132,7 +134,8 @@ def unleash(w: World, job: str, rng: random.Random, count: int) -> list[Fault]:
             time.sleep(seconds)
         finally:
             heal()
-        made.append(Fault(kind, target, round(seconds, 1)))
-        healed_at = w.job(job)["status"].get("latestDurableEpoch") or 0
-        w.wait(f"the job settled after {made[-1]}", lambda e=healed_at: settled(w, job, e), timeout=240)
+        healed = time.monotonic()
+        epoch = w.job(job)["status"].get("latestDurableEpoch") or 0
+        w.wait(f"the job settled after {kind} on {target}", lambda e=epoch: settled(w, job, e), timeout=240)
+        made.append(Fault(kind, target, round(seconds, 1), round(time.monotonic() - healed, 1)))
     return made

@@ -1084,6 +1084,9 @@ def test_a_job_through_partitions_and_pauses_of_the_nemesis_is_exact(world, s3_c
     assert sum(expected.values()) == 64 * 2500 * 4
     lost, doubled = sum((expected - got).values()), sum((got - expected).values())
     assert got == expected, f"lost {lost}, doubled {doubled}; {said}"
+    print(
+        f"\nnemesis {said}\nrecoveries: {w.job('nemesis')['status'].get('recoveries')}"
+    )  # with -s: what it did
 
 
 def test_a_lost_node_s_pods_are_replaced_on_the_other_node_and_the_output_is_exact(
