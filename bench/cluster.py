@@ -18,6 +18,10 @@ subtask and epoch as each epoch commits; once as it is, once with `standbyTasks`
                           epoch of the new run, on a third job (target < 30 s); with where
                           the seconds go: node-1 NotReady (the controller manager's grace),
                           the new run (the operator's pass), its output
+  heal -> new output      on a fourth job, a partition (`tests/operator/nemesis.py`: a task
+                          pod cut from the job's other pods, the leading coordinator cut from
+                          its tasks, then from etcd) held 5 s and healed, until the first
+                          output object of an epoch past the durable one at the heal
   operator CPU            CPU time of the active operator's container over a quiet minute
                           (the job finished, nothing to do), as a share of one core
 Ratios: each figure over its target, measured in this run. Not a test: no CI timing.
@@ -42,12 +46,14 @@ from nopstream.checkpoint.restore import RestorePoint
 from nopstream.cluster.backend import StoreUnavailable
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
+from tests.operator import nemesis
 from tests.operator.test_e2e import BUNDLED_S3, World, own_world, upload_lines, wordcount
 
 EPOCH = re.compile(r"\.(\d{10})\.\w+$")
 KILLS = 3
 RECOVERY_TARGET_S = 10.0
 NODE_LOSS_TARGET_S = 30.0
+PARTITION_S = 5.0
 
 
 def output_epochs(client: Minio, bucket: str, prefix: str) -> set[int]:
@@ -183,6 +189,32 @@ def node_loss(w: World, client: Minio, bucket: str, job: str) -> dict[str, float
     return since
 
 
+def partition_heals(w: World, client: Minio, bucket: str, job: str) -> dict[str, float]:
+    """Seconds from each partition's heal to the job's next committed output, by partition kind."""
+    spec = wordcount(job, bucket, BUNDLED_S3, job)
+    spec["spec"]["model"]["operators"][2]["emit"] = "rolling"
+    w.kubectl("apply", "-f", "-", input=json.dumps(spec))
+    until("a first committed output", lambda: output_epochs(client, bucket, f"{job}/"))
+    rng, since = random.Random(5), {}
+    for kind in ("task-cut", "leader-from-tasks", "leader-from-etcd"):
+        until("Running", lambda: nemesis.settled(w, job, -1), timeout=240)
+        if w.job(job)["status"].get("phase") == "Succeeded":
+            break
+        _target, heal = nemesis.strike(w, job, kind, rng)
+        time.sleep(PARTITION_S)
+        healed = time.monotonic()
+        heal()
+        durable = w.job(job)["status"].get("latestDurableEpoch") or 0
+        until(
+            "output past the heal",
+            lambda d=durable: max(output_epochs(client, bucket, f"{job}/"), default=0) > d,
+            timeout=240,
+        )
+        since[kind] = time.monotonic() - healed
+    until("Succeeded", lambda: w.job(job)["status"].get("phase") == "Succeeded", timeout=600)
+    return since
+
+
 def operator_cpu_share(w: World, seconds: float = 60.0) -> float:
     """The active operator container's CPU time over `seconds`, as a share of one core."""
     assert w.cluster is not None
@@ -215,6 +247,7 @@ def main() -> None:
             for label, job, standby in (("as it is", "bench", False), ("standbyTasks", "bench-standby", True))
         }
         lost = node_loss(w, client, bucket, "bench-node")
+        heals = partition_heals(w, client, bucket, "bench-cut")
         cpu = operator_cpu_share(w)
     for label, (start_s, recoveries) in figures.items():
         print(f"[{label}]")
@@ -237,7 +270,10 @@ def main() -> None:
         f"node loss -> new output  ratio {s / NODE_LOSS_TARGET_S:.2f}"
         f" (target < {NODE_LOSS_TARGET_S:g} s: {verdict})"
     )
-    print(f"operator CPU, quiet minute {cpu * 100:6.2f} % of one core (three jobs finished)")
+    print(f"[partitions held {PARTITION_S:g} s]")
+    for kind, s in heals.items():
+        print(f"{kind:<18} heal -> new output {s:6.1f} s")
+    print(f"operator CPU, quiet minute {cpu * 100:6.2f} % of one core (four jobs finished)")
 
 
 if __name__ == "__main__":
