@@ -4,9 +4,10 @@ etcd, kube-apiserver, controller-manager, scheduler and node-0 (containerd, kube
 kube-proxy, CoreDNS: `e2e/node.py`) run inside the namespace of `e2e/netns.py`; every
 other node runs in a namespace of its own linked to the nodes' bridge there. A worker
 node can be lost (`kill_node`: every process of it at once) and started again
-(`restart_node`), cut off the bridge (`isolate_node`), and any addresses partitioned from
-others by iptables rules in the nodes' namespaces (`cut`). The controller manager calls a node lost once it has missed four of
-its lease renewals (`NODE_MONITOR_GRACE`), not after the default 50 s.
+(`restart_node`) or cut off the bridge (`isolate_node`), and any addresses can be
+partitioned from others by iptables rules in the nodes' namespaces (`cut`). The
+controller manager calls a node lost once it has missed four of its lease renewals
+(`NODE_MONITOR_GRACE`), not after the default 50 s.
 Certificates and service-account keys are generated per cluster; the API server runs
 with Node and RBAC authorization, an audit log of every write, and client-certificate
 authentication. This machine reaches the API server, and any Service by its cluster
