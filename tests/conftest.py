@@ -13,10 +13,13 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from aiohttp import web
+
+if TYPE_CHECKING:
+    from e2e.cluster import Cluster
 
 from nopstream.checkpoint.epochs import EpochCoordinator, Trigger
 from nopstream.checkpoint.storage import LocalStorage
@@ -219,6 +222,7 @@ def kube_cluster(tmp_path_factory):
     import fcntl
 
     from e2e.cluster import Cluster
+    from e2e.traces import machine_state
 
     run = tmp_path_factory.getbasetemp()  # an xdist worker's is popen-gwN inside the run's
     with (run.parent if "PYTEST_XDIST_WORKER" in os.environ else run).joinpath("kube.lock").open("w") as lock:
@@ -229,8 +233,20 @@ def kube_cluster(tmp_path_factory):
                 "another xdist worker runs the kube cluster: the 'kube' xdist group is not kept together"
             )
         with _kube:
-            cluster = _kube.enter_context(Cluster.start(tmp_path_factory.mktemp("kube")))
+            workdir, before, started = tmp_path_factory.mktemp("kube"), machine_state(), []
+            _kube.callback(lambda: _left_as_it_was(before, workdir, started))  # after the cluster stopped
+            started.append(cluster := _kube.enter_context(Cluster.start(workdir)))
             yield cluster
+
+
+def _left_as_it_was(before: dict[str, object], workdir: Path, started: list[Cluster]) -> None:
+    """Fail the test whose teardown stopped the cluster when it left anything on this machine:
+    a mount, link, iptables rule, cgroup or process, or a namespace holder of it or of a node."""
+    from e2e.traces import left_behind
+
+    holders = [n.ns.holder.pid for c in started for n in c.nodes] + [c.ns.holder.pid for c in started]
+    if found := left_behind(before, workdir, holders):
+        raise AssertionError("the stopped kube cluster left this machine changed:\n" + "\n".join(found))
 
 
 KAFKA_USERS = {"app": secrets.token_hex(12), "reader": secrets.token_hex(12)}
