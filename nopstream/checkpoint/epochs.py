@@ -224,12 +224,14 @@ class EpochCoordinator:
             current.complete.set()
 
     async def run(self) -> None:
-        """Take epochs, the first one an interval after the start (as Flink does), until the final one.
+        """Take epochs, the first one an interval after a fresh start (as Flink does), until the final one.
 
-        An epoch adopted from a predecessor is taken at once.
+        An epoch adopted from a predecessor is taken at once, and so is a restored run's
+        first: its sources inject it after their first batch, so the output a recovery
+        holds back is committed as soon as the run has any, not an interval later.
         """
         interval = self.settings.interval_ms / 1000
-        if self._adopted is None and not self.done.is_set():
+        if self._adopted is None and self.latest_durable is None and not self.done.is_set():
             await self._wait_interval(interval)
         while not self.done.is_set():
             # a savepoint asked for when the sources have finished comes before the final epoch

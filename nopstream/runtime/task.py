@@ -294,10 +294,12 @@ class Task:
         floor = intake.splits.event_time_floor if intake.splits is not None else None
         idle, pause = self.settings.idle_poll_ms / 1000, self.settings.source_pause_ms / 1000
         barriers = self.injections
+        # barriers are taken after each read, not before the first: one asked for at once (a
+        # restored run's first epoch) then carries the first batch, so it commits output
         while True:
-            await self._take_barriers()
             if self._stopped:  # after a stop-with-savepoint barrier: barriers only, no more records
                 await self.metrics.idle(barriers.wait())
+                await self._take_barriers()
                 continue
             batch = reader.read(self._read_size)
             if batch is None:
@@ -306,6 +308,7 @@ class Task:
                 await self._source_watermark(gen, floor)
                 await self._tick()
                 await self.metrics.idle(asyncio.sleep(idle))
+                await self._take_barriers()
                 continue
             self.metrics.records_in += len(batch.records)
             batch = intake.take(batch)
@@ -319,6 +322,7 @@ class Task:
             await self._source_watermark(gen, floor)
             await self._tick()
             await self.metrics.idle(asyncio.sleep(pause))
+            await self._take_barriers()
         # chaos keeps the input from ending before its schedule is done; a source stopped meanwhile
         # takes barriers only, as above
         while faults.holding() or self._stopped:

@@ -49,7 +49,7 @@ def plan(rng: random.Random, count: int) -> list[tuple[str, float]]:
     rng.shuffle(kinds)
     kinds += [rng.choice(KINDS) for _ in range(count - len(kinds))]
     # a node cut outlasts the 12 s grace about half the time: then its pods are replaced
-    return [(k, rng.uniform(4.0, 20.0) if k == "node-cut" else rng.uniform(2.0, 8.0)) for k in kinds]
+    return [(k, rng.uniform(4.0, 20.0) if k == "node-cut" else rng.uniform(2.0, 6.0)) for k in kinds]
 
 
 def _pod(w: World, name: str) -> dict[str, Any]:
