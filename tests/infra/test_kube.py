@@ -245,48 +245,42 @@ def test_a_container_over_its_memory_limit_is_oom_killed(cluster):
     assert (terminated["reason"], terminated["exitCode"]) == ("OOMKilled", 137)
 
 
-def test_pods_reach_a_service_by_name_and_so_does_this_machine_through_a_forward(cluster):
-    page = "served by the web pod"
+def serve_page(cluster, name: str, page: str, **spec) -> dict:
+    """A pod `name` serving `page` on port 8000, a Service `name` on port 80 for it; the pod once Ready."""
     server = [
         "sh",
         "-c",
         f"mkdir -p /tmp/w && echo '{page}' > /tmp/w/index.html && exec python -m http.server -d /tmp/w 8000",
     ]
-    manifest = {
+    probe = {"httpGet": {"path": "/", "port": 8000}, "periodSeconds": 1}
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "web", "labels": {"app": "web"}},
-        "spec": {
-            "containers": [
-                container(
-                    "main",
-                    server,
-                    readinessProbe={"httpGet": {"path": "/", "port": 8000}, "periodSeconds": 1},
-                )
-            ]
-        },
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {**spec, "containers": [container("main", server, readinessProbe=probe)]},
     }
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": "web"},
-        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8000}]},
+        "metadata": {"name": name},
+        "spec": {"selector": {"app": name}, "ports": [{"port": 80, "targetPort": 8000}]},
     }
     cluster.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [manifest, service]}),
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [pod, service]})
     )
-    wait_for(
-        "web Ready",
+    return wait_for(
+        f"{name} Ready",
         lambda: (
-            cluster.kubectl(
-                "get", "pod", "web", "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
-            ).stdout
-            == "True"
+            (p := pod_json(cluster, name))
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+            and p
         ),
     )
+
+
+def test_pods_reach_a_service_by_name_and_so_does_this_machine_through_a_forward(cluster):
+    page = "served by the web pod"
+    serve_page(cluster, "web", page)
     # kube-proxy programs a new Service's rules a moment after its pod is Ready: a CI dry run's
     # client was refused in that moment, so the client asks again for up to 20 s
     fetch = (
@@ -322,46 +316,7 @@ def test_pods_reach_a_service_by_name_and_so_does_this_machine_through_a_forward
 def test_pods_of_two_nodes_reach_each_other_by_address_and_by_service_without_nat(cluster):
     """A server on node-1, a client on node-0: the client's requests arrive from its own pod address."""
     page = "served on node-1"
-    server = [
-        "sh",
-        "-c",
-        f"mkdir -p /tmp/w && echo '{page}' > /tmp/w/index.html && exec python -m http.server -d /tmp/w 8000",
-    ]
-    manifest = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "far", "labels": {"app": "far"}},
-        "spec": {
-            "nodeName": "node-1",
-            "containers": [
-                container(
-                    "main",
-                    server,
-                    readinessProbe={"httpGet": {"path": "/", "port": 8000}, "periodSeconds": 1},
-                )
-            ],
-        },
-    }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "far"},
-        "spec": {"selector": {"app": "far"}, "ports": [{"port": 80, "targetPort": 8000}]},
-    }
-    cluster.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [manifest, service]}),
-    )
-    far = wait_for(
-        "far Ready",
-        lambda: (
-            (p := pod_json(cluster, "far"))
-            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
-            and p
-        ),
-    )
+    far = serve_page(cluster, "far", page, nodeName="node-1")
     fetch = (
         "import os, time, urllib.request\n"
         "print(os.environ['POD_IP'])\n"
