@@ -34,8 +34,8 @@ def left_behind(before: dict[str, object], workdir: Path, pids: list[int]) -> li
     found = [f"{key}: {before[key]!r} -> {after[key]!r}" for key in before if before[key] != after[key]]
     found += [f"process {pid} still runs" for pid in pids if os.path.exists(f"/proc/{pid}/ns/net")]
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and str(workdir) in _cmdline(int(entry)):
-            found.append(f"process {entry} of the cluster: {_cmdline(int(entry))[:200]}")
+        if entry.isdigit() and str(workdir) in (cmdline := _cmdline(int(entry))):
+            found.append(f"process {entry} of the cluster: {cmdline[:200]}")
     return found
 
 

@@ -236,6 +236,8 @@ def kube_cluster(tmp_path_factory):
             workdir, before, started = tmp_path_factory.mktemp("kube"), machine_state(), []
             _kube.callback(lambda: _left_as_it_was(before, workdir, started))  # after the cluster stopped
             started.append(cluster := _kube.enter_context(Cluster.start(workdir)))
+            # the check can see a cluster: the nodes' cgroup roots are there while it runs
+            assert machine_state()["cgroups"] != before["cgroups"]
             yield cluster
 
 

@@ -409,6 +409,9 @@ def test_a_lost_node_goes_not_ready_tainted_and_started_again_runs_its_pod_anew(
     )
     holder = own.node("node-1").ns.holder.pid
     assert ns_inode(holder, "net") != ns_inode(own.ns.holder.pid, "net")  # a namespace of its own
+    net = ns_inode(own.ns.holder.pid, "net")
+    members = own.ns.members()
+    assert members and all(ns_inode(p, "net") == net or ns_inode(p, "mnt") for p in members)
     sleeper = container_pid(cluster, running)
 
     lost = time.monotonic()
