@@ -48,6 +48,7 @@ def _ask_coordinator(
     from nopstream.cluster.backend import StoreUnavailable
     from nopstream.node.wire import guard
     from nopstream.node.wire.coordinator_client import CoordinatorClient, CoordinatorError
+    from nopstream.node.wire.tls import JobTls, TlsError
 
     job = plans.partitioned.identity.job_id
     url = getattr(args, "url", None)
@@ -64,8 +65,10 @@ def _ask_coordinator(
         return None
     base, secret_file = found
     try:
-        return ask(CoordinatorClient(base, guard.read_secret(secret_file)))
-    except guard.SecretError as err:
+        # a job that speaks TLS keeps its files beside its secret, as its pods and processes do
+        tls = JobTls.read(secret_file.parent).client_context() if base.startswith("https://") else None
+        return ask(CoordinatorClient(base, guard.read_secret(secret_file), tls=tls))
+    except (guard.SecretError, TlsError) as err:
         print(f"job '{job}': {err}", file=sys.stderr)
     except CoordinatorError as err:
         print(f"job '{job}': the coordinator at {base} {err}", file=sys.stderr)

@@ -31,7 +31,7 @@ from nopstream.local.etcd_calls import EtcdCalls
 from nopstream.local.runner import JobFailed, RunOptions, RunResult, new_lineage, starting_point
 from nopstream.node import checkpointing, recovery
 from nopstream.node.settings import DEPLOYMENT_FILE, PARTITIONED_FILE, NodeEnv
-from nopstream.node.wire import guard
+from nopstream.node.wire import guard, tls
 from nopstream.plan import compiler
 from nopstream.plan.deployment import resource_name
 
@@ -82,6 +82,8 @@ class Supervisor:
         (self.plan_dir / PARTITIONED_FILE).write_text(compiler.dump_document(self.plans.partitioned))
         (self.plan_dir / DEPLOYMENT_FILE).write_text(compiler.dump_document(self.plans.deployment))
         guard.write_secret(self.secret_file, guard.new_secret())  # one per command, as with `run`
+        certificate = tls.issue(self.plans.partitioned.identity.job_id)  # and its TLS, beside it
+        certificate.write(self.home)
         _reach(calls, quiet=self.options.quiet)
         self.lineage = new_lineage(self.options)
         if self.lineage is None:  # where its coordinator will start (read only): a changed plan checked
@@ -120,6 +122,8 @@ class Supervisor:
         finally:
             stop_all(self.tasks + self.coordinators)
             self.secret_file.unlink(missing_ok=True)  # `nopstream savepoint --etcd` finds live jobs only
+            for name in certificate.files():
+                (self.home / name).unlink(missing_ok=True)
         seconds = time.monotonic() - started
         point = RestorePoint.from_json(entry.value) if entry is not None else None
         finished = point.epoch if point is not None and point.finished else None
@@ -209,6 +213,7 @@ class Supervisor:
                 etcd=self.etcd,
                 lease_ttl=LEASE_TTL,
                 secret_file=str(self.secret_file.resolve()),
+                tls=True,
                 attempt=name,
                 task_id=task_id,
                 run=run,

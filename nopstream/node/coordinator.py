@@ -15,7 +15,9 @@ lease or a refused fenced write ends the process non-zero (crash-only).
 
 HTTP: the coordinator's routes (`node.wire.coordinator_api`, the dashboard among them) and
 GET /healthz; all but /metrics, /healthz and the dashboard's files need the job's
-secret (`node.wire.guard`). The dashboard's history begins when this process first leads.
+secret (`node.wire.guard`), and when the job speaks TLS (`node.wire.tls`) all but the
+dashboard's API and a savepoint need the job's certificate too. The dashboard's history
+begins when this process first leads.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from nopstream.node.view.jobview import JobHistory
 from nopstream.node.wire import guard
 from nopstream.node.wire.coordinator_api import CoordinatorRoutes, Endpoint, TaskCommands
 from nopstream.node.wire.messages import TaskStatus
+from nopstream.node.wire.tls import client_session, scheme, server_context
 from nopstream.plan import compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.epochs import EpochKind, EpochState
@@ -69,7 +72,7 @@ class CoordinatorProcess:
         self.registry = Registry(self.backend, self.layout)
         self.epoch_log = EpochLog(self.backend, self.layout)
         self.storage: Storage = checkpointing.open_storage(deployment)
-        self.guard = guard.Guard(settings.secret)
+        self.guard = guard.Guard(settings.secret, certificates=settings.tls is not None)
         self.history = JobHistory(plan)  # what the dashboard shows, since this process began to lead
         self.routes = CoordinatorRoutes(plan.task_ids(), self.guard, self.history)
         self.app = self.guard.application()
@@ -79,15 +82,16 @@ class CoordinatorProcess:
         """Serve, campaign, lead until the job is over (0) or the lease is lost (1)."""
         runner = web.AppRunner(self.app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.settings.host, self.settings.port)
+        tls = self.settings.tls
+        site = web.TCPSite(runner, self.settings.host, self.settings.port, ssl_context=server_context(tls))
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        endpoint = f"http://{self.settings.advertise}:{port}"
+        endpoint = f"{scheme(tls)}://{self.settings.advertise}:{port}"
         try:
             await wait_reachable(self.backend)  # before campaigning
             async with (
                 LeaseKeeper(self.backend, self.settings.lease_ttl) as keeper,
-                aiohttp.ClientSession(headers=guard.headers(self.settings.secret)) as session,
+                client_session(self.settings.secret, tls) as session,
             ):
                 leading = asyncio.create_task(self._lead(keeper, endpoint, session), name="lead")
                 lost = asyncio.create_task(keeper.lost.wait(), name="lease")

@@ -14,6 +14,7 @@ The operator (and `nopstream run --etcd`) sets these on every pod (process):
   NOPSTREAM_HEALTH_PORT port of the liveness endpoint (`node.liveness`; default none)
   NOPSTREAM_LEASE_TTL   seconds of the process's etcd lease (default 10)
   NOPSTREAM_SECRET_FILE the file holding the job's secret (`node.wire.guard`; default SECRET_FILE)
+  NOPSTREAM_TLS         "true": the job speaks TLS; its files sit beside the secret (`node.wire.tls`)
   NOPSTREAM_PARENT_PID  the process ends when this one, its parent, does (local supervisors only)
 Every task process, of any runner, also reads (`tasklife.task_settings`):
   NOPSTREAM_BATCH_SIZE  the most records a source reads at once (default 1000; its first read)
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from nopstream.model.errors import ModelError
 from nopstream.node.wire.guard import SecretError, read_secret
+from nopstream.node.wire.tls import JobTls, TlsError
 from nopstream.plan import compiler
 from nopstream.plan.partitioned import PartitionedPlan
 
@@ -55,6 +57,7 @@ PORT = "NOPSTREAM_PORT"
 HEALTH = "NOPSTREAM_HEALTH_PORT"
 LEASE_TTL = "NOPSTREAM_LEASE_TTL"
 SECRET = "NOPSTREAM_SECRET_FILE"
+TLS = "NOPSTREAM_TLS"
 PARENT = "NOPSTREAM_PARENT_PID"
 
 
@@ -75,6 +78,7 @@ class NodeSettings:
     port: int
     lease_ttl: int
     secret: str = field(repr=False)
+    tls: JobTls | None = None
     task_id: str | None = None
     run: int | None = None
     standby: bool = False
@@ -101,6 +105,7 @@ class NodeEnv:
     etcd: str
     lease_ttl: int
     secret_file: str
+    tls: bool = False
     attempt: str | None = None
     port: int | None = None
     health_port: int | None = None
@@ -119,6 +124,7 @@ class NodeEnv:
             HEALTH: self.health_port,
             LEASE_TTL: self.lease_ttl,
             SECRET: self.secret_file,
+            TLS: "true" if self.tls else None,
             TASK_ID: self.task_id,
             RUN: self.run,
             STANDBY: "true" if self.standby else None,
@@ -157,12 +163,24 @@ def _bool(env: Mapping[str, str], name: str) -> bool:
     return raw == "true"
 
 
+def _secret_file(env: Mapping[str, str]) -> Path:
+    return Path(env.get(SECRET, "").strip() or SECRET_FILE)
+
+
 def _secret(env: Mapping[str, str]) -> str:
-    path = env.get(SECRET, "").strip() or SECRET_FILE
     try:
-        return read_secret(Path(path))
+        return read_secret(_secret_file(env))
     except SecretError as err:
         raise SettingsError(f"NOPSTREAM_SECRET_FILE: {err}") from None
+
+
+def _tls(env: Mapping[str, str]) -> JobTls | None:
+    if not _bool(env, TLS):
+        return None
+    try:
+        return JobTls.read(_secret_file(env).parent)
+    except TlsError as err:
+        raise SettingsError(f"NOPSTREAM_TLS: {err}") from None
 
 
 def from_env(role: str, env: Mapping[str, str] = os.environ) -> NodeSettings:
@@ -186,6 +204,7 @@ def from_env(role: str, env: Mapping[str, str] = os.environ) -> NodeSettings:
         port=int_variable(env, PORT, 0),
         lease_ttl=int_variable(env, LEASE_TTL, 10, minimum=2),
         secret=_secret(env),
+        tls=_tls(env),
         health_port=int_variable(env, HEALTH, minimum=1) if env.get(HEALTH, "").strip() else None,
         parent=int_variable(env, PARENT, minimum=1) if env.get(PARENT, "").strip() else None,
     )

@@ -26,8 +26,6 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
-import aiohttp
-
 from nopstream import errors, stacks
 from nopstream.checkpoint.restore import RestorePoint
 from nopstream.cluster.backend import Backend, StoreUnavailable, wait_reachable
@@ -39,9 +37,9 @@ from nopstream.cluster.registry import Registration, Registry
 from nopstream.errors import RestoreRefused
 from nopstream.node import recovery, tasklife
 from nopstream.node.settings import NodeSettings
-from nopstream.node.wire import guard
 from nopstream.node.wire.coordinator_api import CoordinatorLink
 from nopstream.node.wire.messages import TaskIdentity
+from nopstream.node.wire.tls import client_session
 from nopstream.plan import compiler
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.partitioned import PartitionedPlan
@@ -85,13 +83,21 @@ async def serve(settings: NodeSettings) -> None:
             ThreadedLeaseKeeper(
                 lambda: EtcdBackend(settings.etcd_host, settings.etcd_port), settings.lease_ttl
             ) as keeper,
-            aiohttp.ClientSession(headers=guard.headers(settings.secret)) as session,
+            client_session(settings.secret, settings.tls) as session,
         ):
             link = CoordinatorLink(session, Election(backend, layout, who.attempt).leader_endpoint, who)
             directory = _Registry(backend, layout, who, keeper, link)
             bind = (settings.host, settings.port, settings.advertise)
             life = tasklife.live(
-                plan, deployment, who, directory, link, session=session, secret=settings.secret, bind=bind
+                plan,
+                deployment,
+                who,
+                directory,
+                link,
+                session=session,
+                secret=settings.secret,
+                bind=bind,
+                tls=settings.tls,
             )
             await _until_lease_lost(keeper, life)
     finally:

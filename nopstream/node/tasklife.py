@@ -28,6 +28,7 @@ from nopstream.node.wire import guard
 from nopstream.node.wire.coordinator_api import CoordinatorLink, push_stats
 from nopstream.node.wire.messages import TaskIdentity, TaskStatus
 from nopstream.node.wire.taskserver import TaskServer
+from nopstream.node.wire.tls import JobTls
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream.plan.epochs import EpochKind
 from nopstream.plan.partitioned import PartitionedPlan
@@ -71,8 +72,10 @@ async def live(
     session: aiohttp.ClientSession,
     secret: str,
     bind: tuple[str, int, str],
+    tls: JobTls | None = None,
 ) -> None:
-    """Run task `who` of `plan` to its end, serving at `bind` (host, port, advertised host).
+    """Run task `who` of `plan` to its end, serving at `bind` (host, port, advertised host), over TLS
+    with `tls`.
 
     Any failure is told to the directory (`restoring` while the run's restore point is
     read and applied) and raised.
@@ -84,9 +87,11 @@ async def live(
             plan, deployment, who, session=session, resolve=directory.resolve, send=link.send
         )
         assert listener is not None  # a deployment binds storage
-        server = TaskServer(task, receiver, listener, run=who.run, guard=guard.Guard(secret))
+        server = TaskServer(
+            task, receiver, listener, run=who.run, guard=guard.Guard(secret, certificates=tls is not None)
+        )
         host, port, advertise = bind
-        endpoint = await server.start(host, port, advertise=advertise)
+        endpoint = await server.start(host, port, advertise=advertise, tls=tls)
         await directory.register(endpoint)
         log.info("task %s serves %s (run %d, attempt %s)", who.task_id, endpoint, who.run, who.attempt)
         restoring = True

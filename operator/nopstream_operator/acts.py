@@ -13,12 +13,14 @@ from nopstream.model.status import (
     StreamJobStatus,
 )
 from nopstream.node.wire.coordinator_client import CoordinatorClient, CoordinatorError
+from nopstream.node.wire.tls import TlsError
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream_operator import health
 from nopstream_operator.kube import Kube
 from nopstream_operator.observed import Context, Observed, PodView
 from nopstream_operator.resources import (
     JOB_SECRET_KEY,
+    job_certificate,
     job_secret_name,
 )
 
@@ -92,12 +94,15 @@ def request_savepoint(ctx: Context, seen: Observed, layout: Layout, *, stop: boo
     """Ask the leading coordinator for a savepoint (`stop`: and stop at it); whether it took the request."""
     endpoint = seen.etcd.leader_endpoint
     uid = seen.job["metadata"]["uid"]
-    secret = ctx.kube.owned_secret(layout.namespace, job_secret_name(layout.job_id), JOB_SECRET_KEY, uid)
-    if endpoint is None or secret is None:
+    data = ctx.kube.owned_secret(layout.namespace, job_secret_name(layout.job_id), uid)
+    if endpoint is None or data is None or JOB_SECRET_KEY not in data:
         return False
     try:
-        CoordinatorClient(endpoint, secret, timeout=5).savepoint(stop=stop)
-    except CoordinatorError:
+        context = job_certificate(data).client_context()
+        CoordinatorClient(endpoint, data[JOB_SECRET_KEY].decode(), timeout=5, tls=context).savepoint(
+            stop=stop
+        )
+    except (CoordinatorError, KeyError, TlsError):
         return False
     return True
 

@@ -160,8 +160,8 @@ class Kube:
                 return None
             raise
 
-    def owned_secret(self, namespace: str, name: str, key: str, owner_uid: str) -> str | None:
-        """One key of a Secret the object `owner_uid` owns, decoded; None when there is none.
+    def owned_secret(self, namespace: str, name: str, owner_uid: str) -> dict[str, bytes] | None:
+        """The data of a Secret the object `owner_uid` owns, by key, decoded; None when there is none.
 
         NameTaken when a Secret of that name belongs to another owner.
         """
@@ -173,8 +173,7 @@ class Kube:
             raise
         if owner_uid not in {o.uid for o in secret.metadata.owner_references or []}:
             raise NameTaken(f"Secret {namespace}/{name} exists and is not this job's")
-        data = secret.data or {}
-        return base64.b64decode(data[key]).decode() if key in data else None
+        return {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
 
     def create(self, manifest: dict[str, Any]) -> None:
         """Create an object of a kind `_calls` knows; an existing one is adopted only if this job owns it.

@@ -29,7 +29,7 @@ from nopstream.model.status import (
     SavepointRequest,
 )
 from nopstream.node import recovery
-from nopstream.node.wire import guard
+from nopstream.node.wire import guard, tls
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream_operator import health
 from nopstream_operator.acts import delete_pods, fail, has_condition, invalid, patch, waits, with_condition
@@ -55,7 +55,6 @@ from nopstream_operator.observed import (
     pod_view,
 )
 from nopstream_operator.resources import (
-    JOB_SECRET_KEY,
     LABEL_LEADER,
     coordinator_pod,
     job_secret,
@@ -110,8 +109,8 @@ def reconcile_once(ctx: Context, namespace: str, name: str) -> None:
 def _ensure_fences(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> None:
     """The job's Secret, NetworkPolicy and leader Service exist (created, owned by the job, when missing)."""
     ns, name = deployment.namespace, job_secret_name(deployment.job_id)
-    if ctx.kube.owned_secret(ns, name, JOB_SECRET_KEY, seen.job["metadata"]["uid"]) is None:
-        ctx.kube.create(job_secret(seen.job, deployment, guard.new_secret()))
+    if ctx.kube.owned_secret(ns, name, seen.job["metadata"]["uid"]) is None:
+        ctx.kube.create(job_secret(seen.job, deployment, guard.new_secret(), tls.issue(deployment.job_id)))
     policy = network_policy_name(deployment.job_id)
     if ctx.pods.network_policy and not ctx.kube.exists("NetworkPolicy", ns, policy):
         ctx.kube.create(network_policy(seen.job, deployment, ctx.pods))

@@ -18,6 +18,7 @@ from nopstream.model.connectors import SECRETS_DIR
 from nopstream.model.load import load_data
 from nopstream.model.spec import secret_refs
 from nopstream.node.settings import ADVERTISE, ATTEMPT, HOST, SECRET_FILE, NodeEnv
+from nopstream.node.wire.tls import CA_FILE, CERT_FILE, KEY_FILE, JobCertificate
 from nopstream.plan import compiler
 from nopstream.plan.deployment import TASK_PORT, DeploymentPlan, TaskDeployment, resource_name
 from nopstream.plan.partitioned import PartitionedPlan
@@ -113,16 +114,25 @@ def job_secret_name(job_id: str) -> str:
     return resource_name(job_id, "secret")
 
 
-def job_secret(job: dict[str, Any], deployment: DeploymentPlan, secret: str) -> dict[str, Any]:
-    """The Secret of a job's secret, owned by its StreamJob (deleted with it)."""
+def job_secret(
+    job: dict[str, Any], deployment: DeploymentPlan, secret: str, certificate: JobCertificate
+) -> dict[str, Any]:
+    """The Secret of a job's secret and TLS files (`node.wire.tls`), owned by its StreamJob (deleted with
+    it)."""
+    files = {name: data.decode() for name, data in certificate.files().items()}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": _metadata(job, deployment, job_secret_name(deployment.job_id), "secret"),
         "type": "Opaque",
         "immutable": True,
-        "stringData": {JOB_SECRET_KEY: secret},
+        "stringData": {JOB_SECRET_KEY: secret, **files},
     }
+
+
+def job_certificate(data: dict[str, bytes]) -> JobCertificate:
+    """The TLS files of a job's Secret (its data, decoded); KeyError naming a missing file."""
+    return JobCertificate(ca=data[CA_FILE], cert=data[CERT_FILE], key=data[KEY_FILE])
 
 
 def network_policy_name(job_id: str) -> str:
@@ -223,6 +233,7 @@ def _pod(
         etcd=settings.etcd,
         lease_ttl=settings.lease_ttl,
         secret_file=SECRET_FILE,
+        tls=True,
         port=TASK_PORT,
         health_port=HEALTH_PORT,
         task_id=task_id,

@@ -7,6 +7,8 @@ channel of it requests without the job's secret, with a wrong one, and, with the
 secret, with no run or token, an old run, or an old fencing token. Each gets its status
 (401, 400, 409 or a refused channel handshake), the refusals are counted in the
 metrics, and the job still ends with exactly its input: nothing lost, nothing doubled.
+Under `--etcd` the job speaks TLS: a plain-HTTP request, a TLS client presenting another
+job's certificate, and one presenting none are refused too (disconnected, or 403).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -28,7 +32,7 @@ from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
 from nopstream.model.load import load_file
-from nopstream.node.wire import guard
+from nopstream.node.wire import guard, tls
 from nopstream.plan import compiler
 from nopstream.runtime.codec import DEFAULT_CODEC
 from nopstream.runtime.frames import Hello, Refused, decode, encode
@@ -244,8 +248,9 @@ def test_forged_requests_to_the_coordinators_and_tasks_on_etcd_are_refused(
     home = tmp_path / "job"
     job = start(home, "--etcd", f"{host}:{port}")
     monkeypatch.chdir(home)
-    wait_for(home / ".nopstream" / "runs" / "forged" / "cluster" / "secret")
-    secret = (home / ".nopstream" / "runs" / "forged" / "cluster" / "secret").read_text()
+    files = home / ".nopstream" / "runs" / "forged" / "cluster"
+    wait_for(files / "secret")
+    secret = (files / "secret").read_text()
     sink_task, channel_id = sink_channel()
     wait_for(home / "cp" / "checkpoint" / "forged" / "main" / "2" / "_manifest.json")
 
@@ -261,11 +266,18 @@ def test_forged_requests_to_the_coordinators_and_tasks_on_etcd_are_refused(
         finally:
             await backend.close()
 
-    async def forge() -> tuple[dict, dict, list, str, int, str]:
+    async def forge() -> tuple[dict, dict, dict, list, str, int, str]:
         leader, run, task_url = await endpoints()
+        assert leader.startswith("https://") and task_url.startswith("https://"), (leader, task_url)
         ok = guard.headers(secret)
         answers: dict[str, object] = {}
-        async with aiohttp.ClientSession() as session:
+        outsiders = await forge_without_the_certificate(
+            leader, task_url, secret, files / tls.CA_FILE, tmp_path / "other"
+        )
+        # a process with the job's files: the job's certificate, and what it sends checked still
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=tls.JobTls(files).client_context())
+        ) as session:
             for path in ("/ack", "/source-finished", "/savepoint"):
                 answers[f"{path} no secret"] = (await status(session, "POST", leader + path, json={}))[0]
                 answers[f"{path} wrong secret"] = (
@@ -283,9 +295,9 @@ def test_forged_requests_to_the_coordinators_and_tasks_on_etcd_are_refused(
             tasks = await forge_task(session, task_url, run, secret)
             channels = await forge_channels(session, task_url, channel_id, run, secret)
             metrics = (await status(session, "GET", leader + "/metrics"))[1]
-        return answers, tasks, channels, metrics, run, leader
+        return answers, outsiders, tasks, channels, metrics, run, leader
 
-    answers, tasks, channels, metrics, run, leader = asyncio.run(forge())
+    answers, outsiders, tasks, channels, metrics, run, leader = asyncio.run(forge())
     # the job's own command asks with the secret `nopstream run --etcd` keeps; another secret gets 401
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(home)])}
     savepoint = ["savepoint", "job.yaml", "--etcd", f"{host}:{port}"]
@@ -293,8 +305,11 @@ def test_forged_requests_to_the_coordinators_and_tasks_on_etcd_are_refused(
     assert asked.code == 0 and asked.out.startswith("savepoint requested: the next epoch of job 'forged'"), (
         asked
     )
-    (home / "wrong").write_text("1" * 64)
-    wrong = run_nopstream(*savepoint, "--secret-file", "wrong", cwd=home, env=env)
+    (home / "wrong").mkdir()  # the job's TLS files with another secret
+    for name in tls.JobCertificate(b"", b"", b"").files():
+        shutil.copy(files / name, home / "wrong" / name)
+    (home / "wrong" / "secret").write_text("1" * 64)
+    wrong = run_nopstream(*savepoint, "--secret-file", "wrong/secret", cwd=home, env=env)
     assert (wrong.code, wrong.err) == (
         1,
         f"job 'forged': the coordinator at {leader} refused /savepoint (401):"
@@ -319,4 +334,61 @@ def test_forged_requests_to_the_coordinators_and_tasks_on_etcd_are_refused(
     assert channels[:2] == ["401", "401"]
     assert channels[2] == f"stale run {run - 1} of attempt forger: the current run is {run}"
     assert channels[3] == f"channel {channel_id} is already connected"
-    assert "nopstream_unauthorized_requests_total 6.0" in metrics
+    assert outsiders == OUTSIDERS
+    assert "nopstream_unauthorized_requests_total 7.0" in metrics  # and the 403 of /ack without a certificate
+
+
+def tls_context(ca: Path, certificate: tls.JobTls | None) -> ssl.SSLContext:
+    """A client trusting the job's CA (its certificate is no secret), presenting `certificate`'s."""
+    context = ssl.create_default_context(cafile=str(ca))
+    context.check_hostname = False
+    if certificate is not None:
+        directory = certificate.directory
+        context.load_cert_chain(str(directory / tls.CERT_FILE), str(directory / tls.KEY_FILE))
+    return context
+
+
+async def forge_without_the_certificate(
+    leader: str, task_url: str, secret: str, ca: Path, other: Path
+) -> dict[str, object]:
+    """What the job's servers (their CA `ca`) answer clients without the job's certificate, each sending
+    the secret; another job's TLS files are made in `other`."""
+    other.mkdir()
+    stranger = tls.issue("another-job").write(other)  # another job's: its CA is not this job's
+    answers: dict[str, object] = {}
+    clients = {
+        "plain http": None,
+        "no certificate": tls_context(ca, None),
+        "another job's certificate": tls_context(ca, stranger),
+    }
+    for who, context in clients.items():
+        connector = aiohttp.TCPConnector(ssl=context) if context is not None else None
+        async with aiohttp.ClientSession(connector=connector, headers=guard.headers(secret)) as session:
+            for name, method, url in (
+                ("leader /ack", "POST", leader + "/ack"),
+                ("leader /api/v1/job", "GET", leader + "/api/v1/job"),
+                ("task /control/status", "GET", task_url + "/control/status"),
+            ):
+                if context is None:
+                    url = url.replace("https://", "http://", 1)
+                try:
+                    async with session.request(method, url, json={}) as resp:
+                        answers[f"{who}: {name}"] = resp.status
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                    # the server closed the connection: no TLS, or a certificate it refused (a reset
+                    # when the alert crosses the request)
+                    answers[f"{who}: {name}"] = "disconnected"
+    return answers
+
+
+OUTSIDERS = {
+    **{
+        f"{who}: {name}": "disconnected"
+        for who in ("plain http", "another job's certificate")
+        for name in ("leader /ack", "leader /api/v1/job", "task /control/status")
+    },
+    # the dashboard's API admits the secret alone (people's browsers have no certificate)
+    "no certificate: leader /ack": 403,
+    "no certificate: leader /api/v1/job": 200,
+    "no certificate: task /control/status": 403,
+}

@@ -60,13 +60,13 @@ class FakeKube:
         found = self.objects.get(("ConfigMap", name))
         return None if found is None else dict(found["data"])
 
-    def owned_secret(self, namespace: str, name: str, key: str, owner_uid: str) -> str | None:
+    def owned_secret(self, namespace: str, name: str, owner_uid: str) -> dict[str, bytes] | None:
         found = self.objects.get(("Secret", name))
         if found is None:
             return None
         if owner_uid not in {o["uid"] for o in found["metadata"].get("ownerReferences", [])}:
             raise NameTaken(f"Secret {namespace}/{name} exists and is not this job's")
-        return str(found["stringData"][key])
+        return {key: value.encode() for key, value in found["stringData"].items()}
 
     def create(self, manifest: dict[str, Any]) -> None:
         """Create an object; one of this name already there is kept as it is (the API's 409, adopted)."""

@@ -16,6 +16,7 @@ from nopstream_operator.resources import (
 )
 
 from nopstream.model.load import load_data
+from nopstream.node.wire import tls
 from nopstream.plan import compiler
 from tests.conftest import EXAMPLES
 
@@ -71,6 +72,7 @@ def test_a_task_pod_has_its_identity_run_plan_and_probes():
         "NOPSTREAM_TASK_ID": "wordcount/main/lines/1",
         "NOPSTREAM_RUN": "4",
         "NOPSTREAM_SECRET_FILE": "/var/run/nopstream/job-secret/secret",
+        "NOPSTREAM_TLS": "true",
         "A": "1",
     }
     assert c["readinessProbe"]["tcpSocket"] == {"port": 7700}
@@ -117,10 +119,15 @@ def test_storage_credentials_reach_pods_as_files_and_the_job_secret_is_owned_by_
     assert {"name": "storage-credentials", "mountPath": "/var/run/nopstream/storage", "readOnly": True} in c[
         "volumeMounts"
     ]
-    secret = job_secret(job, p.deployment, "s" * 64)
+    certificate = tls.issue("wordcount")
+    secret = job_secret(job, p.deployment, "s" * 64, certificate)
     assert secret["metadata"]["name"] == "wordcount-secret"
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "u-1"
-    assert (secret["immutable"], secret["stringData"]) == (True, {"secret": "s" * 64})
+    assert (secret["immutable"], secret["stringData"]) == (
+        True,
+        {"secret": "s" * 64, "ca.crt": certificate.ca.decode(), "tls.crt": certificate.cert.decode()}
+        | {"tls.key": certificate.key.decode()},
+    )
 
 
 def test_a_jobs_pods_accept_only_its_own_pods_the_operator_and_named_peers():

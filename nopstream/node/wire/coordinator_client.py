@@ -8,6 +8,7 @@ StreamJob for a savepoint. The tasks' own client is `coordinator_api.Coordinator
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -35,11 +36,13 @@ class Unreachable(CoordinatorError):
 
 @dataclass(frozen=True)
 class CoordinatorClient:
-    """Requests to the coordinator at `base` (a URL), with the job's secret."""
+    """Requests to the coordinator at `base` (a URL), with the job's secret (an https URL: over TLS with
+    `tls`, a client context of `node.wire.tls`)."""
 
     base: str
     secret: str = field(repr=False)
     timeout: float = 10.0
+    tls: ssl.SSLContext | None = None
 
     def savepoint(self, *, stop: bool = False) -> tuple[int, ...]:
         """Make the next epoch a savepoint (`stop`: and stop the job at it); the savepoints so far."""
@@ -55,7 +58,7 @@ class CoordinatorClient:
             f"{self.base.rstrip('/')}{path}", method=method, headers=guard.headers(self.secret)
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(request, timeout=self.timeout, context=self.tls) as resp:
                 answer = json.loads(resp.read())
         except urllib.error.HTTPError as refused:
             raise Refused(path, refused.code, refused.read().decode(errors="replace")) from None

@@ -10,6 +10,11 @@ dashboard's static files under `/dashboard/` (its page reads the job through
 `/api/v1/job`, with the secret) are open. A guarded request whose JSON body lacks a
 field a handler needs gets 400 (`json_body`); whether its run and token are current is
 the handler's to say (409).
+
+When the job speaks TLS (`node.wire.tls`: on a cluster and under `nopstream run --etcd`),
+a guarded request also needs a connection that presented the job's certificate (403
+otherwise), except on the routes people and their tools call (`PERSON_PATHS`: the
+dashboard's API and a savepoint): the secret admits those, over TLS.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from nopstream import safefiles
 
 OPEN_PATHS = frozenset({"/healthz", "/metrics", "/dashboard"})
 OPEN_PREFIX = "/dashboard/"  # the dashboard's page and scripts: no job data (its script asks with the secret)
+PERSON_PATHS = frozenset({"/api/v1/job", "/savepoint"})
+"""Guarded routes a person's browser or CLI calls: the secret suffices, without the job's certificate."""
 SECRET_BYTES = 32
 
 
@@ -70,29 +77,43 @@ def headers(secret: str) -> dict[str, str]:
 
 
 class Guard:
-    """An aiohttp middleware admitting only requests that carry the job's secret."""
+    """An aiohttp middleware admitting only requests that carry the job's secret (and, with
+    `certificates`, come over a connection that presented the job's certificate)."""
 
-    def __init__(self, secret: str) -> None:
-        """Admit `secret`."""
+    def __init__(self, secret: str, *, certificates: bool = False) -> None:
+        """Admit `secret`; with `certificates`, only from the job's processes outside PERSON_PATHS."""
         self._expected = f"Bearer {secret}".encode()
+        self._certificates = certificates
         self.refused = 0
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """401 and counted unless the path is open or the Authorization header is the job's."""
-        if request.path not in OPEN_PATHS and not request.path.startswith(OPEN_PREFIX):
-            given = request.headers.get("Authorization", "").encode(errors="replace")
-            if not hmac.compare_digest(given, self._expected):
-                self.refused += 1
-                raise web.HTTPUnauthorized(
-                    text="this endpoint needs the job's secret (Authorization: Bearer ...)",
-                    headers={"WWW-Authenticate": 'Bearer realm="nopstream job"'},
-                )
+        """401 (403 without the job's certificate) and counted unless the path is open or the request
+        is admitted."""
+        if request.path in OPEN_PATHS or request.path.startswith(OPEN_PREFIX):
+            return await handler(request)
+        given = request.headers.get("Authorization", "").encode(errors="replace")
+        if not hmac.compare_digest(given, self._expected):
+            self.refused += 1
+            raise web.HTTPUnauthorized(
+                text="this endpoint needs the job's secret (Authorization: Bearer ...)",
+                headers={"WWW-Authenticate": 'Bearer realm="nopstream job"'},
+            )
+        if self._certificates and request.path not in PERSON_PATHS and not _verified_peer(request):
+            self.refused += 1
+            raise web.HTTPForbidden(text="this endpoint needs a TLS connection with the job's certificate")
         return await handler(request)
 
     def application(self) -> web.Application:
         """A new application guarded by this guard."""
         return web.Application(middlewares=[self.middleware])
+
+
+def _verified_peer(request: web.Request) -> bool:
+    """Whether the request's connection presented a certificate its TLS server verified (a server
+    context of `node.wire.tls` verifies any that is presented, against the job's CA)."""
+    transport = request.transport
+    return transport is not None and bool(transport.get_extra_info("peercert"))
 
 
 class GuardCollector:
@@ -106,7 +127,7 @@ class GuardCollector:
         """The counter of requests refused for a missing or wrong secret."""
         refused = CounterMetricFamily(
             "nopstream_unauthorized_requests",
-            "Requests refused with 401 for a missing or wrong job secret",
+            "Requests refused: 401 for a missing or wrong job secret, 403 without the job's certificate",
         )
         refused.add_metric([], self.guard.refused)
         yield refused

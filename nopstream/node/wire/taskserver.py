@@ -7,7 +7,8 @@ coordinator's commands, its status and its metrics:
   GET  /control/status                             run, sourceFinished, the last ACK
   GET  /metrics                                    Prometheus metrics
   GET  /healthz                                    200 while the process serves
-Every route but the last two needs the job's secret (`node.wire.guard`: 401). A command
+Every route but the last two needs the job's secret (`node.wire.guard`: 401) and, when
+the job speaks TLS, the job's certificate (403). A command
 without its run and token is refused with 400, one of another run, or with a fencing
 token lower than the highest this task has seen, with 409 (both counted in the
 fenced-attempts metric): a deposed coordinator can no longer make a task act.
@@ -23,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from nopstream.cluster.fencing import TokenGate
 from nopstream.node.wire.guard import Guard, GuardCollector, healthz, json_body
 from nopstream.node.wire.messages import Command, TaskStatus
+from nopstream.node.wire.tls import JobTls, scheme, server_context
 from nopstream.runtime.metrics import TaskCollector, exposition
 from nopstream.runtime.task import Task
 from nopstream.runtime.transport_http import HttpReceiver
@@ -66,16 +68,18 @@ class TaskServer:
         self.registry.register(GuardCollector(guard))
         self._runner: web.AppRunner | None = None
 
-    async def start(self, host: str, port: int, *, advertise: str | None = None) -> str:
-        """Listen on host:port (0: any free port); the endpoint others reach it at."""
+    async def start(
+        self, host: str, port: int, *, advertise: str | None = None, tls: JobTls | None = None
+    ) -> str:
+        """Listen on host:port (0: any free port), over TLS with `tls`; the endpoint others reach it at."""
         # A task that stops (it cannot start, or fails) does not wait for the channels upstream
         # tasks still hold open to it: aiohttp would give open handlers a minute.
         self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, ssl_context=server_context(tls))
         await site.start()
         bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        return f"http://{advertise or host}:{bound}"
+        return f"{scheme(tls)}://{advertise or host}:{bound}"
 
     async def close(self) -> None:
         """Stop serving."""
