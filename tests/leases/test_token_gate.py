@@ -9,7 +9,7 @@ import aiohttp
 
 from nopstream.model.load import load_data
 from nopstream.node.tasklife import build_task
-from nopstream.node.wire import guard
+from nopstream.node.wire import guard, tls
 from nopstream.node.wire.messages import TaskIdentity
 from nopstream.node.wire.taskserver import TaskServer
 from nopstream.plan import compiler
@@ -111,6 +111,25 @@ def test_task_and_coordinator_name_the_missing_or_bad_variable(nopstream, tmp_pa
     )
     guard.write_secret(tmp_path / "secret", SECRET)
     good["NOPSTREAM_SECRET_FILE"] = str(tmp_path / "secret")
+    result = nopstream("coordinator", env={**good, "NOPSTREAM_TLS": "true"})
+    assert (result.code, result.err) == (
+        2,
+        f"nopstream coordinator: NOPSTREAM_TLS: {tmp_path / 'ca.crt'}: the job's TLS file is missing\n",
+    )
+    certificate = tls.issue("env")
+    (tmp_path / "ca.crt").write_bytes(certificate.ca)
+    (tmp_path / "tls.crt").write_bytes(certificate.cert)
+    (tmp_path / "tls.key").write_bytes(tls.issue("another").key)  # a key that is not the certificate's
+    result = nopstream("coordinator", env={**good, "NOPSTREAM_TLS": "yes"})
+    assert (result.code, result.err) == (
+        2,
+        "nopstream coordinator: NOPSTREAM_TLS='yes' must be true or false\n",
+    )
+    result = nopstream("coordinator", env={**good, "NOPSTREAM_TLS": "true"})
+    assert result.code == 2 and result.err.startswith(
+        f"nopstream coordinator: NOPSTREAM_TLS: {tmp_path / 'tls.crt'}, {tmp_path / 'tls.key'}: not a"
+        " certificate and its key ([X509: KEY_VALUES_MISMATCH] key values mismatch"
+    ), result.err
     result = nopstream("task", env={**good, "NOPSTREAM_TASK_ID": "env/main/src/0", "NOPSTREAM_RUN": "one"})
     assert (result.code, result.err) == (2, "nopstream task: NOPSTREAM_RUN='one' is not an integer\n")
     result = nopstream(

@@ -30,6 +30,7 @@ import json
 import os
 import random
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -729,11 +730,14 @@ def leader_view(w: World, job: str, leader_pod: str) -> dict[str, Any]:
 
     pod_ip = json.loads(w.kubectl("get", "pod", leader_pod, "-o", "json"))["status"]["podIP"]
     w.wait("the leader Service's one endpoint", lambda: endpoints() == [pod_ip], timeout=30)
-    secret = w.kubectl("get", "secret", f"{job}-secret", "-o", "jsonpath={.data.secret}")
+    data = json.loads(w.kubectl("get", "secret", f"{job}-secret", "-o", "json"))["data"]
     port = w.cluster.service_port(f"{job}-leader", 7700)
-    headers = {"Authorization": f"Bearer {base64.b64decode(secret).decode()}"}
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/job", headers=headers)
-    with urllib.request.urlopen(request, timeout=10) as r:
+    headers = {"Authorization": f"Bearer {base64.b64decode(data['secret']).decode()}"}
+    # as a person's browser: the job's CA trusted, no client certificate (the dashboard's API takes none)
+    context = ssl.create_default_context(cadata=base64.b64decode(data["ca.crt"]).decode())
+    context.check_hostname = False
+    request = urllib.request.Request(f"https://127.0.0.1:{port}/api/v1/job", headers=headers)
+    with urllib.request.urlopen(request, timeout=10, context=context) as r:
         view: dict[str, Any] = json.loads(r.read())
     assert view["leader"]["holder"] == leader_pod and view["job"]["jobId"] == job, view["leader"]
     return view

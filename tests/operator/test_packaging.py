@@ -179,7 +179,13 @@ def test_monitoring_is_asked_for_and_its_operator_kinds_made_only_where_their_cr
     shipped = (CHART / "files" / "grafana-dashboard.json").read_text()
     assert dashboard["data"]["nopstream.json"] == shipped.rstrip("\n")
     assert made["PodMonitor"]["spec"]["podMetricsEndpoints"] == [
-        {"port": "http", "path": "/metrics", "interval": "15s"}
+        {
+            "port": "http",
+            "path": "/metrics",
+            "scheme": "https",
+            "tlsConfig": {"insecureSkipVerify": True},
+            "interval": "15s",
+        }
     ]
     assert made["PrometheusRule"]["spec"] == yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
 
