@@ -10,12 +10,15 @@ cache.
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
+import json
 import os
 import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -115,7 +118,7 @@ class Etcd:
     @property
     def endpoint(self) -> tuple[str, int]:
         """(host, port) of the client URL."""
-        host, port = self.client_url.removeprefix("http://").split(":")
+        host, port = self.client_url.split("://")[-1].split(":")
         return host, int(port)
 
     def stop(self) -> None:
@@ -148,6 +151,47 @@ def etcd_argv(name: str, data: Path, *, host: str, client: int, peer: int, metri
 
 
 ETCD_ENV = {"ETCD_LOG_LEVEL": "warn"}
+
+
+SECURE_ETCD_USER = "nopstream"
+"""The user of `start_secure_etcd` that may read and write every key: a client certificate's common
+name, or by password."""
+
+
+def start_secure_etcd(workdir: Path, pki: Pki, password: str) -> Etcd:
+    """etcd serving TLS only with a certificate of `pki`, admitting clients with a certificate of its CA,
+    and checking who calls: SECURE_ETCD_USER (a certificate's common name, or `password`) may read and
+    write every key; a certificate of another name may do nothing."""
+    client, server = free_port(), pki.issue("etcd-server", "etcd", server_ips=("127.0.0.1",))
+    root = pki.issue("etcd-root", "root")
+    url = f"https://127.0.0.1:{client}"
+    plain = etcd_argv(
+        "etcd", workdir / "etcd-data", host="127.0.0.1", client=client, peer=free_port(), metrics=free_port()
+    )
+    argv = [url if a == f"http://127.0.0.1:{client}" else a for a in plain]  # its client URLs: https
+    argv += ["--cert-file", str(server.cert), "--key-file", str(server.key)]
+    argv += ["--client-cert-auth", "--trusted-ca-file", str(pki.ca.cert)]
+    proc = spawn("etcd-secure", argv, log=workdir / "etcd.log", env=ETCD_ENV)
+    context = ssl.create_default_context(cafile=str(pki.ca.cert))
+    context.load_cert_chain(str(root.cert), str(root.key))
+
+    def call(path: str, body: dict[str, object]) -> dict[str, object]:
+        request = urllib.request.Request(f"{url}/v3/{path}", data=json.dumps(body).encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=5, context=context) as resp:
+            answer: dict[str, object] = json.loads(resp.read())
+            return answer
+
+    every_key = base64.b64encode(b"\0").decode()
+    wait_until("etcd-secure", lambda: bool(call("maintenance/status", {})), process=proc)
+    call("auth/user/add", {"name": "root", "password": secrets.token_hex(8)})
+    call("auth/user/grant", {"user": "root", "role": "root"})
+    call("auth/user/add", {"name": SECURE_ETCD_USER, "password": password})
+    call("auth/role/add", {"name": "jobs"})
+    perm = {"permType": "READWRITE", "key": every_key, "range_end": every_key}
+    call("auth/role/grant", {"name": "jobs", "perm": perm})
+    call("auth/user/grant", {"user": SECURE_ETCD_USER, "role": "jobs"})
+    call("auth/enable", {})
+    return Etcd(proc, url, workdir / "etcd-data")
 
 
 def start_etcd(

@@ -46,6 +46,7 @@ def _ask_coordinator(
 ) -> T | None:
     """What `ask` gets from the job's coordinator; None (said on stderr) when none takes it."""
     from nopstream.cluster.backend import StoreUnavailable
+    from nopstream.cluster.etcd import AccessError
     from nopstream.node.wire import guard
     from nopstream.node.wire.coordinator_client import CoordinatorClient, CoordinatorError
     from nopstream.node.wire.tls import JobTls, TlsError
@@ -59,6 +60,9 @@ def _ask_coordinator(
         found = (url.rstrip("/"), Path(args.secret_file or "")) if url else _coordinator(plans, args)
     except StoreUnavailable as err:
         print(f"job '{job}': etcd at {args.etcd} did not answer: {err}", file=sys.stderr)
+        return None
+    except AccessError as err:
+        print(f"nopstream {args.command}: {err}", file=sys.stderr)
         return None
     if found is None:
         print(f"job '{job}' is not running (no coordinator found)", file=sys.stderr)
@@ -86,12 +90,12 @@ def _coordinator(plans: compiler.CompiledPlans, args: argparse.Namespace) -> tup
         import asyncio
 
         from nopstream.cluster.election import Election
-        from nopstream.cluster.etcd import EtcdBackend
+        from nopstream.cluster.etcd import EtcdBackend, access_from_env
         from nopstream.cluster.layout import Layout
 
         async def leader() -> str | None:
             host, _, port = args.etcd.rpartition(":")
-            backend = EtcdBackend(host, int(port))
+            backend = EtcdBackend(host, int(port), access=access_from_env())
             ident = plans.partitioned.identity
             try:
                 layout = Layout(plans.deployment.namespace, ident.job_id, ident.pipeline_id)

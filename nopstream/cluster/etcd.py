@@ -4,16 +4,31 @@ Each operation is one etcd request: conditional writes are transactions comparin
 a key's create revision or value, so they are atomic on the server. Failures to
 reach etcd become `StoreUnavailable`; a lease that etcd no longer knows becomes
 `LeaseExpired`.
+
+An etcd that speaks TLS or checks who calls is reached with an `EtcdAccess`: the files of
+one directory (`read_access`), named like a Kubernetes TLS Secret's keys: `ca.crt` (the
+CA its server certificate is checked against), `tls.crt` and `tls.key` (a client
+certificate: with etcd's `--client-cert-auth`, its common name is the etcd user),
+`username` and `password` (etcd's password authentication). Every etcd client of a
+process finds that directory in ACCESS_ENV (`access_from_env`): the processes of
+`nopstream run --etcd` inherit it from the command, pods from the operator.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 from collections.abc import AsyncGenerator, Awaitable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aetcd
 import aetcd.exceptions
+import aetcd.rpc
+import aetcd.watcher
+import grpc
 
 from nopstream.cluster.backend import EMPTY, Entry, Event, LeaseExpired, StoreUnavailable
 
@@ -27,6 +42,117 @@ _UNAVAILABLE = (
 )
 
 
+ACCESS_FILES = ("ca.crt", "tls.crt", "tls.key", "username", "password")
+
+
+ACCESS_ENV = "NOPSTREAM_ETCD_ACCESS"
+"""The variable naming an etcd access directory; unset: plain text, nobody named."""
+
+
+class AccessError(ValueError):
+    """An etcd access directory is unusable; the message names the file and the rule."""
+
+
+@dataclass(frozen=True)
+class EtcdAccess:
+    """How a client checks etcd and proves itself to it: PEM bytes for TLS, a user and password."""
+
+    ca: bytes | None = None
+    cert: bytes | None = None
+    key: bytes | None = field(default=None, repr=False)
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        """The TLS credentials of a gRPC channel, or None for plain text (no CA and no certificate)."""
+        if self.ca is None and self.cert is None:
+            return None
+        return grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
+
+
+def read_access(directory: Path) -> EtcdAccess:
+    """The EtcdAccess in `directory` (see the module); AccessError naming the file and the rule."""
+    if not directory.is_dir():
+        raise AccessError(f"{directory}: not a directory (it holds {', '.join(ACCESS_FILES)})")
+
+    def read(name: str) -> bytes | None:
+        path = directory / name
+        try:
+            return path.read_bytes() if path.exists() else None
+        except OSError as err:
+            raise AccessError(f"{path}: cannot be read ({err.strerror or err})") from None
+
+    ca, cert, key, user, password = (read(name) for name in ACCESS_FILES)
+    if (cert is None) != (key is None):
+        raise AccessError(f"{directory}: tls.crt and tls.key go together (one of them is missing)")
+    if (user is None) != (password is None):
+        raise AccessError(f"{directory}: username and password go together (one of them is missing)")
+    for name, pem in zip(ACCESS_FILES, (ca, cert, key), strict=False):
+        if pem is not None and b"-----BEGIN " not in pem:
+            raise AccessError(f"{directory / name}: not a PEM file")
+    if ca is None and cert is None and user is None:
+        raise AccessError(f"{directory}: holds none of ca.crt, tls.crt, username")
+    return EtcdAccess(
+        ca=ca,
+        cert=cert,
+        key=key,
+        username=None if user is None else user.decode().strip(),
+        password=None if password is None else password.decode().strip(),
+    )
+
+
+def access_from_env(env: Mapping[str, str] = os.environ) -> EtcdAccess | None:
+    """The EtcdAccess of the directory ACCESS_ENV names, or None; AccessError naming the variable."""
+    directory = env.get(ACCESS_ENV, "").strip()
+    if not directory:
+        return None
+    try:
+        return read_access(Path(directory))
+    except AccessError as err:
+        raise AccessError(f"{ACCESS_ENV}: {err}") from None
+
+
+class _TlsClient(aetcd.Client):  # type: ignore[misc]  # aetcd has no types
+    """aetcd's client over a TLS channel: aetcd 1.0 opens plain channels only; this connects as its
+    `connect` does, with `secure_channel`."""
+
+    def __init__(self, credentials: grpc.ChannelCredentials, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._credentials = credentials
+        self._is_connecting: bool = False
+
+    async def connect(self) -> None:
+        """Open the TLS channel (and authenticate) once; concurrent callers wait for the first."""
+        if self._connected.is_set():
+            return
+        if self._is_connecting:
+            async with asyncio.timeout(self._connect_wait_timeout):
+                await self._connected.wait()
+            return
+        try:
+            self._is_connecting = True
+            target = f"{self._host}:{self._port}"
+            self.channel = aetcd.rpc.secure_channel(target, self._credentials, options=self._options.items())
+            if self._username is not None:
+                self.auth_stub = aetcd.rpc.AuthStub(self.channel)
+                request = aetcd.rpc.AuthenticateRequest(name=self._username, password=self._password)
+                try:
+                    reply = await self.auth_stub.Authenticate(request, timeout=self._timeout)
+                except aetcd.rpc.AioRpcError as err:
+                    aetcd.exceptions._handle_exception(err)
+                self.metadata = (("token", reply.token),)
+            self.kvstub = aetcd.rpc.KVStub(self.channel)
+            self.clusterstub = aetcd.rpc.ClusterStub(self.channel)
+            self.leasestub = aetcd.rpc.LeaseStub(self.channel)
+            self.maintenancestub = aetcd.rpc.MaintenanceStub(self.channel)
+            self._watcher = aetcd.watcher.Watcher(
+                aetcd.rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
+            )
+            self._connected.set()
+        finally:
+            self._is_connecting = False
+
+
 def _entry(kv: Any) -> Entry:
     return Entry(bytes(kv.value), int(kv.create_revision), int(kv.mod_revision), int(kv.lease))
 
@@ -34,8 +160,11 @@ def _entry(kv: Any) -> Entry:
 class EtcdBackend:
     """The coordination store on a real etcd server."""
 
-    def __init__(self, host: str, port: int, *, timeout: float = 5.0) -> None:
-        """A client of the etcd server at host:port; each request times out after `timeout` seconds."""
+    def __init__(
+        self, host: str, port: int, *, timeout: float = 5.0, access: EtcdAccess | None = None
+    ) -> None:
+        """A client of the etcd server at host:port (over TLS and authenticated as `access` says); each
+        request times out after `timeout` seconds."""
         # gRPC backs off reconnecting for up to two minutes by default; after an etcd
         # outage the job must go on as soon as etcd is back, so keep the backoff short.
         options = {
@@ -43,7 +172,13 @@ class EtcdBackend:
             "grpc.min_reconnect_backoff_ms": 100,
             "grpc.max_reconnect_backoff_ms": 1000,
         }
-        self.client = aetcd.Client(host=host, port=port, timeout=timeout, options=options)
+        access = access or EtcdAccess()
+        where = {"host": host, "port": port, "timeout": timeout, "options": options}
+        who = {"username": access.username, "password": access.password}
+        credentials = access.credentials()
+        self.client = (
+            aetcd.Client(**where, **who) if credentials is None else _TlsClient(credentials, **where, **who)
+        )
 
     async def _call(self, request: Awaitable[T]) -> T:
         try:

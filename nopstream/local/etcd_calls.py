@@ -15,28 +15,28 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from nopstream.cluster.backend import StoreUnavailable
-from nopstream.cluster.etcd import EtcdBackend
+from nopstream.cluster.etcd import EtcdAccess, EtcdBackend
 
 T = TypeVar("T")
 CALL_S = 10.0
 """How long one call may take before it counts as etcd not answering."""
 
 
-async def _client(host: str, port: int) -> EtcdBackend:
-    return EtcdBackend(host, port)
+async def _client(host: str, port: int, access: EtcdAccess | None) -> EtcdBackend:
+    return EtcdBackend(host, port, access=access)
 
 
 class EtcdCalls:
     """Calls to the etcd server at host:port, each from this thread, each run on the client's own loop."""
 
-    def __init__(self, etcd: str) -> None:
-        """A client of the etcd server at `etcd` (host:port); `close` it."""
+    def __init__(self, etcd: str, access: EtcdAccess | None = None) -> None:
+        """A client of the etcd server at `etcd` (host:port), reached as `access` says; `close` it."""
         self.where = etcd
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="etcd calls", daemon=True)
         self._thread.start()
         host, _, port = etcd.rpartition(":")
-        self._backend = self._run(_client(host, int(port)), CALL_S)
+        self._backend = self._run(_client(host, int(port), access), CALL_S)
 
     def __call__(self, call: Callable[[EtcdBackend], Awaitable[T]], *, timeout: float = CALL_S) -> T:
         """What `call` gives on the client; StoreUnavailable when etcd cannot be reached, or does not

@@ -54,6 +54,7 @@ class Launched:
 def launch(loaded: LoadedModel, options: runner.RunOptions, *, etcd: str | None = None) -> Launched:
     """Compile, check and run the job to its end; ModelError when it is invalid, RunError when it cannot
     run or fails."""
+    from nopstream.cluster.etcd import AccessError, access_from_env
     from nopstream.node.settings import SettingsError
     from nopstream.node.tasklife import task_settings
 
@@ -61,7 +62,9 @@ def launch(loaded: LoadedModel, options: runner.RunOptions, *, etcd: str | None 
     job = plans.partitioned.identity.job_id
     try:  # read by every task process: refused here once, rather than failing every task's start
         task_settings()
-    except SettingsError as err:
+        if etcd is not None:
+            access_from_env()
+    except (SettingsError, AccessError) as err:
         raise BadSettings(f"nopstream run: {err}") from None
     issues = preflight.function_issues(loaded, options.python_path) + preflight.machine_issues(loaded)
     if issues:

@@ -21,7 +21,7 @@ from typing import TypeVar
 from nopstream import faults
 from nopstream.checkpoint.restore import NewLineage, RestorePoint, RestoreRequest
 from nopstream.cluster.backend import StoreUnavailable
-from nopstream.cluster.etcd import EtcdBackend
+from nopstream.cluster.etcd import EtcdBackend, access_from_env
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
 from nopstream.errors import REFUSED_EXITS, Refusal, StartRefused
@@ -68,7 +68,7 @@ class Supervisor:
         """Run the job to its end, holding its checkpoint namespace; JobFailed after too many failures."""
         storage = checkpointing.open_storage(self.plans.deployment)
         with ownership.hold(storage, self.plans.partitioned, holder=f"nopstream run --etcd {self.etcd}"):
-            self.calls = EtcdCalls(self.etcd)
+            self.calls = EtcdCalls(self.etcd, access_from_env())  # its processes inherit the variable
             try:
                 return self._run(self.calls)
             finally:

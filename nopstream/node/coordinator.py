@@ -67,7 +67,7 @@ class CoordinatorProcess:
         self.settings = settings
         self.plan = plan
         self.deployment = deployment
-        self.backend = EtcdBackend(settings.etcd_host, settings.etcd_port)
+        self.backend = EtcdBackend(settings.etcd_host, settings.etcd_port, access=settings.etcd_access)
         self.layout = Layout(deployment.namespace, plan.identity.job_id, plan.identity.pipeline_id)
         self.registry = Registry(self.backend, self.layout)
         self.epoch_log = EpochLog(self.backend, self.layout)

@@ -15,6 +15,7 @@ The operator (and `nopstream run --etcd`) sets these on every pod (process):
   NOPSTREAM_LEASE_TTL   seconds of the process's etcd lease (default 10)
   NOPSTREAM_SECRET_FILE the file holding the job's secret (`node.wire.guard`; default SECRET_FILE)
   NOPSTREAM_TLS         "true": the job speaks TLS; its files sit beside the secret (`node.wire.tls`)
+  NOPSTREAM_ETCD_ACCESS a directory: TLS and credentials to etcd (`cluster.etcd.read_access`)
   NOPSTREAM_PARENT_PID  the process ends when this one, its parent, does (local supervisors only)
 Every task process, of any runner, also reads (`tasklife.task_settings`):
   NOPSTREAM_BATCH_SIZE  the most records a source reads at once (default 1000; its first read)
@@ -33,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nopstream.cluster.etcd import AccessError, EtcdAccess, access_from_env
 from nopstream.model.errors import ModelError
 from nopstream.node.wire.guard import SecretError, read_secret
 from nopstream.node.wire.tls import JobTls, TlsError
@@ -78,6 +80,7 @@ class NodeSettings:
     port: int
     lease_ttl: int
     secret: str = field(repr=False)
+    etcd_access: EtcdAccess | None = None
     tls: JobTls | None = None
     task_id: str | None = None
     run: int | None = None
@@ -174,6 +177,13 @@ def _secret(env: Mapping[str, str]) -> str:
         raise SettingsError(f"NOPSTREAM_SECRET_FILE: {err}") from None
 
 
+def _etcd_access(env: Mapping[str, str]) -> EtcdAccess | None:
+    try:
+        return access_from_env(env)
+    except AccessError as err:
+        raise SettingsError(str(err)) from None
+
+
 def _tls(env: Mapping[str, str]) -> JobTls | None:
     if not _bool(env, TLS):
         return None
@@ -205,6 +215,7 @@ def from_env(role: str, env: Mapping[str, str] = os.environ) -> NodeSettings:
         lease_ttl=int_variable(env, LEASE_TTL, 10, minimum=2),
         secret=_secret(env),
         tls=_tls(env),
+        etcd_access=_etcd_access(env),
         health_port=int_variable(env, HEALTH, minimum=1) if env.get(HEALTH, "").strip() else None,
         parent=int_variable(env, PARENT, minimum=1) if env.get(PARENT, "").strip() else None,
     )

@@ -72,7 +72,7 @@ async def serve(settings: NodeSettings) -> None:
     plan = compiler.read_document(settings.partitioned_path, PartitionedPlan)
     deployment = compiler.read_document(settings.deployment_path, DeploymentPlan)
     who = TaskIdentity(settings.task_id, settings.run, settings.attempt)
-    backend = EtcdBackend(settings.etcd_host, settings.etcd_port)
+    backend = EtcdBackend(settings.etcd_host, settings.etcd_port, access=settings.etcd_access)
     layout = Layout(deployment.namespace, plan.identity.job_id, plan.identity.pipeline_id)
     try:
         await wait_reachable(backend)  # a start on a busy node or during an etcd outage waits
@@ -81,7 +81,8 @@ async def serve(settings: NodeSettings) -> None:
             return
         async with (
             ThreadedLeaseKeeper(
-                lambda: EtcdBackend(settings.etcd_host, settings.etcd_port), settings.lease_ttl
+                lambda: EtcdBackend(settings.etcd_host, settings.etcd_port, access=settings.etcd_access),
+                settings.lease_ttl,
             ) as keeper,
             client_session(settings.secret, settings.tls) as session,
         ):

@@ -1,0 +1,128 @@
+"""A job coordinated through an etcd that speaks TLS only and checks who calls (`NOPSTREAM_ETCD_ACCESS`).
+
+The etcd here admits clients with a certificate of its CA (`--client-cert-auth`) and has
+authentication on: the user `nopstream`, a client certificate's common name, may read
+and write every key; any other name may do nothing. `nopstream run --etcd` with the
+access directory ends with exactly its input; a plain client, a client of another name
+and a malformed access directory are refused, each with its reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import aetcd.exceptions
+import pytest
+import yaml
+
+from e2e import servers
+from e2e.certs import Pki
+from nopstream.cluster.backend import StoreUnavailable
+from nopstream.cluster.etcd import ACCESS_ENV, EtcdBackend, read_access
+from tests.conftest import ROOT, run_nopstream
+
+COUNT = 3000
+
+
+@pytest.fixture(scope="module")
+def secure_etcd(tmp_path_factory):
+    """(the server, its PKI): TLS only, client certificates checked, authentication on."""
+    workdir = tmp_path_factory.mktemp("secure-etcd")
+    pki = Pki(workdir / "pki")
+    server = servers.start_secure_etcd(workdir, pki, password="job-password")
+    yield server, pki
+    server.stop()
+
+
+def access_dir(directory: Path, pki: Pki, name: str) -> Path:
+    """An access directory: the etcd CA, and a client certificate with common name `name`."""
+    directory.mkdir()
+    pair = pki.issue(f"client-{name}", name)
+    shutil.copy(pki.ca.cert, directory / "ca.crt")
+    shutil.copy(pair.cert, directory / "tls.crt")
+    shutil.copy(pair.key, directory / "tls.key")
+    return directory
+
+
+def test_a_job_coordinated_through_an_etcd_with_tls_and_authentication_is_exact(secure_etcd, tmp_path):
+    server, pki = secure_etcd
+    host, port = server.endpoint
+    access = access_dir(tmp_path / "etcd-access", pki, servers.SECURE_ETCD_USER)
+    job = {
+        "jobId": "secured",
+        "parallelism": 2,
+        "checkpoint": {"intervalMs": 200, "storage": {"local": {"path": "cp"}}},
+        "model": {
+            "sources": [{"id": "n", "type": "generator", "config": {"count": COUNT, "ratePerSecond": 1500}}],
+            "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
+        },
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    env = {"PYTHONPATH": str(ROOT), ACCESS_ENV: str(access)}
+    ran = run_nopstream("run", "job.yaml", "--quiet", "--etcd", f"{host}:{port}", cwd=tmp_path, env=env)
+    assert ran.code == 0, ran
+    out = Counter(
+        json.loads(line) for f in (tmp_path / "out").glob("*.jsonl") for line in f.read_text().split()
+    )
+    assert out == Counter(range(COUNT))
+    # the job's coordination is in this etcd: read back as its user
+    found = asyncio.run(_keys(host, port, access))
+    assert any("/secured/" in key for key in found), sorted(found)[:5]
+
+
+async def _keys(host: str, port: int, access: Path) -> list[str]:
+    backend = EtcdBackend(host, port, access=read_access(access))
+    try:
+        return list(await backend.get_prefix("/"))
+    finally:
+        await backend.close()
+
+
+def test_a_plain_client_and_one_of_another_name_are_refused(secure_etcd, tmp_path):
+    server, pki = secure_etcd
+    host, port = server.endpoint
+    stranger = read_access(access_dir(tmp_path / "stranger", pki, "stranger"))
+
+    async def attempt(backend: EtcdBackend) -> None:
+        try:
+            await backend.put("/nopstream-test/key", b"v")
+        finally:
+            await backend.close()
+
+    with pytest.raises(StoreUnavailable):  # no TLS: the server closes the connection
+        asyncio.run(attempt(EtcdBackend(host, port, timeout=3)))
+    with pytest.raises(aetcd.exceptions.ClientError, match="permission denied"):
+        asyncio.run(attempt(EtcdBackend(host, port, timeout=3, access=stranger)))
+
+
+def test_a_malformed_access_directory_is_refused_before_the_job_starts(secure_etcd, tmp_path):
+    server, pki = secure_etcd
+    host, port = server.endpoint
+    (tmp_path / "job.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "jobId": "refused",
+                "model": {
+                    "sources": [{"id": "n", "type": "generator"}],
+                    "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
+                },
+            }
+        )
+    )
+    half = access_dir(tmp_path / "half", pki, servers.SECURE_ETCD_USER)
+    os.remove(half / "tls.key")
+    missing = tmp_path / "missing"
+    cases = {
+        str(missing): f"{missing}: not a directory (it holds ca.crt, tls.crt, tls.key, username, password)",
+        str(half): f"{half}: tls.crt and tls.key go together (one of them is missing)",
+    }
+    for directory, why in cases.items():
+        env = {"PYTHONPATH": str(ROOT), ACCESS_ENV: directory}
+        ran = run_nopstream("run", "job.yaml", "--etcd", f"{host}:{port}", cwd=tmp_path, env=env)
+        assert (ran.code, ran.err) == (2, f"nopstream run: {ACCESS_ENV}: {why}\n"), ran
+        assert not (tmp_path / "cp").exists() and not (tmp_path / ".nopstream").exists()
