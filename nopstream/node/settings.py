@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nopstream.cluster.etcd import AccessError, EtcdAccess, access_from_env
+from nopstream.cluster.etcd import ACCESS_ENV, AccessError, EtcdAccess, access_from_env
 from nopstream.model.errors import ModelError
 from nopstream.node.wire.guard import SecretError, read_secret
 from nopstream.node.wire.tls import JobTls, TlsError
@@ -60,6 +60,7 @@ HEALTH = "NOPSTREAM_HEALTH_PORT"
 LEASE_TTL = "NOPSTREAM_LEASE_TTL"
 SECRET = "NOPSTREAM_SECRET_FILE"
 TLS = "NOPSTREAM_TLS"
+ETCD_ACCESS = ACCESS_ENV
 PARENT = "NOPSTREAM_PARENT_PID"
 
 
@@ -109,6 +110,7 @@ class NodeEnv:
     lease_ttl: int
     secret_file: str
     tls: bool = False
+    etcd_access: str | None = None
     attempt: str | None = None
     port: int | None = None
     health_port: int | None = None
@@ -128,6 +130,7 @@ class NodeEnv:
             LEASE_TTL: self.lease_ttl,
             SECRET: self.secret_file,
             TLS: "true" if self.tls else None,
+            ETCD_ACCESS: self.etcd_access,
             TASK_ID: self.task_id,
             RUN: self.run,
             STANDBY: "true" if self.standby else None,

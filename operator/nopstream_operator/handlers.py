@@ -46,8 +46,9 @@ def pod_settings(env: dict[str, str] | None = None) -> PodSettings:
     ["nopstream"]), NOPSTREAM_POD_ENV (JSON object), NOPSTREAM_POD_LEASE_TTL (seconds),
     NOPSTREAM_NETWORK_POLICY ("false": no NetworkPolicy per job), NOPSTREAM_NETWORK_POLICY_FROM
     (a JSON list of more NetworkPolicy peers), NOPSTREAM_ALLOWED_SECRETS (a JSON list of the
-    Secrets a StreamJob's secretRef may name; unset: any), POD_NAMESPACE (the operator's own,
-    admitted).
+    Secrets a StreamJob's secretRef may name; unset: any), NOPSTREAM_ETCD_ACCESS_SECRET (the
+    Secret of TLS and credentials to etcd the pods mount; the operator's own is NOPSTREAM_ETCD_ACCESS,
+    `cluster.etcd`), POD_NAMESPACE (the operator's own, admitted).
     """
     env = dict(os.environ) if env is None else env
     etcd = env.get("NOPSTREAM_ETCD", "").strip()
@@ -60,6 +61,7 @@ def pod_settings(env: dict[str, str] | None = None) -> PodSettings:
         lease_ttl=int(env.get("NOPSTREAM_POD_LEASE_TTL") or 10),
         network_policy=env.get("NOPSTREAM_NETWORK_POLICY", "true").strip().lower() != "false",
         operator_namespace=env.get("POD_NAMESPACE") or None,
+        etcd_access_secret=env.get("NOPSTREAM_ETCD_ACCESS_SECRET", "").strip() or None,
         ingress_from=tuple(json.loads(env.get("NOPSTREAM_NETWORK_POLICY_FROM") or "[]")),
         allowed_secrets=(
             frozenset(json.loads(allowed)) if (allowed := env.get("NOPSTREAM_ALLOWED_SECRETS")) else None

@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from nopstream.checkpoint.restore import RestoreRequest
 from nopstream.cluster.election import current_leader
 from nopstream.cluster.epochlog import EpochEntry, EpochLog
-from nopstream.cluster.etcd import EtcdBackend
+from nopstream.cluster.etcd import EtcdBackend, access_from_env
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
 from nopstream.plan.epochs import EpochKind, EpochState
@@ -258,7 +258,7 @@ class EtcdView:
 
     @staticmethod
     async def _connect(host: str, port: int) -> EtcdBackend:
-        return EtcdBackend(host, port)
+        return EtcdBackend(host, port, access=access_from_env())  # the chart's etcd.accessSecret
 
     def _run(self, call: Coroutine[Any, Any, T]) -> T:
         with self.lock:

@@ -31,6 +31,7 @@ PLAN_MOUNT = "/etc/nopstream/plan"
 JOB_SECRET_MOUNT = SECRET_FILE.rpartition("/")[0]
 JOB_SECRET_KEY = SECRET_FILE.rpartition("/")[2]
 STORAGE_CREDENTIALS_MOUNT = "/var/run/nopstream/storage"
+ETCD_ACCESS_MOUNT = "/var/run/nopstream/etcd-access"
 LABEL_JOB = "nopstream.io/job"
 LABEL_ROLE = "nopstream.io/role"
 LABEL_RUN = "nopstream.io/run"
@@ -59,6 +60,7 @@ class PodSettings:
     operator_namespace: str | None = None
     ingress_from: tuple[dict[str, Any], ...] = ()  # more NetworkPolicy peers (a Prometheus, say)
     allowed_secrets: frozenset[str] | None = None  # the Secrets a secretRef may name (None: any)
+    etcd_access_secret: str | None = None  # TLS and credentials to etcd (`cluster.etcd.read_access`)
 
 
 def plan_configmap_name(job_id: str, fingerprint: str) -> str:
@@ -234,6 +236,7 @@ def _pod(
         lease_ttl=settings.lease_ttl,
         secret_file=SECRET_FILE,
         tls=True,
+        etcd_access=ETCD_ACCESS_MOUNT if settings.etcd_access_secret else None,
         port=TASK_PORT,
         health_port=HEALTH_PORT,
         task_id=task_id,
@@ -257,11 +260,13 @@ def _pod(
     secrets = connector_secrets(job)
     storage = deployment.storage.secret_ref
     credentials = {"name": "storage-credentials", "mountPath": STORAGE_CREDENTIALS_MOUNT, "readOnly": True}
+    etcd_access = {"name": "etcd-access", "mountPath": ETCD_ACCESS_MOUNT, "readOnly": True}
     mounts = [
         {"name": "scratch", "mountPath": "/tmp"},  # the root filesystem is read-only
         {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
         {"name": "job-secret", "mountPath": JOB_SECRET_MOUNT, "readOnly": True},
         *([credentials] if storage else []),
+        *([etcd_access] if settings.etcd_access_secret else []),
         *(
             {"name": f"secret-{i}", "mountPath": f"{SECRETS_DIR}/{s}", "readOnly": True}
             for i, s in enumerate(secrets)
@@ -274,6 +279,11 @@ def _pod(
         },
         {"name": "job-secret", "secret": {"secretName": job_secret_name(deployment.job_id)}},
         *([{"name": "storage-credentials", "secret": {"secretName": storage}}] if storage else []),
+        *(
+            [{"name": "etcd-access", "secret": {"secretName": settings.etcd_access_secret}}]
+            if settings.etcd_access_secret
+            else []
+        ),
         {"name": "scratch", "emptyDir": {"sizeLimit": "256Mi"}},
         *(connector_secret_volume(f"secret-{i}", s) for i, s in enumerate(secrets)),
     ]

@@ -7,6 +7,7 @@ the real API server.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import tomllib
@@ -144,6 +145,22 @@ def test_helm_lint_and_template(tmp_path):
             e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
         }
         assert given.get("NOPSTREAM_ALLOWED_SECRETS") == expected
+    assert "NOPSTREAM_ETCD_ACCESS" not in env and "etcd-access" not in json.dumps(operator)
+    secured = template(tmp_path, "-n", "ns1", *QUICK_START, "--set", "etcd.accessSecret=etcd-client")
+    deployment = next(
+        d
+        for d in yaml.safe_load_all(secured.stdout)
+        if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "rel-operator"
+    )
+    spec = deployment["spec"]["template"]["spec"]
+    given = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert (given["NOPSTREAM_ETCD_ACCESS"], given["NOPSTREAM_ETCD_ACCESS_SECRET"]) == (
+        "/var/run/nopstream/etcd-access",
+        "etcd-client",
+    )
+    assert {"name": "etcd-access", "secret": {"secretName": "etcd-client"}} in spec["volumes"]
+    mount = {"name": "etcd-access", "mountPath": "/var/run/nopstream/etcd-access", "readOnly": True}
+    assert mount in spec["containers"][0]["volumeMounts"]
     bad = template(tmp_path, "--set", "etcd.endpoint=nohost")
     assert bad.returncode == 1
     assert "at '/etcd/endpoint': 'nohost' does not match pattern" in bad.stderr

@@ -104,6 +104,23 @@ def test_a_task_pod_has_its_identity_run_plan_and_probes():
     }
 
 
+def test_the_etcd_access_secret_reaches_every_pod_as_files_named_in_its_environment():
+    p = plans()
+    settings = PodSettings(etcd="etcd:2379", etcd_access_secret="etcd-client")
+    for pod in (
+        task_pod(JOB, p.deployment, p.deployment.tasks[0], 1, settings),
+        coordinator_pod(JOB, p.deployment, "c-0", settings),
+    ):
+        (c,) = pod["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["NOPSTREAM_ETCD_ACCESS"] == "/var/run/nopstream/etcd-access"
+        assert {"name": "etcd-access", "secret": {"secretName": "etcd-client"}} in pod["spec"]["volumes"]
+        mount = {"name": "etcd-access", "mountPath": "/var/run/nopstream/etcd-access", "readOnly": True}
+        assert mount in c["volumeMounts"]
+    plain = task_pod(JOB, p.deployment, p.deployment.tasks[0], 1, SETTINGS)
+    assert "etcd-access" not in str(plain)
+
+
 def test_storage_credentials_reach_pods_as_files_and_the_job_secret_is_owned_by_the_job():
     job = {**JOB, "spec": {**JOB["spec"], "checkpoint": {**JOB["spec"]["checkpoint"]}}}
     job["spec"]["checkpoint"]["storage"] = {
