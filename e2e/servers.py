@@ -100,9 +100,9 @@ def wait_until(
     raise ServerError(f"{what}: not ready after {timeout:.0f}s\n{tail}")
 
 
-def http_ok(url: str, expect: bytes | None = None) -> bool:
-    """Whether GET `url` answers 200 (and contains `expect` when given)."""
-    with urllib.request.urlopen(url, timeout=2) as resp:
+def http_ok(url: str, expect: bytes | None = None, *, context: ssl.SSLContext | None = None) -> bool:
+    """Whether GET `url` answers 200 (and contains `expect` when given; over TLS with `context`)."""
+    with urllib.request.urlopen(url, timeout=2, context=context) as resp:
         body: bytes = resp.read()
         return resp.status == 200 and (expect is None or expect in body)
 
@@ -216,19 +216,21 @@ class Minio:
     access_key: str
     secret_key: str
     data_dir: Path = field(repr=False)
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
-        """The server's HTTP URL."""
-        return f"http://{self.endpoint}"
+        """The server's URL (https when it serves TLS)."""
+        return f"{self.scheme}://{self.endpoint}"
 
     def stop(self) -> None:
         """Stop the server by PID."""
         self.process.stop()
 
 
-def start_minio(workdir: Path) -> Minio:
-    """Start MinIO with a temporary data directory and fresh credentials."""
+def start_minio(workdir: Path, *, pki: Pki | None = None) -> Minio:
+    """Start MinIO with a temporary data directory and fresh credentials (serving TLS only, with a
+    certificate of `pki`, when given)."""
     port, console = free_port(), free_port()
     access, secret = f"nop{secrets.token_hex(4)}", secrets.token_hex(16)
     data = workdir / "minio-data"
@@ -243,6 +245,15 @@ def start_minio(workdir: Path) -> Minio:
         f"127.0.0.1:{console}",
         "--quiet",
     ]
+    scheme, context = "http", None
+    if pki is not None:  # MinIO serves TLS when its certificates directory holds a key pair
+        pair = pki.issue("minio", "minio", server_ips=("127.0.0.1",))
+        certs = workdir / "minio-certs"
+        certs.mkdir(parents=True, exist_ok=True)
+        shutil.copy(pair.cert, certs / "public.crt")
+        shutil.copy(pair.key, certs / "private.key")
+        argv += ["--certs-dir", str(certs)]
+        scheme, context = "https", ssl.create_default_context(cafile=str(pki.ca.cert))
     env = {
         "MINIO_ROOT_USER": access,
         "MINIO_ROOT_PASSWORD": secret,
@@ -251,8 +262,9 @@ def start_minio(workdir: Path) -> Minio:
         "HOME": str(workdir),
     }
     proc = spawn("minio", argv, log=workdir / "minio.log", env=env)
-    wait_until("minio", lambda: http_ok(f"http://127.0.0.1:{port}/minio/health/ready"), process=proc)
-    return Minio(proc, f"127.0.0.1:{port}", access, secret, data)
+    ready = f"{scheme}://127.0.0.1:{port}/minio/health/ready"
+    wait_until("minio", lambda: http_ok(ready, context=context), process=proc)
+    return Minio(proc, f"127.0.0.1:{port}", access, secret, data, scheme)
 
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")

@@ -7,23 +7,33 @@ writers put the manifest key last, as the commit point.
 
 Credentials (`credentials`): the files `accessKey` and `secretKey` in the directory
 NOPSTREAM_S3_CREDENTIALS names (a mounted Secret, on a cluster), else the variables
-NOPSTREAM_S3_ACCESS_KEY and NOPSTREAM_S3_SECRET_KEY (a machine of your own).
+NOPSTREAM_S3_ACCESS_KEY and NOPSTREAM_S3_SECRET_KEY (a machine of your own). An `https://`
+endpoint is verified against `ca.crt` in that directory, else the file
+NOPSTREAM_S3_CA_FILE names, else the system's CAs (`ca_file`).
+An endpoint that cannot be reached (after the client's retries) is a StorageError naming
+what was asked, as is any S3 error a method does not handle itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
+import urllib3
 from minio import Minio
 from minio.commonconfig import CopySource
-from minio.error import S3Error
+from minio.error import MinioException, S3Error
 
 from nopstream.errors import StorageError
 
 CREDENTIALS_ENV = "NOPSTREAM_S3_CREDENTIALS"
+CA_ENV = "NOPSTREAM_S3_CA_FILE"
+CA_FILE = "ca.crt"
 
 
 def credentials() -> tuple[str, str]:
@@ -40,6 +50,30 @@ def credentials() -> tuple[str, str]:
                 f"{CREDENTIALS_ENV}={mounted}: cannot read {name} ({err.strerror or err})"
             ) from None
     return keys[0], keys[1]
+
+
+def ca_file() -> str | None:
+    """The CA file an `https://` endpoint is verified against (None: the system's); StorageError when
+    the file named is missing."""
+    mounted = os.environ.get(CREDENTIALS_ENV, "").strip()
+    if mounted and (Path(mounted) / CA_FILE).is_file():
+        return str(Path(mounted) / CA_FILE)
+    named = os.environ.get(CA_ENV, "").strip()
+    if named and not Path(named).is_file():
+        raise StorageError(f"{CA_ENV}={named}: no such file")
+    return named or None
+
+
+def _http(ca: str) -> urllib3.PoolManager:
+    """minio's own HTTP client (its timeouts and retries, as `Minio` makes it), trusting only `ca`."""
+    timeout = timedelta(minutes=5).seconds
+    return urllib3.PoolManager(
+        timeout=urllib3.Timeout(connect=timeout, read=timeout),
+        maxsize=10,
+        cert_reqs="CERT_REQUIRED",
+        ca_certs=ca,
+        retries=urllib3.Retry(total=5, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
+    )
 
 
 @dataclass(frozen=True)
@@ -65,14 +99,31 @@ class S3Storage:
         access_key, secret_key = credentials()
         secure = endpoint.startswith("https://")
         host = endpoint.removeprefix("http://").removeprefix("https://")
-        return cls(Minio(host, access_key=access_key, secret_key=secret_key, secure=secure), bucket, prefix)
+        ca = ca_file() if secure else None
+        http = None if ca is None else _http(ca)
+        client = Minio(host, access_key=access_key, secret_key=secret_key, secure=secure, http_client=http)
+        return cls(client, bucket, prefix)
+
+    @contextlib.contextmanager
+    def _asking(self, what: str) -> Iterator[None]:
+        """StorageError saying `what` could not be done when the endpoint does not answer or refuses
+        with an S3 error the caller left through, or answers something that is not S3."""
+        try:
+            yield
+        except urllib3.exceptions.HTTPError as exc:
+            cause = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) else exc
+            raise StorageError(f"cannot {what}: the S3 endpoint could not be reached ({cause})") from None
+        except S3Error as exc:
+            raise StorageError(f"cannot {what}: {exc.code} ({exc.message})") from None
+        except MinioException as exc:  # not S3 at all: plain HTTP to a TLS port, a proxy's page
+            raise StorageError(
+                f"cannot {what}: the S3 endpoint answered {str(exc).splitlines()[0]}"
+            ) from None
 
     def put(self, path: str, data: bytes) -> None:
         """One PUT: readers see all of it or nothing."""
-        try:
+        with self._asking(f"write {self.describe()}/{path}"):
             self.client.put_object(self.bucket, self.prefix + path, io.BytesIO(data), len(data))
-        except S3Error as exc:
-            raise StorageError(f"cannot write {self.describe()}/{path}: {exc.code}") from exc
 
     def put_many(self, objects: dict[str, bytes]) -> None:
         """One PUT per object."""
@@ -88,35 +139,34 @@ class S3Storage:
         with `etag`, StorageError unless the object still has that ETag."""
         # an entity tag is quoted on the wire (RFC 9110); the client hands ETags out unquoted
         headers: dict[str, str | list[str] | tuple[str]] | None = {"If-Match": f'"{etag}"'} if etag else None
-        try:
-            response = self.client.get_object(
-                self.bucket, self.prefix + path, offset=offset, length=length, request_headers=headers
-            )
-        except S3Error as exc:
-            if exc.code == "NoSuchKey":
-                raise StorageError(f"{self.describe()}/{path} is missing") from None
-            if exc.code == "InvalidRange":
-                return b""
-            if exc.code == "PreconditionFailed":
-                raise StorageError(
-                    f"{self.describe()}/{path} changed under a running job: its ETag is no longer {etag}"
-                ) from None
-            raise StorageError(f"cannot read {self.describe()}/{path}: {exc.code}") from exc
-        try:
-            data: bytes = response.read()
-            return data
-        finally:
-            response.close()
-            response.release_conn()
+        with self._asking(f"read {self.describe()}/{path}"):
+            try:
+                response = self.client.get_object(
+                    self.bucket, self.prefix + path, offset=offset, length=length, request_headers=headers
+                )
+            except S3Error as exc:
+                if exc.code == "NoSuchKey":
+                    raise StorageError(f"{self.describe()}/{path} is missing") from None
+                if exc.code == "InvalidRange":
+                    return b""
+                if exc.code == "PreconditionFailed":
+                    raise StorageError(
+                        f"{self.describe()}/{path} changed under a running job: its ETag is no longer {etag}"
+                    ) from None
+                raise
+            try:
+                data: bytes = response.read()
+                return data
+            finally:
+                response.close()
+                response.release_conn()
 
     def copy(self, source: str, target: str) -> None:
         """Server-side copy of one object to another key of the same bucket."""
-        try:
+        with self._asking(f"copy {self.describe()}/{source}"):
             self.client.copy_object(
                 self.bucket, self.prefix + target, CopySource(self.bucket, self.prefix + source)
             )
-        except S3Error as exc:
-            raise StorageError(f"cannot copy {self.describe()}/{source}: {exc.code}") from exc
 
     def exists(self, path: str) -> bool:
         """Whether an object exists."""
@@ -129,12 +179,13 @@ class S3Storage:
 
     def stat(self, path: str) -> ObjectStat | None:
         """An object's size and ETag, or None when it is missing."""
-        try:
-            found = self.client.stat_object(self.bucket, self.prefix + path)
-        except S3Error as exc:
-            if exc.code in ("NoSuchKey", "NoSuchObject"):
-                return None
-            raise StorageError(f"cannot stat {self.describe()}/{path}: {exc.code}") from exc
+        with self._asking(f"stat {self.describe()}/{path}"):
+            try:
+                found = self.client.stat_object(self.bucket, self.prefix + path)
+            except S3Error as exc:
+                if exc.code in ("NoSuchKey", "NoSuchObject"):
+                    return None
+                raise
         return ObjectStat(int(found.size or 0), str(found.etag))
 
     def list(self, prefix: str) -> list[str]:
@@ -143,12 +194,16 @@ class S3Storage:
 
     def listing(self, prefix: str) -> dict[str, ObjectStat]:
         """Every object under a prefix with its size and ETag, as the listing gives them (no HEAD each)."""
-        objects = self.client.list_objects(self.bucket, prefix=self.prefix + prefix, recursive=True)
-        return {o.object_name[len(self.prefix) :]: ObjectStat(int(o.size or 0), str(o.etag)) for o in objects}
+        with self._asking(f"list {self.describe()}/{prefix}"):
+            objects = self.client.list_objects(self.bucket, prefix=self.prefix + prefix, recursive=True)
+            return {
+                o.object_name[len(self.prefix) :]: ObjectStat(int(o.size or 0), str(o.etag)) for o in objects
+            }
 
     def delete(self, path: str) -> None:
         """Remove an object."""
-        self.client.remove_object(self.bucket, self.prefix + path)
+        with self._asking(f"delete {self.describe()}/{path}"):
+            self.client.remove_object(self.bucket, self.prefix + path)
 
     def describe(self) -> str:
         """The bucket and prefix."""

@@ -22,6 +22,8 @@ from nopstream.model.connector_config import ConnectorConfig
 from nopstream.model.formats import ObjectFormatName, ObjectSinkFormatConfig, ObjectSourceFormatConfig
 
 SECRET_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+S3_BUCKET = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"
+"""An S3 bucket name: 3 to 63 lowercase letters, digits, dots and hyphens, a letter or digit at each end."""
 """A Kubernetes Secret's name (a DNS subdomain)."""
 
 
@@ -66,7 +68,7 @@ class CollectionSourceConfig(IndexedSourceConfig):
 class S3SourceConfig(ObjectSourceFormatConfig):
     """Objects under a bucket prefix, read as text, JSON or CSV lines or as Parquet."""
 
-    bucket: str
+    bucket: str = Field(pattern=S3_BUCKET)
     prefix: str = ""
     endpoint: str | None = None
     secret_ref: str | None = Field(None, pattern=SECRET_NAME)
@@ -297,7 +299,7 @@ class FileSinkConfig(ObjectSinkFormatConfig):
 class S3SinkConfig(ObjectSinkFormatConfig):
     """A bucket prefix that receives objects published on commit."""
 
-    bucket: str
+    bucket: str = Field(pattern=S3_BUCKET)
     prefix: str = ""
     endpoint: str | None = None
     secret_ref: str | None = Field(None, pattern=SECRET_NAME)

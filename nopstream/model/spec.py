@@ -23,7 +23,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from nopstream.model.capabilities import SemanticMode
-from nopstream.model.connectors import SECRET_NAME, PostgresTls
+from nopstream.model.connectors import S3_BUCKET, SECRET_NAME, PostgresTls
 from nopstream.model.functions import reference
 
 FunctionRef = Annotated[str, BeforeValidator(reference)]
@@ -283,7 +283,7 @@ class LocalStorageSpec(Spec):
 class S3StorageSpec(Spec):
     """Checkpoints in an S3 bucket; credentials come from a Secret."""
 
-    bucket: str
+    bucket: str = Field(pattern=S3_BUCKET)
     endpoint: str | None = None
     prefix: str = ""
     secret_ref: str | None = None
