@@ -26,6 +26,10 @@ class StoreUnavailable(ConnectionError):
     """The store could not be reached (a network or server failure)."""
 
 
+class StoreRefused(PermissionError):
+    """The store refused this client: a wrong password, or a user without rights to the job's keys."""
+
+
 class LeaseExpired(RuntimeError):
     """A lease is gone: its keys are deleted and its holder must stop acting."""
 

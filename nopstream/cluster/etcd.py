@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 from collections.abc import AsyncGenerator, Awaitable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +31,10 @@ import aetcd.rpc
 import aetcd.watcher
 import grpc
 
-from nopstream.cluster.backend import EMPTY, Entry, Event, LeaseExpired, StoreUnavailable
+from nopstream.cluster.backend import EMPTY, Entry, Event, LeaseExpired, StoreRefused, StoreUnavailable
 
 T = TypeVar("T")
+_REFUSED = re.compile(r"permission denied|authentication failed|user name is empty|invalid auth token")
 _UNAVAILABLE = (
     aetcd.exceptions.ConnectionFailedError,
     aetcd.exceptions.ConnectionTimeoutError,
@@ -188,6 +190,11 @@ class EtcdBackend:
         except aetcd.exceptions.ClientError as exc:
             if "lease not found" in str(exc):
                 raise LeaseExpired(str(exc)) from exc
+            if _REFUSED.search(str(exc)):
+                raise StoreRefused(
+                    f"etcd refused this client ({exc}): the user of its certificate or username needs"
+                    " read and write on the keys under /nopstream/"
+                ) from None
             raise
 
     async def grant(self, ttl: int) -> int:

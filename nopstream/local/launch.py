@@ -54,6 +54,7 @@ class Launched:
 def launch(loaded: LoadedModel, options: runner.RunOptions, *, etcd: str | None = None) -> Launched:
     """Compile, check and run the job to its end; ModelError when it is invalid, RunError when it cannot
     run or fails."""
+    from nopstream.cluster.backend import StoreRefused
     from nopstream.cluster.etcd import AccessError, access_from_env
     from nopstream.node.settings import SettingsError
     from nopstream.node.tasklife import task_settings
@@ -78,7 +79,7 @@ def launch(loaded: LoadedModel, options: runner.RunOptions, *, etcd: str | None 
         return Launched(plans, runner.run_job(plans, options))
     except errors.BadInput as bad:  # a record no run can take: not retried
         raise RunFailed(f"job '{job}' failed: {bad}") from None
-    except errors.StartRefused as refused:
+    except (errors.StartRefused, StoreRefused) as refused:
         raise CannotStart(f"job '{job}' cannot start: {refused}") from None
     except errors.RestoreRefused as refused:
         raise CannotRestore(f"job '{job}' cannot restore: {refused}") from None

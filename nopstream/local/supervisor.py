@@ -84,13 +84,15 @@ class Supervisor:
         guard.write_secret(self.secret_file, guard.new_secret())  # one per command, as with `run`
         certificate = tls.issue(self.plans.partitioned.identity.job_id)  # and its TLS, beside it
         certificate.write(self.home)
-        _reach(calls, quiet=self.options.quiet)
-        self.lineage = new_lineage(self.options)
-        if self.lineage is None:  # where its coordinator will start (read only): a changed plan checked
-            starting_point(checkpointing.open_storage(self.plans.deployment), self.plans, self.options, None)
-        run = _advance_run(calls, self.layout, None, self._request())
-        recoveries, failures = 0, tuple[float, ...]()
-        try:
+        try:  # from here on the secret and the key are removed however the command ends
+            _reach(calls, quiet=self.options.quiet)
+            self.lineage = new_lineage(self.options)
+            if self.lineage is None:  # where its coordinator will start (read only): a changed plan checked
+                starting_point(
+                    checkpointing.open_storage(self.plans.deployment), self.plans, self.options, None
+                )
+            run = _advance_run(calls, self.layout, None, self._request())
+            recoveries, failures = 0, tuple[float, ...]()
             self.coordinators = [self._candidate() for _ in range(CANDIDATES)]
             self.tasks = self._start_tasks(run)
             checked = time.monotonic()

@@ -16,13 +16,12 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
-import aetcd.exceptions
 import pytest
 import yaml
 
 from e2e import servers
 from e2e.certs import Pki
-from nopstream.cluster.backend import StoreUnavailable
+from nopstream.cluster.backend import StoreRefused, StoreUnavailable
 from nopstream.cluster.etcd import ACCESS_ENV, EtcdBackend, read_access
 from tests.conftest import ROOT, run_nopstream
 
@@ -96,8 +95,41 @@ def test_a_plain_client_and_one_of_another_name_are_refused(secure_etcd, tmp_pat
 
     with pytest.raises(StoreUnavailable):  # no TLS: the server closes the connection
         asyncio.run(attempt(EtcdBackend(host, port, timeout=3)))
-    with pytest.raises(aetcd.exceptions.ClientError, match="permission denied"):
+    with pytest.raises(StoreRefused, match=r"etcd refused this client \(etcdserver: permission denied\)"):
         asyncio.run(attempt(EtcdBackend(host, port, timeout=3, access=stranger)))
+
+
+@pytest.mark.parametrize("who", ["another name", "a wrong password"])
+def test_a_job_whose_etcd_user_is_refused_cannot_start_and_leaves_no_secret(secure_etcd, tmp_path, who):
+    server, pki = secure_etcd
+    host, port = server.endpoint
+    name = "stranger" if who == "another name" else servers.SECURE_ETCD_USER
+    access = access_dir(tmp_path / "access", pki, name)
+    if who == "a wrong password":
+        (access / "username").write_text(servers.SECURE_ETCD_USER)
+        (access / "password").write_text("not-the-password")
+    job = {
+        "jobId": "refused-user",
+        "model": {
+            "sources": [{"id": "n", "type": "generator", "config": {"count": 10}}],
+            "sinks": [{"id": "out", "type": "file", "config": {"path": "out"}}],
+        },
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    env = {"PYTHONPATH": str(ROOT), ACCESS_ENV: str(access)}
+    ran = run_nopstream("run", "job.yaml", "--quiet", "--etcd", f"{host}:{port}", cwd=tmp_path, env=env)
+    said = {
+        "another name": "etcdserver: permission denied",
+        "a wrong password": "etcdserver: authentication failed, invalid user ID or password",
+    }[who]
+    assert (ran.code, ran.err) == (
+        3,
+        f"job 'refused-user' cannot start: etcd refused this client ({said}): the user of its certificate"
+        " or username needs read and write on the keys under /nopstream/\n",
+    )
+    left = sorted(p.name for p in (tmp_path / ".nopstream" / "runs" / "refused-user" / "cluster").iterdir())
+    assert left == ["plans"]  # the secret and the TLS key are gone with the command
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_malformed_access_directory_is_refused_before_the_job_starts(secure_etcd, tmp_path):
