@@ -145,7 +145,7 @@ def test_a_job_writes_nowhere_it_should_not(tmp_path, path, problem):
     one_issue(validate(tmp_path, model), f"checkpoint.storage.local.path: {problem} (rule: write-path)")
 
 
-S3 = {"storage": {"s3": {"endpoint": "http://s3:9000", "bucket": "cp"}}}
+S3 = {"storage": {"s3": {"endpoint": "http://s3:9000", "bucket": "checkpoints"}}}
 
 
 def test_plan_for_a_namespace_that_is_not_one_is_refused(tmp_path):

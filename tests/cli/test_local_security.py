@@ -82,7 +82,7 @@ def _plan(sink: dict) -> compiler.CompiledPlans:
             {"type": "kafka", "config": {"bootstrapServers": "127.0.0.1:1", "topic": "t"}},
             "kafka topic 't' at 127.0.0.1:1",
         ),
-        ({"type": "s3", "config": {"bucket": "b", "prefix": "p/"}}, "s3://b/p/"),
+        ({"type": "s3", "config": {"bucket": "bkt", "prefix": "p/"}}, "s3://bkt/p/"),
         (
             {"type": "postgres", "config": {"database": "d", "user": "u", "table": "t", "columns": ["a"]}},
             "postgresql table t in d at 127.0.0.1:5432",

@@ -19,7 +19,7 @@ heavy = ("minio", "confluent_kafka", "psycopg")
 model = {{
     "jobId": "preload",
     "model": {{
-        "sources": [{{"id": "in", "type": "s3", "config": {{"bucket": "b", "prefix": "in/"}}}}],
+        "sources": [{{"id": "in", "type": "s3", "config": {{"bucket": "bkt", "prefix": "in/"}}}}],
         "sinks": [{{"id": "out", "type": "{sink}", "config": {sink_config}}}],
     }},
 }}

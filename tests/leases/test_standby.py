@@ -33,7 +33,7 @@ MODEL = {
     "sources": [{"id": "src", "type": "generator", "config": {"kind": "sequence", "count": 10}}],
     "sinks": [{"id": "out", "type": "file", "inputs": ["src"], "config": {"path": "out"}}],
 }
-S3 = {"storage": {"s3": {"endpoint": "http://127.0.0.1:9", "bucket": "cp"}}}
+S3 = {"storage": {"s3": {"endpoint": "http://127.0.0.1:9", "bucket": "checkpoints"}}}
 
 
 class StandbyTask:

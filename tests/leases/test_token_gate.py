@@ -21,7 +21,7 @@ MODEL = {
     "sinks": [{"id": "out", "type": "file", "inputs": ["src"], "config": {"path": "out"}}],
 }
 SECRET = guard.new_secret()
-S3 = {"storage": {"s3": {"endpoint": "http://s3:9000", "bucket": "cp"}}}
+S3 = {"storage": {"s3": {"endpoint": "http://s3:9000", "bucket": "checkpoints"}}}
 
 
 async def serve_task(

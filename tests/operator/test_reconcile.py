@@ -29,7 +29,7 @@ from tests.conftest import EXAMPLES
 
 JOB = yaml.safe_load((EXAMPLES / "wordcount.yaml").read_text())
 JOB["metadata"] = {**JOB["metadata"], "namespace": "prod", "uid": "u-1", "generation": 1}
-JOB["spec"]["checkpoint"]["storage"] = {"s3": {"endpoint": "http://s3:9000", "bucket": "cp"}}
+JOB["spec"]["checkpoint"]["storage"] = {"s3": {"endpoint": "http://s3:9000", "bucket": "checkpoints"}}
 NAME = JOB["metadata"]["name"]
 
 
@@ -491,7 +491,7 @@ def test_a_checkpoint_namespace_another_streamjob_holds_keeps_the_job_pending_un
     ready = next(c for c in status(kube)["conditions"] if c["type"] == "Ready")
     assert (status(kube)["phase"], ready["reason"]) == ("Pending", "CheckpointNamespaceHeld")
     assert ready["message"] == (
-        "checkpoint namespace 'shared/wordcount' in s3 http://s3:9000 cp/ is held by StreamJob"
+        "checkpoint namespace 'shared/wordcount' in s3 http://s3:9000 checkpoints/ is held by StreamJob"
         " staging/wordcount (one StreamJob per checkpoint namespace; delete that StreamJob or give this"
         " one another checkpointNamespace)"
     )

@@ -22,7 +22,7 @@ from tests.conftest import EXAMPLES
 
 JOB = {**yaml.safe_load((EXAMPLES / "wordcount.yaml").read_text())}
 JOB["metadata"] = {**JOB["metadata"], "namespace": "prod", "uid": "u-1"}
-JOB["spec"]["checkpoint"]["storage"] = {"s3": {"endpoint": "http://s3:9000", "bucket": "cp"}}
+JOB["spec"]["checkpoint"]["storage"] = {"s3": {"endpoint": "http://s3:9000", "bucket": "checkpoints"}}
 SETTINGS = PodSettings(etcd="etcd:2379", command=("nopstream",), extra_env={"A": "1"}, lease_ttl=7)
 
 
@@ -124,7 +124,7 @@ def test_the_etcd_access_secret_reaches_every_pod_as_files_named_in_its_environm
 def test_storage_credentials_reach_pods_as_files_and_the_job_secret_is_owned_by_the_job():
     job = {**JOB, "spec": {**JOB["spec"], "checkpoint": {**JOB["spec"]["checkpoint"]}}}
     job["spec"]["checkpoint"]["storage"] = {
-        "s3": {"endpoint": "http://s3:9000", "bucket": "cp", "secretRef": "s3-cred"}
+        "s3": {"endpoint": "http://s3:9000", "bucket": "checkpoints", "secretRef": "s3-cred"}
     }
     p = compiler.compile_model(load_data(job), backend="kubernetes", namespace="prod")
     pod = coordinator_pod(job, p.deployment, "c-0", SETTINGS)

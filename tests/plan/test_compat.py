@@ -144,7 +144,7 @@ def test_removed_stateful_operator_is_refused_unless_dropped():
         ),
         (lambda m: ops(m)[2].update(aggregate="sum"), "state-layout"),
         (lambda m: ops(m)[2].update(stateVersion=2), "state-schema"),
-        (lambda m: m["model"]["sinks"][0].update(type="s3", config={"bucket": "b"}), "sink-protocol"),
+        (lambda m: m["model"]["sinks"][0].update(type="s3", config={"bucket": "bkt"}), "sink-protocol"),
     ],
 )
 def test_refusals_name_their_rule(change, rule):

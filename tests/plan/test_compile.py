@@ -53,7 +53,7 @@ def test_plan_layers_as_text(nopstream, tmp_path):
     on_s3.write_text(
         (EXAMPLES / "wordcount.yaml")
         .read_text()
-        .replace("{local: {path: .nopstream/checkpoints}}", "{s3: {endpoint: 'http://s3:9000', bucket: cp}}")
+        .replace("{local: {path: .nopstream/checkpoints}}", "{s3: {endpoint: 'http://s3:9000', bucket: cps}}")
     )
     dep = nopstream(
         "plan", str(on_s3), "--layer", "deployment", "--backend", "kubernetes", "--namespace", "streams"
