@@ -34,7 +34,7 @@ import grpc
 from nopstream.cluster.backend import EMPTY, Entry, Event, LeaseExpired, StoreRefused, StoreUnavailable
 
 T = TypeVar("T")
-_REFUSED = re.compile(r"permission denied|authentication failed|user name is empty|invalid auth token")
+_REFUSED = re.compile(r"permission denied|authentication failed|user name is empty")
 _UNAVAILABLE = (
     aetcd.exceptions.ConnectionFailedError,
     aetcd.exceptions.ConnectionTimeoutError,
