@@ -70,7 +70,7 @@ def _ask_coordinator(
     base, secret_file = found
     try:
         # a job that speaks TLS keeps its files beside its secret, as its pods and processes do
-        tls = JobTls.read(secret_file.parent).client_context() if base.startswith("https://") else None
+        tls = JobTls(secret_file.parent).client_context() if base.startswith("https://") else None
         return ask(CoordinatorClient(base, guard.read_secret(secret_file), tls=tls))
     except (guard.SecretError, TlsError) as err:
         print(f"job '{job}': {err}", file=sys.stderr)

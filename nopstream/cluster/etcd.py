@@ -118,10 +118,11 @@ class _TlsClient(aetcd.Client):  # type: ignore[misc]  # aetcd has no types
     """aetcd's client over a TLS channel: aetcd 1.0 opens plain channels only; this connects as its
     `connect` does, with `secure_channel`."""
 
+    _is_connecting: bool  # aetcd's own (set by its __init__), typed for mypy
+
     def __init__(self, credentials: grpc.ChannelCredentials, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._credentials = credentials
-        self._is_connecting: bool = False
 
     async def connect(self) -> None:
         """Open the TLS channel (and authenticate) once; concurrent callers wait for the first."""

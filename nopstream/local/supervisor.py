@@ -82,8 +82,7 @@ class Supervisor:
         (self.plan_dir / PARTITIONED_FILE).write_text(compiler.dump_document(self.plans.partitioned))
         (self.plan_dir / DEPLOYMENT_FILE).write_text(compiler.dump_document(self.plans.deployment))
         guard.write_secret(self.secret_file, guard.new_secret())  # one per command, as with `run`
-        certificate = tls.issue(self.plans.partitioned.identity.job_id)  # and its TLS, beside it
-        certificate.write(self.home)
+        tls.issue(self.plans.partitioned.identity.job_id).write(self.home)  # and its TLS, beside it
         try:  # from here on the secret and the key are removed however the command ends
             _reach(calls, quiet=self.options.quiet)
             self.lineage = new_lineage(self.options)
@@ -124,7 +123,7 @@ class Supervisor:
         finally:
             stop_all(self.tasks + self.coordinators)
             self.secret_file.unlink(missing_ok=True)  # `nopstream savepoint --etcd` finds live jobs only
-            for name in certificate.files():
+            for name in tls.FILES:
                 (self.home / name).unlink(missing_ok=True)
         seconds = time.monotonic() - started
         point = RestorePoint.from_json(entry.value) if entry is not None else None

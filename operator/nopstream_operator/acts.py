@@ -13,14 +13,13 @@ from nopstream.model.status import (
     StreamJobStatus,
 )
 from nopstream.node.wire.coordinator_client import CoordinatorClient, CoordinatorError
-from nopstream.node.wire.tls import TlsError
+from nopstream.node.wire.tls import JobCertificate, TlsError
 from nopstream.plan.deployment import DeploymentPlan
 from nopstream_operator import health
 from nopstream_operator.kube import Kube
 from nopstream_operator.observed import Context, Observed, PodView
 from nopstream_operator.resources import (
     JOB_SECRET_KEY,
-    job_certificate,
     job_secret_name,
 )
 
@@ -98,7 +97,7 @@ def request_savepoint(ctx: Context, seen: Observed, layout: Layout, *, stop: boo
     if endpoint is None or data is None or JOB_SECRET_KEY not in data:
         return False
     try:
-        context = job_certificate(data).client_context()
+        context = JobCertificate.from_files(data).client_context()
         CoordinatorClient(endpoint, data[JOB_SECRET_KEY].decode(), timeout=5, tls=context).savepoint(
             stop=stop
         )

@@ -18,7 +18,7 @@ from nopstream.model.connectors import SECRETS_DIR
 from nopstream.model.load import load_data
 from nopstream.model.spec import secret_refs
 from nopstream.node.settings import ADVERTISE, ATTEMPT, HOST, SECRET_FILE, NodeEnv
-from nopstream.node.wire.tls import CA_FILE, CERT_FILE, KEY_FILE, JobCertificate
+from nopstream.node.wire.tls import JobCertificate
 from nopstream.plan import compiler
 from nopstream.plan.deployment import TASK_PORT, DeploymentPlan, TaskDeployment, resource_name
 from nopstream.plan.partitioned import PartitionedPlan
@@ -130,11 +130,6 @@ def job_secret(
         "immutable": True,
         "stringData": {JOB_SECRET_KEY: secret, **files},
     }
-
-
-def job_certificate(data: dict[str, bytes]) -> JobCertificate:
-    """The TLS files of a job's Secret (its data, decoded); KeyError naming a missing file."""
-    return JobCertificate(ca=data[CA_FILE], cert=data[CERT_FILE], key=data[KEY_FILE])
 
 
 def network_policy_name(job_id: str) -> str:

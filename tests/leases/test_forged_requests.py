@@ -306,7 +306,7 @@ def test_forged_requests_to_the_coordinators_and_tasks_on_etcd_are_refused(
         asked
     )
     (home / "wrong").mkdir()  # the job's TLS files with another secret
-    for name in tls.JobCertificate(b"", b"", b"").files():
+    for name in tls.FILES:
         shutil.copy(files / name, home / "wrong" / name)
     (home / "wrong" / "secret").write_text("1" * 64)
     wrong = run_nopstream(*savepoint, "--secret-file", "wrong/secret", cwd=home, env=env)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import ssl
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,8 @@ from nopstream.node.wire import guard
 CA_FILE = "ca.crt"
 CERT_FILE = "tls.crt"
 KEY_FILE = "tls.key"
+FILES = (CA_FILE, CERT_FILE, KEY_FILE)
+"""A job's TLS files, as they are written and mounted."""
 VALID = datetime.timedelta(days=3650)
 """A job's certificate outlives the job: it is made again with the job's secret, never renewed."""
 _SKEW = datetime.timedelta(minutes=5)  # clocks of other nodes may be a little behind
@@ -50,7 +53,14 @@ class JobCertificate:
 
     def files(self) -> dict[str, bytes]:
         """The files by name, as they are written and mounted."""
-        return {CA_FILE: self.ca, CERT_FILE: self.cert, KEY_FILE: self.key}
+        return dict(zip(FILES, (self.ca, self.cert, self.key), strict=True))
+
+    @classmethod
+    def from_files(cls, files: Mapping[str, bytes]) -> JobCertificate:
+        """The certificate of `files` (as `files` gives them, e.g. a Secret's data); KeyError naming a
+        missing one."""
+        ca, cert, key = (files[name] for name in FILES)
+        return cls(ca=ca, cert=cert, key=key)
 
     def write(self, directory: Path) -> JobTls:
         """Write the files as new files readable by their owner only into the private `directory`."""
@@ -158,7 +168,7 @@ class JobTls:
         return context
 
     def _load(self, context: ssl.SSLContext) -> None:
-        ca, cert, key = (self.directory / name for name in (CA_FILE, CERT_FILE, KEY_FILE))
+        ca, cert, key = (self.directory / name for name in FILES)
         for path in (ca, cert, key):
             if not path.is_file():
                 raise TlsError(f"{path}: the job's TLS file is missing")
