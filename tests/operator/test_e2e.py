@@ -270,7 +270,7 @@ def install_chart(w: World) -> None:
     """`helm install` the chart: two operator replicas, the world's etcd and S3 credentials."""
     values: dict[str, Any] = {
         "operator": {"replicas": 2},  # kopf peering: one replica acts, the other waits
-        "pods": {"leaseTtlSeconds": 4},
+        "pods": {"leaseTtlSeconds": 6},  # 4 s lost a starting task's lease on two loaded cores
         "storageSecret": {"create": True, "accessKey": w.access_key, "secretKey": w.secret_key},
     }
     if w.etcd:
