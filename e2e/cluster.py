@@ -161,6 +161,8 @@ class Cluster:
                 f"kubelet-{spec.name}", f"system:node:{spec.name}", ("system:nodes",)
             ),
             kube_proxy=self._inside_kubeconfig("kube-proxy", "system:kube-proxy"),
+            # the NetworkPolicy enforcer is test infrastructure too, as CoreDNS is
+            kube_router=self._inside_kubeconfig("kube-router", "kube-router", ("system:masters",)),
             # CoreDNS is test infrastructure here, not a workload: it reads as admin
             coredns=self._inside_kubeconfig("coredns", "coredns", ("system:masters",)),
         )

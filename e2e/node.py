@@ -1,4 +1,5 @@
-"""A node of the test cluster: containerd, the kubelet, kube-proxy (and, on the first, CoreDNS).
+"""A node of the test cluster: containerd, the kubelet, kube-proxy, kube-router's NetworkPolicy
+firewall (and, on the first, CoreDNS).
 
 The first node, node-0, runs in the suite's own namespace (`e2e/netns.py`) beside the
 control plane; every other node runs in a network and mount namespace of its own,
@@ -6,7 +7,9 @@ joined to the first by a veth pair whose outer end is a port of the bridge `node
 the suite's namespace (`join`). Nodes reach each other's pods by routes through that
 bridge; nothing of them is on this machine's interfaces. Each node's pods get
 addresses on a bridge of the node's own (the CNI bridge plugin) in its own subnet,
-Service IPs are iptables rules there (kube-proxy), and names resolve through CoreDNS
+Service IPs are iptables rules there (kube-proxy), NetworkPolicies are iptables rules and
+ipsets there (kube-router, its firewall alone: the bridge plugin keeps routing pods), and
+names resolve through CoreDNS
 listening on node-0's address (every kubelet's clusterDNS). Pods are containers of
 images built by `scripts/build-image.sh` and imported into each node's containerd at
 its first start: no registry is reached. The kubelet puts every pod's cgroups under a
@@ -16,6 +19,7 @@ cgroup root of this node's own, removed (with every process in it killed) at sto
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import secrets
@@ -32,6 +36,7 @@ from nopstream.local.children import Child
 
 NODE_NAME = "node-0"
 NODE_IP = "10.250.0.2"  # node-0's: the control plane's too
+NODES = ipaddress.IPv4Network("10.250.0.0/24")  # the nodes' addresses on their bridge
 POD_CIDR = "10.88.0.0/16"  # the cluster's: node i's pods are in 10.88.i.0/24
 BRIDGE = "nodes"  # in the suite's namespace: node-0's address, the other nodes' links
 CLUSTER_DOMAIN = "cluster.local"
@@ -76,6 +81,7 @@ class NodeCredentials:
     ca: Path
     kubelet: Path
     kube_proxy: Path
+    kube_router: Path
     coredns: Path
 
 
@@ -87,7 +93,7 @@ def _cgroup_controllers() -> list[Path]:
 def set_up_network(ns: Namespace) -> None:
     """Give the suite's namespace node-0's address on the nodes' bridge and let it route pods' traffic."""
     ns.run("ip", "link", "add", BRIDGE, "type", "bridge")
-    ns.run("ip", "addr", "add", f"{NODE_IP}/24", "dev", BRIDGE)
+    ns.run("ip", "addr", "add", f"{NODE_IP}/{NODES.prefixlen}", "dev", BRIDGE)
     ns.run("ip", "link", "set", BRIDGE, "up")
     # A default route so that Service IPs (DNAT in OUTPUT) and the kubelet's node-IP
     # checks find one; nothing leaves the namespace through it.
@@ -107,7 +113,7 @@ def join(cluster: Namespace, ns: Namespace, spec: NodeSpec) -> None:
         "ip", "link", "add", outer, "type", "veth", "peer", "name", "eth0", "netns", str(ns.holder.pid)
     )
     cluster.run("ip", "link", "set", outer, "master", BRIDGE, "up")
-    ns.run("ip", "addr", "add", f"{spec.ip}/24", "dev", "eth0")
+    ns.run("ip", "addr", "add", f"{spec.ip}/{NODES.prefixlen}", "dev", "eth0")
     ns.run("ip", "link", "set", "eth0", "up")
     ns.run("ip", "route", "add", "default", "via", NODE_IP)
     _forwarding(ns)
@@ -160,6 +166,7 @@ class Node:
             node._import_images()
             node._kubelet(creds)
             node._kube_proxy(creds)
+            node._kube_router(creds)
             if spec.index == 0:
                 node._coredns(creds)
         except BaseException:
@@ -346,6 +353,36 @@ state = "/run/containerd"
                 "kube-proxy",
                 [servers.binary("kube-proxy"), f"--config={path}", "--v=1"],
                 log=self.workdir / "kube-proxy.log",
+            )
+        )
+
+    def _kube_router(self, creds: NodeCredentials, timeout: float = 60.0) -> None:
+        """kube-router's NetworkPolicy firewall only: pod routes, the CNI and Services stay ours.
+
+        It starts once the kubelet registered the Node: kube-router exits when it finds none.
+        """
+        kubectl = (servers.binary("kubectl"), f"--kubeconfig={creds.kube_router}")
+        servers.wait_until(
+            f"{self.spec.name} registered",
+            lambda: not self.ns.run(*kubectl, "get", "node", self.spec.name, check=False).returncode,
+            timeout=timeout,
+        )
+        self.processes.append(
+            self.ns.spawn(
+                "kube-router",
+                [
+                    servers.binary("kube-router"),
+                    f"--kubeconfig={creds.kube_router}",
+                    f"--hostname-override={self.spec.name}",
+                    "--run-firewall=true",
+                    "--run-router=false",
+                    "--run-service-proxy=false",
+                    "--enable-cni=false",
+                    "--health-port=0",
+                    "--metrics-port=0",
+                    "--v=1",
+                ],
+                log=self.workdir / "kube-router.log",
             )
         )
 

@@ -23,6 +23,7 @@ KUBE_VERSION="v1.35.4"
 HELM_VERSION="v3.22.0"
 CONTAINERD_VERSION="v2.4.2"
 COREDNS_VERSION="v1.14.7"
+KUBE_ROUTER_VERSION="v2.1.0"   # its NetworkPolicy firewall only, in the test cluster's namespaces
 KAFKA_VERSION="4.4.0"   # also in scripts/kafka/pom.xml and e2e/servers.py
 REGISTRY_VERSION="2.4.2.Final"   # also in scripts/schema-registry/pom.xml and e2e/servers.py
 HYDRA_VERSION="v2.3.0"
@@ -200,6 +201,10 @@ build_coredns() {
   GOBIN="$BIN" go install "github.com/coredns/coredns@$COREDNS_VERSION"
 }
 
+build_kube_router() {
+  GOBIN="$BIN" go install "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
+}
+
 # Each Python 3.11, 3.12, 3.13 this machine has (on PATH or under pyenv): its path, one per line.
 pythons() {
   local v py
@@ -253,10 +258,11 @@ for w in "${what[@]}"; do
     helm) timed "helm $HELM_VERSION" "$BIN/.helm-$HELM_VERSION-stamped" build_helm ;;
     kube) timed "kubernetes $KUBE_VERSION" "$BIN/.kube-$KUBE_VERSION-stamped" \
             build_kube kube-apiserver kube-controller-manager kube-scheduler kubectl ;;
-    node) install_debian_packages "node packages" runc containernetworking-plugins iptables conntrack buildah mmdebstrap
+    node) install_debian_packages "node packages" runc containernetworking-plugins iptables ipset conntrack buildah mmdebstrap
           timed "kubelet and kube-proxy $KUBE_VERSION" "$BIN/.kubenode-$KUBE_VERSION" build_kube kubelet kube-proxy
           timed "containerd $CONTAINERD_VERSION" "$BIN/.containerd-$CONTAINERD_VERSION" build_containerd
-          timed "coredns $COREDNS_VERSION" "$BIN/.coredns-$COREDNS_VERSION" build_coredns ;;
+          timed "coredns $COREDNS_VERSION" "$BIN/.coredns-$COREDNS_VERSION" build_coredns
+          timed "kube-router $KUBE_ROUTER_VERSION" "$BIN/.kube-router-$KUBE_ROUTER_VERSION" build_kube_router ;;
     image) "$TOP/scripts/build-image.sh" ;;
     # Argo CD runs health checks in Lua 5.1 (gopher-lua): the StreamJob check is tested on it
     lua) install_debian_packages "lua" lua5.1 lua-cjson ;;

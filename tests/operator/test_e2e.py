@@ -46,7 +46,7 @@ import yaml
 
 from e2e import servers
 from e2e.cluster import Cluster
-from e2e.node import E2E_IMAGE, NODE_IP, NODE_NAME
+from e2e.node import E2E_IMAGE, NODE_IP, NODE_NAME, NODES
 from tests.conftest import EXAMPLES, ROOT, s3_records
 from tests.operator import nemesis
 
@@ -185,6 +185,9 @@ def own_world(cluster: Cluster, workdir: Path) -> World:
         "operator": beside_control_plane,
         "etcd": {"bundled": True, "image": "nopstream-e2e/etcd:0.1.0", **beside_control_plane},
         "minio": {"bundled": True, "image": "nopstream-e2e/minio:0.1.0", **beside_control_plane},
+        # the suite reaches Services through forwards in node-0's namespace: from the nodes'
+        # addresses, as an administrator's tools would from a bastion (kube-router enforces this)
+        "networkPolicy": {"from": [{"ipBlock": {"cidr": str(NODES)}}]},
     }
     (workdir / "node-values.yaml").write_text(yaml.safe_dump(ours))
     w = World(
@@ -982,6 +985,102 @@ def test_a_kafka_job_on_the_cluster_counts_every_committed_line_once_through_pod
     got = kafka.committed(out)
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
     w.kubectl("delete", "streamjob", "kafka-wc", "--wait=true", "--timeout=60s")
+
+
+PROBE = """
+import json, socket, sys, time
+from concurrent.futures import ThreadPoolExecutor
+def reach(target):
+    host, port = target.rsplit(":", 1)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), timeout=2).close()
+            return "reached"
+        except OSError:
+            time.sleep(0.5)
+    return "blocked"
+with ThreadPoolExecutor(len(sys.argv) - 1) as pool:
+    print(json.dumps(dict(zip(sys.argv[1:], pool.map(reach, sys.argv[1:])))))
+"""
+"""Which targets a pod opens a TCP connection to within 20 s (each retried: the enforcer admits a
+new pod's address a moment after it starts, and refuses before)."""
+
+
+def probes(
+    w: World, pods: dict[str, tuple[str, dict[str, str]]], targets: list[str]
+) -> dict[str, dict[str, str]]:
+    """For each probe pod, by name (its node, its labels), which of `targets` (host:port) it
+    reached; the pods run side by side."""
+    for name, (node, labels) in pods.items():
+        container = {"name": "probe", "image": E2E_IMAGE, "command": ["python", "-c", PROBE, *targets]}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "labels": labels},
+            "spec": {"nodeName": node, "restartPolicy": "Never", "containers": [container]},
+        }
+        w.kubectl("apply", "-f", "-", input=json.dumps(pod))
+
+    def ended() -> dict[str, str]:
+        phases = {
+            n: json.loads(w.kubectl("get", "pod", n, "-o", "json"))["status"].get("phase") for n in pods
+        }
+        return phases if all(p in ("Succeeded", "Failed") for p in phases.values()) else {}
+
+    phases = w.wait("the probes", ended)
+    logs = {name: w.kubectl("logs", name) for name in pods}
+    w.kubectl("delete", "pod", *pods, "--wait=false")
+    assert set(phases.values()) == {"Succeeded"}, logs
+    return {name: json.loads(out) for name, out in logs.items()}
+
+
+def test_the_network_policy_admits_the_job_s_own_pods_and_the_operator_only(world, bucket, kafka, broker):
+    # kube-router enforces NetworkPolicies on every node; a job that keeps running (an empty topic)
+    w = world
+    source, out = kafka.create("quiet", partitions=2), kafka.create("quiet-out", partitions=1)
+    job = wordcount("fenced", bucket, w.pod_s3_url, "unused", parallelism=2)
+    job["spec"]["model"]["sources"] = [
+        {"id": "lines", "type": "kafka", "config": {"bootstrapServers": broker.pods, "topic": source}}
+    ]
+    job["spec"]["model"]["sinks"] = [
+        {
+            "id": "out",
+            "type": "kafka",
+            "config": {"bootstrapServers": broker.pods, "topic": out, "keyField": "key"},
+        }
+    ]
+    w.kubectl("apply", "-f", "-", input=json.dumps(job))
+    w.wait("Running", lambda: w.job("fenced").get("status", {}).get("phase") == "Running")
+    pods = [p for p in w.pods("fenced") if p["status"].get("phase") == "Running" and p["status"].get("podIP")]
+    targets = sorted(
+        f"{p['status']['podIP']}:{p['spec']['containers'][0]['ports'][0]['containerPort']}" for p in pods
+    )
+    minio = json.loads(w.kubectl("get", "pods", "-l", "app.kubernetes.io/component=minio", "-o", "json"))
+    unfenced = f"{minio['items'][0]['status']['podIP']}:9000"  # no policy selects it: a probe that works
+    reached, blocked = dict.fromkeys(targets, "reached"), dict.fromkeys(targets, "blocked")
+    kinds = {"stray": {}, "other": {"nopstream.io/job": "another-job"}, "own": {"nopstream.io/job": "fenced"}}
+    got = probes(
+        w,
+        {f"{kind}-{node}": (node, labels) for kind, labels in kinds.items() for node in ("node-0", "node-1")},
+        [*targets, unfenced],
+    )
+    for node in ("node-0", "node-1"):
+        # a stray pod and a pod of another job reach no pod of the job, on either node, while MinIO
+        # (no policy selects it) answers them; a pod with the job's label is one of its own
+        assert got[f"stray-{node}"] == {**blocked, unfenced: "reached"}
+        assert got[f"other-{node}"] == {**blocked, unfenced: "reached"}
+        assert got[f"own-{node}"] == {**reached, unfenced: "reached"}
+    # the operator reaches the leading coordinator: a savepoint it asks for is taken
+    w.kubectl(
+        "patch", "streamjob", "fenced", "--type", "merge", "-p", json.dumps({"spec": {"savepointNonce": "p"}})
+    )
+    w.wait(
+        "the operator's savepoint",
+        lambda: [s for s in w.job("fenced")["status"].get("savepoints", []) if s.get("nonce") == "p"],
+    )
+    assert w.job("fenced")["status"]["recoveries"] == 0, recovery_causes(w, "fenced")
+    w.kubectl("delete", "streamjob", "fenced", "--wait=true", "--timeout=60s")
 
 
 def enrichment(name: str, bucket: str, minio_url: str, out: str) -> dict:
