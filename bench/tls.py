@@ -74,7 +74,9 @@ async def one_channel(batches: list[Batch], tls: JobTls | None) -> float:
 
 def main() -> None:
     """Print the rows."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batches", type=int, default=2_000)
     parser.add_argument("--records", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=5)
