@@ -1,8 +1,9 @@
 """The job on the real nodes (`e2e/cluster.py`): recovery times, start time, the operator's idle CPU.
 
-A two-node cluster of its own (containerd, kubelet, kube-proxy in network namespaces of
-its own, CoreDNS on node-0), the chart installed as the e2e suite installs it (bundled
-etcd and MinIO and the operator on node-0), and a rolling word count at parallelism 3
+A two-node cluster of its own (containerd, kubelet, kube-proxy and kube-router's
+NetworkPolicy firewall in network namespaces of its own, CoreDNS on node-0), the chart
+installed as the e2e suite installs it (bundled etcd and MinIO serving TLS only, etcd with
+client certificates and authentication, and the operator, on node-0), and a rolling word count at parallelism 3
 from MinIO to MinIO under STRICT_EXACTLY_ONCE (the e2e job: 16 files of 2,500 lines,
 3 ms a line in `split`, checkpoints every 500 ms), whose sink publishes an object per
 subtask and epoch as each epoch commits; once as it is, once with `standbyTasks`. It measures, in one run:
@@ -44,7 +45,6 @@ from minio import Minio
 from e2e.cluster import Cluster
 from nopstream.checkpoint.restore import RestorePoint
 from nopstream.cluster.backend import StoreUnavailable
-from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from tests.operator import nemesis
 from tests.operator.test_e2e import BUNDLED_S3, World, own_world, upload_lines, wordcount
@@ -75,8 +75,7 @@ def first_epoch_of(w: World, job: str, run: int) -> int:
     """The first epoch number of run `run` (its restore point in etcd, once its coordinator chose it)."""
 
     async def read() -> int | None:
-        host, _, port = w.etcd.rpartition(":")
-        backend = EtcdBackend(host, int(port))
+        backend = w.etcd_backend()
         try:
             entry = await backend.get(Layout("default", job, "main").restore(run))
             return RestorePoint.from_json(entry.value).next_epoch if entry is not None else None
@@ -237,8 +236,7 @@ def operator_cpu_share(w: World, seconds: float = 60.0) -> float:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, Cluster.start(Path(tmp) / "kube") as cluster:
         w = own_world(cluster, Path(tmp))
-        host, _, port = w.s3_url.removeprefix("http://").partition(":")
-        client = Minio(f"{host}:{port}", w.access_key, w.secret_key, secure=False)
+        client = w.s3_client()
         bucket = "bench-cluster"
         client.make_bucket(bucket)
         upload_lines(client, bucket, random.Random(11), files=16, lines=2500, words=8)

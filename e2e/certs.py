@@ -6,6 +6,7 @@ import base64
 import datetime
 import ipaddress
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,6 +124,16 @@ class Pki:
         pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         _write_key(key, pair.key)
         return pair
+
+    def etcd_access(self, directory: Path, name: str) -> Path:
+        """An etcd access directory (`NOPSTREAM_ETCD_ACCESS`): this CA, and a client certificate whose
+        common name, the etcd user, is `name`."""
+        directory.mkdir()
+        pair = self.issue(f"client-{name}", name)
+        shutil.copy(self.ca.cert, directory / "ca.crt")
+        shutil.copy(pair.cert, directory / "tls.crt")
+        shutil.copy(pair.key, directory / "tls.key")
+        return directory
 
     def service_account_keys(self) -> KeyPair:
         """An RSA key pair for signing service-account tokens (`cert` holds the public key)."""

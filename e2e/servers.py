@@ -158,6 +158,28 @@ SECURE_ETCD_USER = "nopstream"
 name, or by password."""
 
 
+def etcd_call(url: str, context: ssl.SSLContext, path: str, body: dict[str, object] | None = None) -> object:
+    """POST to the JSON gateway of the etcd at `url` (`/v3/{path}`) over TLS with `context`; its answer."""
+    request = urllib.request.Request(f"{url}/v3/{path}", data=json.dumps(body or {}).encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=5, context=context) as resp:
+        return json.loads(resp.read())
+
+
+def enable_etcd_auth(url: str, context: ssl.SSLContext, password: str) -> None:
+    """Turn authentication on in the etcd at `url`, called through `context` (a certificate of `root`,
+    with --client-cert-auth): `root`, and SECURE_ETCD_USER (its certificate's common name, or
+    `password`) allowed to read and write every key."""
+    every_key = base64.b64encode(b"\0").decode()
+    etcd_call(url, context, "auth/user/add", {"name": "root", "password": secrets.token_hex(8)})
+    etcd_call(url, context, "auth/user/grant", {"user": "root", "role": "root"})
+    etcd_call(url, context, "auth/user/add", {"name": SECURE_ETCD_USER, "password": password})
+    etcd_call(url, context, "auth/role/add", {"name": "jobs"})
+    perm = {"permType": "READWRITE", "key": every_key, "range_end": every_key}
+    etcd_call(url, context, "auth/role/grant", {"name": "jobs", "perm": perm})
+    etcd_call(url, context, "auth/user/grant", {"user": SECURE_ETCD_USER, "role": "jobs"})
+    etcd_call(url, context, "auth/enable")
+
+
 def start_secure_etcd(workdir: Path, pki: Pki, password: str) -> Etcd:
     """etcd serving TLS only with a certificate of `pki`, admitting clients with a certificate of its CA,
     and checking who calls: SECURE_ETCD_USER (a certificate's common name, or `password`) may read and
@@ -174,23 +196,8 @@ def start_secure_etcd(workdir: Path, pki: Pki, password: str) -> Etcd:
     proc = spawn("etcd-secure", argv, log=workdir / "etcd.log", env=ETCD_ENV)
     context = ssl.create_default_context(cafile=str(pki.ca.cert))
     context.load_cert_chain(str(root.cert), str(root.key))
-
-    def call(path: str, body: dict[str, object]) -> dict[str, object]:
-        request = urllib.request.Request(f"{url}/v3/{path}", data=json.dumps(body).encode(), method="POST")
-        with urllib.request.urlopen(request, timeout=5, context=context) as resp:
-            answer: dict[str, object] = json.loads(resp.read())
-            return answer
-
-    every_key = base64.b64encode(b"\0").decode()
-    wait_until("etcd-secure", lambda: bool(call("maintenance/status", {})), process=proc)
-    call("auth/user/add", {"name": "root", "password": secrets.token_hex(8)})
-    call("auth/user/grant", {"user": "root", "role": "root"})
-    call("auth/user/add", {"name": SECURE_ETCD_USER, "password": password})
-    call("auth/role/add", {"name": "jobs"})
-    perm = {"permType": "READWRITE", "key": every_key, "range_end": every_key}
-    call("auth/role/grant", {"name": "jobs", "perm": perm})
-    call("auth/user/grant", {"user": SECURE_ETCD_USER, "role": "jobs"})
-    call("auth/enable", {})
+    wait_until("etcd-secure", lambda: bool(etcd_call(url, context, "maintenance/status")), process=proc)
+    enable_etcd_auth(url, context, password)
     return Etcd(proc, url, workdir / "etcd-data")
 
 

@@ -170,9 +170,12 @@ class EtcdBackend:
         request times out after `timeout` seconds."""
         # gRPC backs off reconnecting for up to two minutes by default; after an etcd
         # outage the job must go on as soon as etcd is back, so keep the backoff short.
+        # The "min reconnect backoff" is gRPC's shortest connect timeout, not a wait: at
+        # 100 ms, TLS handshakes of processes starting side by side on a busy machine timed
+        # out (69 of 500 connects at once here; none at 5 s).
         options = {
             "grpc.initial_reconnect_backoff_ms": 100,
-            "grpc.min_reconnect_backoff_ms": 100,
+            "grpc.min_reconnect_backoff_ms": 5000,
             "grpc.max_reconnect_backoff_ms": 1000,
         }
         access = access or EtcdAccess()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -38,20 +37,10 @@ def secure_etcd(tmp_path_factory):
     server.stop()
 
 
-def access_dir(directory: Path, pki: Pki, name: str) -> Path:
-    """An access directory: the etcd CA, and a client certificate with common name `name`."""
-    directory.mkdir()
-    pair = pki.issue(f"client-{name}", name)
-    shutil.copy(pki.ca.cert, directory / "ca.crt")
-    shutil.copy(pair.cert, directory / "tls.crt")
-    shutil.copy(pair.key, directory / "tls.key")
-    return directory
-
-
 def test_a_job_coordinated_through_an_etcd_with_tls_and_authentication_is_exact(secure_etcd, tmp_path):
     server, pki = secure_etcd
     host, port = server.endpoint
-    access = access_dir(tmp_path / "etcd-access", pki, servers.SECURE_ETCD_USER)
+    access = pki.etcd_access(tmp_path / "etcd-access", servers.SECURE_ETCD_USER)
     job = {
         "jobId": "secured",
         "parallelism": 2,
@@ -85,7 +74,7 @@ async def _keys(host: str, port: int, access: Path) -> list[str]:
 def test_a_plain_client_and_one_of_another_name_are_refused(secure_etcd, tmp_path):
     server, pki = secure_etcd
     host, port = server.endpoint
-    stranger = read_access(access_dir(tmp_path / "stranger", pki, "stranger"))
+    stranger = read_access(pki.etcd_access(tmp_path / "stranger", "stranger"))
 
     async def attempt(backend: EtcdBackend) -> None:
         try:
@@ -104,7 +93,7 @@ def test_a_job_whose_etcd_user_is_refused_cannot_start_and_leaves_no_secret(secu
     server, pki = secure_etcd
     host, port = server.endpoint
     name = "stranger" if who == "another name" else servers.SECURE_ETCD_USER
-    access = access_dir(tmp_path / "access", pki, name)
+    access = pki.etcd_access(tmp_path / "access", name)
     if who == "a wrong password":
         (access / "username").write_text(servers.SECURE_ETCD_USER)
         (access / "password").write_text("not-the-password")
@@ -146,7 +135,7 @@ def test_a_malformed_access_directory_is_refused_before_the_job_starts(secure_et
             }
         )
     )
-    half = access_dir(tmp_path / "half", pki, servers.SECURE_ETCD_USER)
+    half = pki.etcd_access(tmp_path / "half", servers.SECURE_ETCD_USER)
     os.remove(half / "tls.key")
     missing = tmp_path / "missing"
     cases = {

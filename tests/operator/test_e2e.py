@@ -29,6 +29,7 @@ import io
 import json
 import os
 import random
+import secrets
 import signal
 import ssl
 import subprocess
@@ -39,22 +40,28 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 
 from e2e import servers
+from e2e.certs import Pki
 from e2e.cluster import Cluster
-from e2e.node import E2E_IMAGE, NODE_IP, NODE_NAME, NODES
+from e2e.node import CLUSTER_DOMAIN, E2E_IMAGE, NODE_IP, NODE_NAME, NODES
 from tests.conftest import EXAMPLES, ROOT, s3_records
 from tests.operator import nemesis
+
+if TYPE_CHECKING:
+    from minio import Minio
+
+    from nopstream.cluster.etcd import EtcdBackend
 
 # the session's one cluster: under pytest-xdist these tests all run on one worker
 pytestmark = pytest.mark.xdist_group("kube")
 FNS_DIR = Path(__file__).resolve().parent  # e2efns.py: the jobs' user functions
 OPERATOR_USER = "system:serviceaccount:default:nopstream-operator"
-BUNDLED_S3 = "http://nopstream-minio:9000"  # the chart's MinIO, by Service name, as pods reach it
+BUNDLED_S3 = "https://nopstream-minio:9000"  # the chart's MinIO, by Service name, as pods reach it
 # the jobs' image: the runtime with tests/operator/e2efns.py (runtime-image/Dockerfile.e2e)
 JOB_IMAGE = os.environ.get("NOPSTREAM_E2E_IMAGE", E2E_IMAGE.removeprefix("docker.io/"))
 
@@ -72,6 +79,34 @@ class World:
     workdir: Path
     values: list[Path] = field(default_factory=list)
     cluster: Cluster | None = None  # our own: kills of a container's process, the audit log
+    pki: Pki | None = None  # the CA of the servers' certificates (None: they speak plain text)
+    etcd_access: Path | None = None  # this process's etcd credentials (`NOPSTREAM_ETCD_ACCESS`)
+
+    @property
+    def ca(self) -> Path | None:
+        """What the servers' certificates are checked against."""
+        return self.pki.ca.cert if self.pki is not None else None
+
+    def etcd_backend(self) -> EtcdBackend:
+        """A client of the jobs' etcd, as this process reaches it."""
+        from nopstream.cluster.etcd import EtcdBackend, read_access
+
+        host, _, port = self.etcd.rpartition(":")
+        access = read_access(self.etcd_access) if self.etcd_access is not None else None
+        return EtcdBackend(host, int(port), access=access)
+
+    def s3_client(self) -> Minio:
+        """A client of the jobs' S3, as this process reaches it."""
+        import urllib3
+        from minio import Minio
+
+        http = (
+            None if self.ca is None else urllib3.PoolManager(cert_reqs="CERT_REQUIRED", ca_certs=str(self.ca))
+        )
+        secure = self.s3_url.startswith("https://")
+        return Minio(
+            self.s3_url.split("://", 1)[1], self.access_key, self.secret_key, secure=secure, http_client=http
+        )
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
         return subprocess.run(
@@ -175,16 +210,31 @@ def world(tmp_path_factory, request) -> Iterator[World]:
 
 
 def own_world(cluster: Cluster, workdir: Path) -> World:
-    """The chart installed on our cluster, with its bundled etcd and MinIO, and forwards to both."""
+    """The chart installed on our cluster, its bundled etcd and MinIO serving TLS only (etcd with
+    client certificates and authentication on), and forwards to both."""
     repository, _, tag = E2E_IMAGE.removeprefix("docker.io/").rpartition(":")
     # the servers and the operator stay on node-0, beside the control plane: a lost worker node
     # takes job pods only (a lost etcd or MinIO is another fault, not a node loss of the job's)
     beside_control_plane = {"nodeSelector": {"kubernetes.io/hostname": NODE_NAME}}
+    pki = Pki(workdir / "servers-pki")
+    access = server_secrets(cluster, pki)
     ours = {
         "image": {"repository": repository, "tag": tag},
         "operator": beside_control_plane,
-        "etcd": {"bundled": True, "image": "nopstream-e2e/etcd:0.1.0", **beside_control_plane},
-        "minio": {"bundled": True, "image": "nopstream-e2e/minio:0.1.0", **beside_control_plane},
+        "etcd": {
+            "bundled": True,
+            "image": "nopstream-e2e/etcd:0.1.0",
+            "tlsSecret": "e2e-etcd-tls",
+            "accessSecret": "e2e-etcd-access",
+            **beside_control_plane,
+        },
+        "minio": {
+            "bundled": True,
+            "image": "nopstream-e2e/minio:0.1.0",
+            "tlsSecret": "e2e-minio-tls",
+            **beside_control_plane,
+        },
+        "storageSecret": {"ca": pki.ca.cert.read_text()},
         # the suite reaches Services through forwards in node-0's namespace: from the nodes'
         # addresses, as an administrator's tools would from a bastion (kube-router enforces this)
         "networkPolicy": {"from": [{"ipBlock": {"cidr": str(NODES)}}]},
@@ -192,12 +242,38 @@ def own_world(cluster: Cluster, workdir: Path) -> World:
     (workdir / "node-values.yaml").write_text(yaml.safe_dump(ours))
     w = World(
         cluster.kubeconfig, "", "", BUNDLED_S3, "e2e-access", "e2e-secret-key", workdir,
-        [workdir / "node-values.yaml"], cluster=cluster,
+        [workdir / "node-values.yaml"], cluster=cluster, pki=pki, etcd_access=access,
     )  # fmt: skip
     install_chart(w)
     w.etcd = f"127.0.0.1:{cluster.service_port('nopstream-etcd', 2379)}"
-    w.s3_url = f"http://127.0.0.1:{cluster.service_port('nopstream-minio', 9000)}"
+    w.s3_url = f"https://127.0.0.1:{cluster.service_port('nopstream-minio', 9000)}"
+    root = pki.issue("etcd-root", "root")
+    context = ssl.create_default_context(cafile=str(pki.ca.cert))
+    context.load_cert_chain(str(root.cert), str(root.key))
+    url = f"https://{w.etcd}"
+    servers.wait_until(
+        "the bundled etcd", lambda: bool(servers.etcd_call(url, context, "maintenance/status"))
+    )
+    servers.enable_etcd_auth(url, context, secrets.token_hex(8))
     return w
+
+
+def server_secrets(cluster: Cluster, pki: Pki) -> Path:
+    """The bundled etcd's and MinIO's serving certificates and the jobs' etcd credentials (a
+    certificate of SECURE_ETCD_USER) as Secrets of the chart's namespace; a directory of the
+    same credentials for this process."""
+    names = ("localhost", "{}", "{}.default", "{}.default.svc", f"{{}}.default.svc.{CLUSTER_DOMAIN}")
+    for server, secret in (("nopstream-etcd", "e2e-etcd-tls"), ("nopstream-minio", "e2e-minio-tls")):
+        pair = pki.issue(
+            server, server, server_names=tuple(n.format(server) for n in names), server_ips=("127.0.0.1",)
+        )
+        files = {"tls.crt": pair.cert, "tls.key": pair.key, "ca.crt": pki.ca.cert}
+        cluster.kubectl(
+            "create", "secret", "generic", secret, *(f"--from-file={k}={v}" for k, v in files.items())
+        )
+    access = pki.etcd_access(pki.dir / "etcd-access", servers.SECURE_ETCD_USER)
+    cluster.kubectl("create", "secret", "generic", "e2e-etcd-access", f"--from-file={access}")
+    return access
 
 
 @dataclass(frozen=True)
@@ -242,12 +318,7 @@ def kafka(broker, request):
 
 @pytest.fixture
 def s3_client(world):
-    from minio import Minio
-
-    url = world.s3_url
-    return Minio(
-        url.split("://", 1)[1], world.access_key, world.secret_key, secure=url.startswith("https://")
-    )
+    return world.s3_client()
 
 
 @pytest.fixture
@@ -382,6 +453,7 @@ class CleanRun:
             "PYTHONPATH": os.pathsep.join([str(ROOT), str(FNS_DIR), str(EXAMPLES)]),
             "NOPSTREAM_S3_ACCESS_KEY": w.access_key,
             "NOPSTREAM_S3_SECRET_KEY": w.secret_key,
+            **({"NOPSTREAM_S3_CA_FILE": str(w.ca)} if w.ca is not None else {}),
         }
         err = w.workdir / f"{name}.err"
         command = ["run", f"{name}.yaml", "--quiet", "--workdir", f"run-{name}"]
@@ -422,12 +494,10 @@ def clean_run(world) -> Iterator[Callable[[Any, str, dict], CleanRun]]:
 def leader(w: World, job: str) -> str:
     from nopstream.cluster.backend import StoreUnavailable
     from nopstream.cluster.election import Election
-    from nopstream.cluster.etcd import EtcdBackend
     from nopstream.cluster.layout import Layout
 
     async def read() -> str | None:
-        host, _, port = w.etcd.rpartition(":")
-        backend = EtcdBackend(host, int(port))
+        backend = w.etcd_backend()
         try:
             found = await Election(backend, Layout("default", job, "main"), "test").leader()
             assert found is not None, "no coordinator leads"
@@ -566,7 +636,10 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, s3
         for p in w.pods("wordcount")
         if p["metadata"]["labels"].get("nopstream.io/run") == str(run)
     }
-    assert len(served) == 6 and set(served.values()) == {"true"}, served  # the standbys took the run
+    # the standbys took the run
+    assert len(served) == 6 and set(served.values()) == {"true"}, (
+        f"{served}\n{recovery_causes(w, 'wordcount')}"
+    )
     fingerprint = w.job("wordcount")["status"]["planFingerprint"]
     rescaled = wordcount("wordcount", bucket, w.pod_s3_url, "faulty", parallelism=4, standby=True)
     w.kubectl("apply", "-f", "-", input=json.dumps(rescaled))
@@ -590,7 +663,7 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, s3
     status = w.job("wordcount")["status"]
     assert kills == 5, "the job ended before five kills"
     # one run per recovery, one for the rescale; none for the coordinator
-    assert status["recoveries"] == 5 and status["run"] == 7 == run_before
+    assert status["recoveries"] == 5 and status["run"] == 7 == run_before, recovery_causes(w, "wordcount")
     got, expected = s3_records(s3_client, bucket, "faulty/"), clean.output()
     assert sum(expected.values()) == 16 * 2500 * 8
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
@@ -1239,6 +1312,51 @@ def test_a_lost_node_s_pods_are_replaced_on_the_other_node_and_the_output_is_exa
     got, expected = s3_records(s3_client, bucket, "out/"), clean.output()
     assert sum(expected.values()) == 16 * 2500 * 6
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
+
+
+def test_the_cluster_s_etcd_and_minio_refuse_whoever_lacks_the_jobs_credentials(world, tmp_path):
+    # the servers every job and the operator use: TLS only, etcd checking certificates and users
+    import urllib3
+    from minio import Minio
+    from minio.error import InvalidResponseError, S3Error
+
+    from nopstream.cluster.backend import StoreRefused, StoreUnavailable
+    from nopstream.cluster.etcd import EtcdBackend, read_access
+
+    w = world
+    assert w.pki is not None and w.ca is not None
+    host, _, port = w.etcd.rpartition(":")
+
+    async def put(backend: EtcdBackend) -> bytes | None:
+        try:
+            await backend.put("/nopstream-test/e2e-access", b"v")
+            entry = await backend.get("/nopstream-test/e2e-access")
+            return entry.value if entry is not None else None
+        finally:
+            await backend.close()
+
+    assert asyncio.run(put(w.etcd_backend())) == b"v"  # the jobs' credentials
+    with pytest.raises(StoreUnavailable):  # no TLS: the server closes the connection
+        asyncio.run(put(EtcdBackend(host, int(port), timeout=3)))
+    stranger = read_access(w.pki.etcd_access(tmp_path / "stranger", "stranger"))  # the same CA, another user
+    with pytest.raises(StoreRefused, match=r"etcd refused this client \(etcdserver: permission denied\)"):
+        asyncio.run(put(EtcdBackend(host, int(port), timeout=3, access=stranger)))
+
+    endpoint = w.s3_url.split("://", 1)[1]
+    trusted = urllib3.PoolManager(cert_reqs="CERT_REQUIRED", ca_certs=str(w.ca), retries=False)
+    assert w.s3_client().bucket_exists("e2e-no-such-bucket") is False  # the jobs' credentials
+    with pytest.raises(urllib3.exceptions.SSLError, match="CERTIFICATE_VERIFY_FAILED"):  # this machine's CAs
+        Minio(
+            endpoint, w.access_key, w.secret_key, http_client=urllib3.PoolManager(retries=False)
+        ).list_buckets()
+    with pytest.raises(S3Error) as wrong_key:
+        Minio(endpoint, w.access_key, "not-the-key", http_client=trusted).list_buckets()
+    assert wrong_key.value.code == "SignatureDoesNotMatch"
+    plain = Minio(
+        endpoint, w.access_key, w.secret_key, secure=False, http_client=urllib3.PoolManager(retries=False)
+    )
+    with pytest.raises(InvalidResponseError, match="Client sent an HTTP request to an HTTPS server"):
+        plain.list_buckets()
 
 
 def test_the_storage_secret_is_in_no_status_plan_event_or_log_of_the_cluster(world):

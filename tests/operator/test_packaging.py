@@ -166,6 +166,54 @@ def test_helm_lint_and_template(tmp_path):
     assert "at '/etcd/endpoint': 'nohost' does not match pattern" in bad.stderr
 
 
+def test_the_bundled_etcd_and_minio_serve_tls_only_when_given_their_certificates(tmp_path):
+    def rendered(*more: str) -> dict[str, dict]:
+        done = template(tmp_path, "-n", "ns1", *QUICK_START, *more)
+        assert done.returncode == 0, done.stderr
+        return {f"{d['kind']}/{d['metadata']['name']}": d for d in yaml.safe_load_all(done.stdout) if d}
+
+    def server(docs: dict[str, dict], name: str) -> tuple[list[str], list[dict], list[dict]]:
+        spec = docs[f"Deployment/rel-{name}"]["spec"]["template"]["spec"]
+        return spec["containers"][0]["command"], spec["containers"][0]["volumeMounts"], spec["volumes"]
+
+    plain = rendered()
+    command, mounts, volumes = server(plain, "etcd")
+    assert command[2:] == [
+        "--listen-client-urls=http://0.0.0.0:2379",
+        "--advertise-client-urls=http://rel-etcd:2379",
+    ]
+    assert [v["name"] for v in volumes] == ["data"] and [m["name"] for m in mounts] == ["data"]
+    assert server(plain, "minio")[0] == ["minio", "server", "/data", "--address", ":9000"]
+    assert "ca.crt" not in plain["Secret/nopstream-storage"]["stringData"]
+
+    tls = (
+        "--set",
+        "etcd.tlsSecret=etcd-tls",
+        "--set",
+        "minio.tlsSecret=minio-tls",
+        "--set",
+        "storageSecret.ca=PEM",
+    )
+    secured = rendered(*tls)
+    command, mounts, volumes = server(secured, "etcd")
+    assert command[2:] == [
+        "--listen-client-urls=https://0.0.0.0:2379",
+        "--advertise-client-urls=https://rel-etcd:2379",
+        "--cert-file=/tls/tls.crt",
+        "--key-file=/tls/tls.key",
+        "--client-cert-auth",
+        "--trusted-ca-file=/tls/ca.crt",
+    ]
+    assert {"name": "tls", "secret": {"secretName": "etcd-tls"}} in volumes
+    assert {"name": "tls", "mountPath": "/tls", "readOnly": True} in mounts
+    command, mounts, volumes = server(secured, "minio")
+    assert command == ["minio", "server", "/data", "--address", ":9000", "--certs-dir", "/certs"]
+    items = [{"key": "tls.crt", "path": "public.crt"}, {"key": "tls.key", "path": "private.key"}]
+    assert {"name": "certs", "secret": {"secretName": "minio-tls", "items": items}} in volumes
+    assert {"name": "certs", "mountPath": "/certs", "readOnly": True} in mounts
+    assert secured["Secret/nopstream-storage"]["stringData"]["ca.crt"] == "PEM"
+
+
 MONITORING = [
     "--set",
     "monitoring.grafanaDashboard.enabled=true",
