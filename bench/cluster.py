@@ -3,8 +3,8 @@
 A two-node cluster of its own (containerd, kubelet, kube-proxy and kube-router's
 NetworkPolicy firewall in network namespaces of its own, CoreDNS on node-0), the chart
 installed as the e2e suite installs it (bundled etcd and MinIO serving TLS only, etcd with
-client certificates and authentication, and the operator, on node-0), and a rolling word count at parallelism 3
-from MinIO to MinIO under STRICT_EXACTLY_ONCE (the e2e job: 16 files of 2,500 lines,
+client certificates and authentication, and the operator, on node-0), and a rolling word
+count at parallelism 3 from MinIO to MinIO under STRICT_EXACTLY_ONCE (the e2e job: 16 files of 2,500 lines,
 3 ms a line in `split`, checkpoints every 500 ms), whose sink publishes an object per
 subtask and epoch as each epoch commits; once as it is, once with `standbyTasks`. It measures, in one run:
   apply -> Running        `kubectl apply` of the StreamJob until its phase is Running
