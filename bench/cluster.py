@@ -84,7 +84,21 @@ def first_epoch_of(w: World, job: str, run: int) -> int:
         finally:
             await backend.close()
 
-    return until(f"run {run}'s restore point", lambda: asyncio.run(read()), step=0.1)
+    try:
+        return until(f"run {run}'s restore point", lambda: asyncio.run(read()), step=0.1)
+    except SystemExit:
+        print(f"{job}: {json.dumps(w.job(job).get('status', {}))}", flush=True)
+        print(w.kubectl("get", "pods", "-o", "wide"), flush=True)
+
+        async def keys() -> list[str]:
+            backend = w.etcd_backend()
+            try:
+                return sorted(await backend.get_prefix(Layout("default", job, "main").prefix))
+            finally:
+                await backend.close()
+
+        print("\n".join(asyncio.run(keys())), flush=True)
+        raise
 
 
 def tasks_of(w: World, job: str, run: int, *, standby: bool = False) -> list[str]:
