@@ -48,8 +48,9 @@ def plan(rng: random.Random, count: int) -> list[tuple[str, float]]:
     kinds = list(KINDS)
     rng.shuffle(kinds)
     kinds += [rng.choice(KINDS) for _ in range(count - len(kinds))]
-    # a node cut outlasts the 12 s grace about half the time: then its pods are replaced
-    return [(k, rng.uniform(4.0, 20.0) if k == "node-cut" else rng.uniform(2.0, 6.0)) for k in kinds]
+    # a node cut outlasts the 12 s grace about half the time: then its pods are replaced; the
+    # others outlast the pods' 6 s lease TTL about half the time: then a cut leader is deposed
+    return [(k, rng.uniform(4.0, 20.0) if k == "node-cut" else rng.uniform(2.0, 9.0)) for k in kinds]
 
 
 def _pod(w: World, name: str) -> dict[str, Any]:

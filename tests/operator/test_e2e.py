@@ -1241,7 +1241,7 @@ NEMESIS_FAULTS = 10
 
 def test_a_job_through_partitions_and_pauses_of_the_nemesis_is_exact(world, s3_client, bucket, clean_run):
     """Ten seeded faults (`nemesis.py`: every kind once, a task pod, the leading coordinator and
-    the worker node partitioned, the leader and a task paused), each healed after 2-6 s (a node
+    the worker node partitioned, the leader and a task paused), each healed after 2-9 s (a node
     cut 4-20 s), the next once the job runs again with a new durable epoch: the output equals a
     failure-free run's. NOPSTREAM_NEMESIS_SEED replays a run's faults."""
     w = world
