@@ -158,26 +158,32 @@ SECURE_ETCD_USER = "nopstream"
 name, or by password."""
 
 
-def etcd_call(url: str, context: ssl.SSLContext, path: str, body: dict[str, object] | None = None) -> object:
+def _etcd_call(url: str, context: ssl.SSLContext, path: str, body: dict[str, object] | None = None) -> object:
     """POST to the JSON gateway of the etcd at `url` (`/v3/{path}`) over TLS with `context`; its answer."""
     request = urllib.request.Request(f"{url}/v3/{path}", data=json.dumps(body or {}).encode(), method="POST")
     with urllib.request.urlopen(request, timeout=5, context=context) as resp:
         return json.loads(resp.read())
 
 
-def enable_etcd_auth(url: str, context: ssl.SSLContext, password: str) -> None:
-    """Turn authentication on in the etcd at `url`, called through `context` (a certificate of `root`,
-    with --client-cert-auth): `root`, and SECURE_ETCD_USER (its certificate's common name, or
-    `password`) allowed to read and write every key."""
+def enable_etcd_auth(url: str, pki: Pki, password: str, *, process: Child | None = None) -> None:
+    """Once the etcd at `url` (TLS only, client certificates of `pki`'s CA) answers, turn
+    authentication on, called as `root` (a certificate `pki` issues): `root`, and SECURE_ETCD_USER
+    (its certificate's common name, or `password`) allowed to read and write every key."""
+    root = pki.issue("etcd-root", "root")
+    context = ssl.create_default_context(cafile=str(pki.ca.cert))
+    context.load_cert_chain(str(root.cert), str(root.key))
+    wait_until(
+        f"etcd at {url}", lambda: bool(_etcd_call(url, context, "maintenance/status")), process=process
+    )
     every_key = base64.b64encode(b"\0").decode()
-    etcd_call(url, context, "auth/user/add", {"name": "root", "password": secrets.token_hex(8)})
-    etcd_call(url, context, "auth/user/grant", {"user": "root", "role": "root"})
-    etcd_call(url, context, "auth/user/add", {"name": SECURE_ETCD_USER, "password": password})
-    etcd_call(url, context, "auth/role/add", {"name": "jobs"})
+    _etcd_call(url, context, "auth/user/add", {"name": "root", "password": secrets.token_hex(8)})
+    _etcd_call(url, context, "auth/user/grant", {"user": "root", "role": "root"})
+    _etcd_call(url, context, "auth/user/add", {"name": SECURE_ETCD_USER, "password": password})
+    _etcd_call(url, context, "auth/role/add", {"name": "jobs"})
     perm = {"permType": "READWRITE", "key": every_key, "range_end": every_key}
-    etcd_call(url, context, "auth/role/grant", {"name": "jobs", "perm": perm})
-    etcd_call(url, context, "auth/user/grant", {"user": SECURE_ETCD_USER, "role": "jobs"})
-    etcd_call(url, context, "auth/enable")
+    _etcd_call(url, context, "auth/role/grant", {"name": "jobs", "perm": perm})
+    _etcd_call(url, context, "auth/user/grant", {"user": SECURE_ETCD_USER, "role": "jobs"})
+    _etcd_call(url, context, "auth/enable")
 
 
 def start_secure_etcd(workdir: Path, pki: Pki, password: str) -> Etcd:
@@ -185,7 +191,6 @@ def start_secure_etcd(workdir: Path, pki: Pki, password: str) -> Etcd:
     and checking who calls: SECURE_ETCD_USER (a certificate's common name, or `password`) may read and
     write every key; a certificate of another name may do nothing."""
     client, server = free_port(), pki.issue("etcd-server", "etcd", server_ips=("127.0.0.1",))
-    root = pki.issue("etcd-root", "root")
     url = f"https://127.0.0.1:{client}"
     plain = etcd_argv(
         "etcd", workdir / "etcd-data", host="127.0.0.1", client=client, peer=free_port(), metrics=free_port()
@@ -194,10 +199,7 @@ def start_secure_etcd(workdir: Path, pki: Pki, password: str) -> Etcd:
     argv += ["--cert-file", str(server.cert), "--key-file", str(server.key)]
     argv += ["--client-cert-auth", "--trusted-ca-file", str(pki.ca.cert)]
     proc = spawn("etcd-secure", argv, log=workdir / "etcd.log", env=ETCD_ENV)
-    context = ssl.create_default_context(cafile=str(pki.ca.cert))
-    context.load_cert_chain(str(root.cert), str(root.key))
-    wait_until("etcd-secure", lambda: bool(etcd_call(url, context, "maintenance/status")), process=proc)
-    enable_etcd_auth(url, context, password)
+    enable_etcd_auth(url, pki, password, process=proc)
     return Etcd(proc, url, workdir / "etcd-data")
 
 

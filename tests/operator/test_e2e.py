@@ -247,14 +247,7 @@ def own_world(cluster: Cluster, workdir: Path) -> World:
     install_chart(w)
     w.etcd = f"127.0.0.1:{cluster.service_port('nopstream-etcd', 2379)}"
     w.s3_url = f"https://127.0.0.1:{cluster.service_port('nopstream-minio', 9000)}"
-    root = pki.issue("etcd-root", "root")
-    context = ssl.create_default_context(cafile=str(pki.ca.cert))
-    context.load_cert_chain(str(root.cert), str(root.key))
-    url = f"https://{w.etcd}"
-    servers.wait_until(
-        "the bundled etcd", lambda: bool(servers.etcd_call(url, context, "maintenance/status"))
-    )
-    servers.enable_etcd_auth(url, context, secrets.token_hex(8))
+    servers.enable_etcd_auth(f"https://{w.etcd}", pki, secrets.token_hex(8))
     return w
 
 
