@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from nopstream import exits
 from nopstream.cli.signals import exit_on_sigterm
+
+if TYPE_CHECKING:
+    from nopstream.node.resident import Start
+    from nopstream.node.settings import NodeSettings
 
 
 def cmd_node(args: argparse.Namespace) -> int:
@@ -16,7 +20,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from nopstream.node import coordinator, lifetime, liveness, recovery, settings, task
+    from nopstream.node import coordinator, lifetime, liveness, resident, settings
 
     try:
         config = settings.from_env(args.command)
@@ -27,16 +31,29 @@ def cmd_node(args: argparse.Namespace) -> int:
         lifetime.die_with_parent(config.parent)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     exit_on_sigterm(args.command)
+    if args.command == "coordinator":
+        if config.health_port is not None:
+            liveness.serve(config.host, config.health_port)
+        _leave(exits.OK if asyncio.run(coordinator.serve(config)) == 0 else exits.JOB_FAILED)
+    if config.resident:  # a pod's: a task process forked per run it serves
+        from nopstream.node import task  # noqa: F401  imported once, here: every task process inherits it
+
+        _leave(resident.host(lambda start: _task(config, start)))
+    _task(config)
+
+
+def _task(config: NodeSettings, start: Start | None = None) -> NoReturn:
+    """Serve one task of one run (`node.task.serve`), then end the process with its exit code."""
+    import asyncio
+
+    from nopstream.errors import RestoreRefused
+    from nopstream.node import cpu, liveness, recovery, task
+
     if config.health_port is not None:
         liveness.serve(config.host, config.health_port)
-    if args.command == "coordinator":
-        _leave(exits.OK if asyncio.run(coordinator.serve(config)) == 0 else exits.JOB_FAILED)
-    from nopstream.errors import RestoreRefused
-    from nopstream.node import cpu
-
     cpu.ask_for_long_turns()
     try:
-        asyncio.run(task.serve(config))
+        asyncio.run(task.serve(config, start))
     except task.LeaseLost as lost:
         print(f"nopstream task: {lost}", file=sys.stderr)
         _leave(exits.JOB_FAILED)

@@ -5,7 +5,9 @@ Under `/nopstream/{namespace}/{jobId}/{pipelineId}/`:
   run                            the current run, advanced by compare-and-swap
   runs/{run}/tasks/{taskId}      a task's registration (bound to the task's lease)
   runs/{run}/restore             the epoch the run's tasks restore (fenced, set once per run)
-  runs/{run}/takeover            the plan whose standby tasks serve the run (written with the run)
+  runs/{run}/serving             the pod that serves each task in the run (written with the run by a
+                                 recovery that keeps pods; absent: the pods made for the run)
+  runs/{run}/failed/{taskId}     a task process of a kept pod failed in the run (its pod lives on)
   epochs/{epoch:020d}            an epoch-log entry (fenced writes)
   latest-durable                 the latest durable epoch (fenced writes)
 """
@@ -54,9 +56,17 @@ class Layout:
         """What the operator or `nopstream run --etcd` asks the run's coordinator to restore from."""
         return f"{self.prefix}runs/{run}/restore-request"
 
-    def takeover(self, run: int) -> str:
-        """The plan whose standby tasks serve the run: written with the run, and by a recovery only."""
-        return f"{self.prefix}runs/{run}/takeover"
+    def serving(self, run: int) -> str:
+        """Which pod serves each task in the run: written with the run, and by a recovery only."""
+        return f"{self.prefix}runs/{run}/serving"
+
+    def failures(self, run: int) -> str:
+        """The prefix of the run's failure reports (`failed`)."""
+        return f"{self.prefix}runs/{run}/failed/"
+
+    def failed(self, run: int, task_id: str) -> str:
+        """The report that a task process of a kept pod failed in the run (`node.resident`)."""
+        return self.failures(run) + task_id
 
     @property
     def epochs(self) -> str:

@@ -4,6 +4,10 @@
 about one failure advance it once. A task registers under its run as
 `runs/{run}/tasks/{taskId}` -> `{"attempt", "endpoint"}`, bound to its own lease: when
 the task dies its registration goes with its lease, and watchers see the departure.
+
+Which process serves a task in a run: the one made for that run (its attempt's run),
+unless the run was entered with a serving map (`runs/{run}/serving`, task id -> attempt),
+which a recovery writes to hand the run to pods it keeps or to standbys (`serves`).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,29 +70,31 @@ class Registry:
         return 0 if entry is None else int(entry.value)
 
     async def advance_run(
-        self, expected: int, *, takeover: str | None = None, restore: bytes | None = None
+        self, expected: int, *, serving: Mapping[str, str] | None = None, restore: bytes | None = None
     ) -> bool:
         """Move the run from `expected` to `expected + 1`; False when it had moved already.
 
-        With `takeover` (a plan fingerprint), the standby tasks of that plan waiting for
-        the new run serve it (`standby`); with `restore` (a `RestoreRequest`'s JSON), its
-        coordinator starts a new lineage or an upgrade's plan. Both keys are written in the
-        run's transaction, so no run is ever entered with another run's takeover or
-        request, nor entered before its request is there to be read.
+        With `serving` (task id -> attempt), those processes serve the new run (`serves`):
+        pods a recovery keeps, standbys it adopts; with `restore` (a `RestoreRequest`'s
+        JSON), its coordinator starts a new lineage or an upgrade's plan. Both keys are
+        written in the run's transaction, so no run is ever entered with another run's
+        map or request, nor entered before its request is there to be read.
         """
-        return await self._swap_run(expected, expected + 1, takeover=takeover, restore=restore)
+        return await self._swap_run(expected, expected + 1, serving=serving, restore=restore)
 
-    async def _swap_run(self, old: int, new: int, *, takeover: str | None, restore: bytes | None) -> bool:
-        """Move the run key from `old` (0: absent) to `new`, with `takeover` and `restore` for `new`;
+    async def _swap_run(
+        self, old: int, new: int, *, serving: Mapping[str, str] | None, restore: bytes | None
+    ) -> bool:
+        """Move the run key from `old` (0: absent) to `new`, with `serving` and `restore` for `new`;
         whether it moved."""
         was = None if old == 0 else str(old).encode()
-        also = {self.layout.takeover(new): takeover.encode()} if takeover else {}
+        also = {} if serving is None else {self.layout.serving(new): json.dumps(dict(serving)).encode()}
         if restore is not None:
             also[self.layout.restore_request(new)] = restore
         return await self.backend.compare_and_swap(self.layout.run, was, str(new).encode(), also=also)
 
     async def next_run(
-        self, expected: int, *, takeover: str | None = None, restore: bytes | None = None
+        self, expected: int, *, serving: Mapping[str, str] | None = None, restore: bytes | None = None
     ) -> int:
         """Advance the run from `expected`; the run now current either way.
 
@@ -98,31 +104,65 @@ class Registry:
         fencing by run number must still refuse a zombie of the runs before.
         """
         while True:
-            if await self.advance_run(expected, takeover=takeover, restore=restore):
+            if await self.advance_run(expected, serving=serving, restore=restore):
                 return expected + 1
             current = await self.current_run()
             if current >= expected:
                 return current
             log.warning("the run key reads %d, behind run %d: etcd lost it", current, expected)
-            if await self._swap_run(current, expected + 1, takeover=takeover, restore=restore):
+            if await self._swap_run(current, expected + 1, serving=serving, restore=restore):
                 return expected + 1
 
-    async def standby(self, run: int, plan: str, *, poll: float = 0.1) -> bool:
-        """Wait, as a standby task of `plan` made for `run`, until that run or a later one is current.
+    async def serving(self, run: int) -> dict[str, str] | None:
+        """The run's serving map (task id -> attempt), or None when the run was entered without one."""
+        entry = await self.backend.get(self.layout.serving(run))
+        return None if entry is None else dict(json.loads(entry.value))
 
-        True when `run` became current with this plan's takeover (a recovery: serve it);
-        False when it began without one (a restart, an upgrade, a resume: its own pods
-        serve it) or is already past (this standby was never needed).
+    async def serves(self, run: int, task_id: str, attempt: str, *, made_for: int, standby: bool) -> bool:
+        """Whether process `attempt` of `task_id`, made for run `made_for`, serves run `run`.
+
+        As the run's serving map says; without one, the process made for the run serves it,
+        a standby never (a restart, an upgrade or a resume starts pods of its own).
         """
+        serving = await self.serving(run)
+        if serving is None:
+            return run == made_for and not standby
+        return serving.get(task_id) == attempt
+
+    async def next_to_serve(
+        self, task_id: str, attempt: str, *, made_for: int, standby: bool, after: int, poll: float = 0.1
+    ) -> int | None:
+        """Wait until the current run is at least `made_for` and past `after`; that run when this
+        process serves it (`serves`), None when it does not (it is not needed)."""
         while True:
             with contextlib.suppress(StoreUnavailable):
                 current = await self.current_run()
-                if current == run:
-                    entry = await self.backend.get(self.layout.takeover(run))
-                    return entry is not None and entry.value == plan.encode()
-                if current > run:
-                    return False
+                if current >= made_for and current > after:
+                    serves = await self.serves(current, task_id, attempt, made_for=made_for, standby=standby)
+                    return current if serves else None
             await asyncio.sleep(poll)
+
+    async def run_past(self, run: int, *, poll: float = 0.25) -> int:
+        """The current run, once it is past `run` (a recovery moved on); etcd outages are waited out."""
+        while True:
+            with contextlib.suppress(StoreUnavailable):
+                current = await self.current_run()
+                if current > run:
+                    return current
+            await asyncio.sleep(poll)
+
+    async def report_failed(self, run: int, task_id: str, attempt: str, exit_code: int) -> None:
+        """Say that `task_id`'s process in pod `attempt` failed in `run` with `exit_code` (the pod
+        lives on: the operator reads this instead of a failed pod)."""
+        value = json.dumps({"attempt": attempt, "exitCode": exit_code}).encode()
+        await self.backend.put(self.layout.failed(run, task_id), value)
+
+    async def failed(self, run: int) -> dict[str, tuple[str, int]]:
+        """The failure reports of `run`: task id -> (attempt, exit code)."""
+        prefix = self.layout.failures(run)
+        found = await self.backend.get_prefix(prefix)
+        reports = {key[len(prefix) :]: json.loads(e.value) for key, e in found.items()}
+        return {task: (r["attempt"], int(r["exitCode"])) for task, r in reports.items()}
 
     async def register(self, run: int, registration: Registration, *, lease: int) -> None:
         """Register a task under a run, bound to its lease."""

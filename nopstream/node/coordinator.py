@@ -57,6 +57,7 @@ from nopstream.plan.partitioned import PartitionedPlan
 
 log = logging.getLogger(__name__)
 RETRY = 0.2
+REGISTERED_POLL = 0.05  # the last task's registration starts the run's first epoch: seen soon
 
 
 class CoordinatorProcess:
@@ -241,7 +242,7 @@ class CoordinatorProcess:
                 found = await self.registry.tasks(run)
                 if expected <= set(found):
                     return {t: found[t].endpoint for t in sorted(expected)}
-            await asyncio.sleep(RETRY)
+            await asyncio.sleep(REGISTERED_POLL)
 
     async def _settle_log(
         self,

@@ -7,7 +7,8 @@ The operator (and `nopstream run --etcd`) sets these on every pod (process):
   NOPSTREAM_ATTEMPT     this process's unique name (the pod name)
   NOPSTREAM_TASK_ID     the task this process runs (tasks only)
   NOPSTREAM_RUN         the run this task belongs to (tasks only)
-  NOPSTREAM_STANDBY     "true": a standby task, made before its run began (`Registry.standby`)
+  NOPSTREAM_STANDBY     "true": a standby task, made before its run began (`Registry.serves`)
+  NOPSTREAM_RESIDENT    "true": a pod's task process, kept across runs (`node.resident`)
   NOPSTREAM_HOST        address to listen on (default 127.0.0.1; 0.0.0.0 in a pod)
   NOPSTREAM_ADVERTISE   address others reach this process at (the pod IP; default the host)
   NOPSTREAM_PORT        port to listen on (default 0: any free port)
@@ -53,6 +54,7 @@ ATTEMPT = "NOPSTREAM_ATTEMPT"
 TASK_ID = "NOPSTREAM_TASK_ID"
 RUN = "NOPSTREAM_RUN"
 STANDBY = "NOPSTREAM_STANDBY"
+RESIDENT = "NOPSTREAM_RESIDENT"
 HOST = "NOPSTREAM_HOST"
 ADVERTISE = "NOPSTREAM_ADVERTISE"
 PORT = "NOPSTREAM_PORT"
@@ -86,6 +88,7 @@ class NodeSettings:
     task_id: str | None = None
     run: int | None = None
     standby: bool = False
+    resident: bool = False
     health_port: int | None = None
     parent: int | None = None
 
@@ -117,6 +120,7 @@ class NodeEnv:
     task_id: str | None = None
     run: int | None = None
     standby: bool = False
+    resident: bool = False
     parent: int | None = None
 
     def to_env(self) -> dict[str, str]:
@@ -134,6 +138,7 @@ class NodeEnv:
             TASK_ID: self.task_id,
             RUN: self.run,
             STANDBY: "true" if self.standby else None,
+            RESIDENT: "true" if self.resident else None,
             PARENT: self.parent,
         }
         return {name: str(value) for name, value in values.items() if value is not None}
@@ -236,5 +241,6 @@ def from_env(role: str, env: Mapping[str, str] = os.environ) -> NodeSettings:
             task_id=task_id,
             run=int_variable(env, RUN, minimum=1),
             standby=_bool(env, STANDBY),
+            resident=_bool(env, RESIDENT),
         )
     return settings

@@ -9,10 +9,13 @@ whichever coordinator leads, retried through a failover (`node.wire.coordinator_
 its lease is lost the process exits non-zero (crash-only): its pod's failure is what
 triggers the global recovery.
 
-A standby task (NOPSTREAM_STANDBY) is made before its run begins, so that a recovery
-need not wait for a process to start: it imports and loads its plan, then waits until
-its run is current. It serves the run only when a recovery entered it for this plan
-(`Registry.standby`); otherwise it exits 0 without registering.
+A task process of a pod (NOPSTREAM_RESIDENT, forked by `node.resident`) first waits for
+the next run its pod serves (`Registry.next_to_serve`), its port answering the probes:
+the run it was made for, or a later one a recovery handed it, keeping its pod. It ends
+the moment its run moves on (`resident.run_over`). A standby task (NOPSTREAM_STANDBY) is
+such a process made before its run begins, so that a recovery need not wait for a
+process to start; it serves only a run a recovery handed it, and otherwise exits 0
+without registering.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import ThreadedLeaseKeeper
 from nopstream.cluster.registry import Registration, Registry
 from nopstream.errors import RestoreRefused
-from nopstream.node import recovery, tasklife
+from nopstream.node import recovery, resident, tasklife
 from nopstream.node.settings import NodeSettings
 from nopstream.node.wire.coordinator_api import CoordinatorLink
 from nopstream.node.wire.messages import TaskIdentity
@@ -66,19 +69,29 @@ async def poll_key(backend: Backend, key: str) -> bytes:
         await asyncio.sleep(POLL)
 
 
-async def serve(settings: NodeSettings) -> None:
-    """Run one task of one run to completion; LeaseLost when its lease goes."""
+async def serve(settings: NodeSettings, start: resident.Start | None = None) -> None:
+    """Run one task of one run to completion; LeaseLost when its lease goes.
+
+    A pod's process (resident or standby) serves the next run its pod serves after
+    `start.after`, once there is one, having reported its predecessor's failure; it ends
+    with `resident.run_over` when that run moves on.
+    """
     assert settings.task_id is not None and settings.run is not None
     plan = compiler.read_document(settings.partitioned_path, PartitionedPlan)
     deployment = compiler.read_document(settings.deployment_path, DeploymentPlan)
-    who = TaskIdentity(settings.task_id, settings.run, settings.attempt)
     backend = EtcdBackend(settings.etcd_host, settings.etcd_port, access=settings.etcd_access)
     layout = Layout(deployment.namespace, plan.identity.job_id, plan.identity.pipeline_id)
+    registry, start = Registry(backend, layout), start or resident.Start()
     try:
         await wait_reachable(backend)  # a start on a busy node or during an etcd outage waits
-        if settings.standby and not await _stand_by(settings, Registry(backend, layout), deployment):
-            log.info("standby task %s was not needed: run %d began without it", who.task_id, who.run)
+        run = await _the_run(settings, registry, start)
+        if run is None:
+            log.info("task %s (%s) is not needed: a run began without it", settings.task_id, settings.attempt)
             return
+        start.began(run)
+        who = TaskIdentity(settings.task_id, run, settings.attempt)
+        if settings.resident:
+            _end_with_the_run(settings, layout, run)
         async with (
             ThreadedLeaseKeeper(
                 lambda: EtcdBackend(settings.etcd_host, settings.etcd_port, access=settings.etcd_access),
@@ -103,6 +116,17 @@ async def serve(settings: NodeSettings) -> None:
             await _until_lease_lost(keeper, life)
     finally:
         await backend.close()
+
+
+async def _the_run(settings: NodeSettings, registry: Registry, start: resident.Start) -> int | None:
+    """The run this process serves: its own, or for a pod's process (`resident`, standby) the next its
+    pod serves, waited for after its predecessor's failure is reported (None: it is not needed)."""
+    assert settings.task_id is not None and settings.run is not None
+    if not (settings.resident or settings.standby):
+        return settings.run
+    if start.failed is not None:
+        await registry.report_failed(start.after, settings.task_id, settings.attempt, start.failed)
+    return await _stand_by(settings, registry, start.after)
 
 
 class _Registry:
@@ -157,20 +181,36 @@ class _Registry:
         _exit_if_teardown_hangs(self.who.task_id)
 
 
-async def _stand_by(settings: NodeSettings, registry: Registry, deployment: DeploymentPlan) -> bool:
-    """Wait, imported and loaded, until this standby's run begins; whether a recovery handed it over.
+async def _stand_by(settings: NodeSettings, registry: Registry, after: int) -> int | None:
+    """Wait, imported and loaded, for the next run this process serves after `after` (None: a run
+    began without it).
 
     The task port accepts (and closes) connections meanwhile, so the pod's TCP probes
     pass while it waits; the task's own server takes the port over after.
     """
-    assert settings.run is not None
+    assert settings.task_id is not None and settings.run is not None
     probes = await asyncio.start_server(_close, settings.host, settings.port)
-    log.info("task %s stands by for run %d", settings.task_id, settings.run)
+    waits_for = max(settings.run, after + 1)
+    log.info("task %s (%s) stands by for run %d or later", settings.task_id, settings.attempt, waits_for)
     try:
-        return await registry.standby(settings.run, deployment.partitioned_fingerprint)
+        return await registry.next_to_serve(
+            settings.task_id, settings.attempt, made_for=settings.run, standby=settings.standby, after=after
+        )
     finally:
         probes.close()
         await probes.wait_closed()
+
+
+def _end_with_the_run(settings: NodeSettings, layout: Layout, run: int) -> None:
+    """End this process the moment the current run is past `run` (`resident.run_over`), watched from a
+    thread, event loop and etcd client of its own: a user function that holds the task's event
+    loop must not hold the next run up."""
+
+    async def watch() -> None:
+        backend = EtcdBackend(settings.etcd_host, settings.etcd_port, access=settings.etcd_access)
+        resident.run_over(run, await Registry(backend, layout).run_past(run))
+
+    threading.Thread(target=lambda: asyncio.run(watch()), name="run watch", daemon=True).start()
 
 
 async def _close(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

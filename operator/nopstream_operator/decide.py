@@ -1,9 +1,11 @@
 """What a pass does to a run's pods, decided from what it observed alone: no I/O here.
 
 `decide_pods` reads the pods and the job in etcd as `observed` saw them and says which
-coordinators to create, which pods to delete, and how the run stands: refused (the same
-in every run: the job fails), lost (a global recovery), or whole once its missing task
-pods are created. `reconcile.reconcile_pods` carries the decision out.
+coordinators to create, which pods to delete or to label with the run they serve, and how
+the run stands: refused (the same in every run: the job fails), lost (a global
+recovery), or whole once its missing task pods are created. `reconcile.reconcile_pods`
+carries the decision out. The run's pods are those its serving map names (a recovery
+keeps the pods that still run, `node.resident`), or without one those made for it.
 """
 
 from __future__ import annotations
@@ -44,7 +46,10 @@ class RunPods:
 
     create_coordinators: tuple[str, ...]
     delete: tuple[str, ...]
-    """Pods deleted at once: failed or outdated coordinators, pods of other runs (standbys kept)."""
+    """Pods deleted at once: failed or outdated coordinators, task pods that do not serve the run
+    (standbys kept)."""
+    relabel: tuple[str, ...]
+    """Pods kept from an earlier run, to be labelled with the run they serve."""
     current: dict[str | None, PodView]
     """The run's task pods by task, as observed."""
     standbys: frozenset[str | None]
@@ -68,14 +73,37 @@ def decide_pods(seen: Observed, deployment: DeploymentPlan) -> RunPods:
             delete.append(name)
     tasks = [p for p in seen.pods.values() if p.role == "task"]
     standbys = {p.task: p for p in tasks if next_runs_standby(seen, deployment, p)}
+    current = _current(seen, tasks)
+    serving = {p.name for p in current.values()}
     delete += [
         p.name
         for p in tasks
-        if p.run != run and (not p.deleting or p.node_lost) and standbys.get(p.task) is not p
+        if p.name not in serving and (not p.deleting or p.node_lost) and standbys.get(p.task) is not p
     ]
-    current = {p.task: p for p in tasks if p.run == run}
+    relabel = tuple(p.name for p in current.values() if p.run != run and not p.deleting)
     outcome = None if seen.status.phase == "Succeeded" else _outcome(seen, deployment, current)
-    return RunPods(tuple(create), tuple(delete), current, frozenset(standbys), outcome)
+    return RunPods(tuple(create), tuple(delete), relabel, current, frozenset(standbys), outcome)
+
+
+def _current(seen: Observed, tasks: list[PodView]) -> dict[str | None, PodView]:
+    """The run's task pods by task: those its serving map names, or without one those made for it."""
+    serving = seen.etcd.serving if seen.etcd.run == seen.run else None
+    if serving is None:
+        return {p.task: p for p in tasks if p.run == seen.run}
+    named = set(serving.values())
+    return {p.task: p for p in tasks if p.name in named}
+
+
+def keeps(pod: PodView, deployment: DeploymentPlan) -> bool:
+    """Whether a recovery keeps this task pod of the failed run: it runs this plan and can serve the
+    next run (`node.resident`), so no new pod has to start."""
+    return (
+        pod.resident
+        and pod.phase == "Running"
+        and not pod.deleting
+        and not pod.node_lost
+        and pod.fingerprint == deployment.partitioned_fingerprint
+    )
 
 
 def _outcome(
@@ -92,8 +120,20 @@ def _outcome(
         return Refused(reason, f"{refused.name}: {said}")
     lost = [p.name for p in current.values() if (p.phase == "Failed" or p.deleting) and not p.node_lost]
     lost += [f"{p.name} (its node {p.node} is lost)" for p in current.values() if p.node_lost]
-    if seen.status.deployed_run == run:
-        lost += [task_pod_name(t, run) + " (gone)" for t in deployment.tasks if t.name not in current]
+    serving = seen.etcd.serving if seen.etcd.run == run else None
+    named = {t.name: (serving or {}).get(t.task_id, task_pod_name(t, run)) for t in deployment.tasks}
+    # a kept pod that is gone is not made again: the next run hands its task to a new one
+    gone = [t for t in deployment.tasks if t.name not in current]
+    if seen.status.deployed_run != run:
+        gone = [t for t in gone if named[t.name] != task_pod_name(t, run)]
+    lost += [f"{named[t.name]} (gone)" for t in gone]
+    if seen.etcd.run == run:
+        pods = {p.name for p in current.values()}
+        lost += [
+            f"{pod} (its task process, exit code {code})"
+            for _task, (pod, code) in sorted(seen.etcd.failed.items())
+            if pod in pods
+        ]
     if lost:
         # the last line of a failed task's log: its error, with the user's file and line
         why = next(

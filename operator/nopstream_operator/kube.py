@@ -11,8 +11,8 @@ import base64
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kubernetes import client, config
@@ -65,6 +65,10 @@ class JobInEtcd:
     leader: tuple[str, int] | None = None
     """The leading coordinator: (its pod, its fencing token)."""
     leader_endpoint: str | None = None
+    serving: Mapping[str, str] | None = None
+    """The run's serving map (task id -> pod), None when the run was entered without one."""
+    failed: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    """The run's failure reports of kept pods: task id -> (pod, exit code)."""
 
     @property
     def last_epoch(self) -> int:
@@ -319,32 +323,44 @@ class EtcdView:
         layout: Layout,
         expected: int,
         *,
-        takeover: str | None = None,
+        serving: Mapping[str, str] | None = None,
         restore: RestoreRequest | None = None,
     ) -> int:
         """Advance the run from `expected` by compare-and-swap; the run now current either way.
 
-        `takeover`: the plan whose standby tasks serve the new run (a recovery's); `restore`: what
-        the new run's coordinator is asked for (a new lineage, an upgrade's plan), in the same
-        transaction as the run.
+        `serving`: the pod that serves each task (by id) in the new run (a recovery's: pods it
+        keeps, standbys it adopts); `restore`: what the new run's coordinator is asked for (a
+        new lineage, an upgrade's plan), in the same transaction as the run.
         """
         registry = Registry(self.backend, layout)
         request = None if restore is None else restore.to_json()
-        return self._run(registry.next_run(expected, takeover=takeover, restore=request))
+        return self._run(registry.next_run(expected, serving=serving, restore=request))
+
+    def serving(self, layout: Layout, run: int) -> Mapping[str, str] | None:
+        """The run's serving map (task id -> pod), None when the run was entered without one."""
+        return self._run(Registry(self.backend, layout).serving(run))
 
     def observe(self, layout: Layout) -> JobInEtcd:
         """Everything a pass reads of the job in etcd, read once: its run, its epoch log, the latest
-        durable epoch and the leading coordinator."""
+        durable epoch, the leading coordinator, and the run's serving map and failure reports."""
 
         async def read() -> JobInEtcd:
             log = EpochLog(self.backend, layout)
-            run = await Registry(self.backend, layout).current_run()
+            registry = Registry(self.backend, layout)
+            run = await registry.current_run()
             entries = tuple(await log.entries())
             durable, durable_at = await log.latest_durable_at()
             leader = await current_leader(self.backend, layout)
-            if leader is None:
-                return JobInEtcd(run, entries, durable, durable_at)
-            who = (leader.candidate, leader.token)
-            return JobInEtcd(run, entries, durable, durable_at, who, leader.endpoint)
+            who = None if leader is None else (leader.candidate, leader.token)
+            return JobInEtcd(
+                run,
+                entries,
+                durable,
+                durable_at,
+                who,
+                None if leader is None else leader.endpoint,
+                serving=await registry.serving(run),
+                failed=await registry.failed(run),
+            )
 
         return self._run(read())

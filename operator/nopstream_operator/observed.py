@@ -21,6 +21,7 @@ from nopstream_operator.kube import EtcdView, JobInEtcd, Kube
 from nopstream_operator.resources import (
     ANNOTATION_FINGERPRINT,
     LABEL_LEADER,
+    LABEL_RESIDENT,
     LABEL_ROLE,
     LABEL_RUN,
     LABEL_STANDBY,
@@ -46,6 +47,7 @@ class PodView:
     deleting: bool
     fingerprint: str | None = None
     standby: bool = False  # made for the next run while this one runs (`task_pod`)
+    resident: bool = False  # its process serves any run it is handed: a recovery may keep it
     exit_code: int | None = None  # of its container, once terminated
     message: str = ""  # the container's termination message (the end of its log, when it failed)
     leader: bool = False  # labelled as the leading coordinator (the leader Service's endpoint)
@@ -78,6 +80,7 @@ def pod_view(pod: dict[str, Any], lost_nodes: frozenset[str] = frozenset()) -> P
         deleting=bool(meta.get("deletionTimestamp")),
         fingerprint=(meta.get("annotations") or {}).get(ANNOTATION_FINGERPRINT),
         standby=labels.get(LABEL_STANDBY) == "true",
+        resident=labels.get(LABEL_RESIDENT) == "true",
         exit_code=terminated.get("exitCode"),
         message=terminated.get("message") or "",
         leader=labels.get(LABEL_LEADER) == "true",

@@ -19,6 +19,7 @@ standby leads meanwhile.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nopstream.checkpoint.restore import NewLineage, RestoreRequest
@@ -30,7 +31,7 @@ from nopstream.model.status import (
 )
 from nopstream.node import recovery
 from nopstream.node.wire import guard, tls
-from nopstream.plan.deployment import DeploymentPlan
+from nopstream.plan.deployment import DeploymentPlan, TaskDeployment
 from nopstream_operator import health
 from nopstream_operator.acts import delete_pods, fail, has_condition, invalid, patch, waits, with_condition
 from nopstream_operator.changes import (
@@ -42,7 +43,7 @@ from nopstream_operator.changes import (
     suspend,
 )
 from nopstream_operator.claims import holds_checkpoints, release
-from nopstream_operator.decide import Lost, Refused, Whole, decide_pods
+from nopstream_operator.decide import Lost, Refused, Whole, decide_pods, keeps
 from nopstream_operator.kube import EtcdView, Kube, NameTaken
 from nopstream_operator.observed import (
     Context,
@@ -56,6 +57,7 @@ from nopstream_operator.observed import (
 )
 from nopstream_operator.resources import (
     LABEL_LEADER,
+    LABEL_RUN,
     coordinator_pod,
     job_secret,
     job_secret_name,
@@ -158,6 +160,8 @@ def reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> 
         ctx.kube.create(coordinator_pod(seen.job, deployment, name, ctx.pods))
     for name in pods.delete:
         ctx.kube.delete_pod(ns, name, grace=0)
+    for name in pods.relabel:
+        ctx.kube.label_pod(ns, name, {LABEL_RUN: str(run)})
     match pods.outcome:
         case Refused(reason, message):
             fail(ctx, seen, deployment, reason, message)
@@ -182,24 +186,37 @@ def reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> 
 class _PodSteps:
     """A global recovery of a job's pods (`node.recovery`).
 
-    The new run goes into etcd and the status first, then the old run's pods are
-    deleted and the new run's created (a pass cut short is finished by the next one,
-    which creates whatever of the run is missing).
+    The new run goes into etcd and the status first, with the pod that serves each of its
+    tasks: a task pod of the failed run that still runs (`decide.keeps`: its process serves
+    the new run, `node.resident`), else the pod made for the new run (a standby of that name
+    is adopted). Then the old run's other pods are deleted, the kept ones labelled with the
+    new run, and the missing ones created (a pass cut short is finished by the next one,
+    which does whatever of this is left).
     """
 
     ctx: Context
     seen: Observed
     deployment: DeploymentPlan
     current: dict[str | None, PodView]
+    serving: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """The entered run's pod of each task (by id), as etcd holds it once the run advanced."""
 
     def advance(self, run: int) -> int:
         nonce = self.seen.status.restart_nonce
         layout = job_layout(self.deployment)
         # a lineage the failed run may not have started yet (once per nonce: harmless after)
         request = RestoreRequest(NewLineage(nonce)) if nonce else None
-        # the standby pods of this plan waiting for the new run serve it (`start` adopts them)
-        takeover = self.deployment.partitioned_fingerprint
-        return self.ctx.etcd.advance_run(layout, run, takeover=takeover, restore=request)
+        serving = {t.task_id: self._pod_for(t, run + 1) for t in self.deployment.tasks}
+        entered = self.ctx.etcd.advance_run(layout, run, serving=serving, restore=request)
+        # another pass may have entered it first: what etcd holds is what the pods follow
+        self.serving = self.ctx.etcd.serving(layout, entered) or {}
+        return entered
+
+    def _pod_for(self, task: TaskDeployment, run: int) -> str:
+        """The pod that serves `task` in the new run `run`: its pod of the failed run when that one is
+        kept, else the one made for `run`."""
+        pod = self.current.get(task.name)
+        return pod.name if pod is not None and keeps(pod, self.deployment) else task_pod_name(task, run)
 
     def record(self, recovered: recovery.Recovery) -> None:
         message = f"{recovered.message}: restoring the latest durable epoch"
@@ -217,7 +234,11 @@ class _PodSteps:
         self.ctx.emit(self.seen.job, "Warning", "Recovery", message)
 
     def stop(self, run: int) -> None:
-        delete_pods(self.ctx.kube, self.deployment.namespace, self.current.values())
+        kept = set(self.serving.values())
+        # with the old run's pods go the standbys the new run did not need (its other pods were kept)
+        standbys = (p for p in self.seen.pods.values() if p.standby and p.run is not None and p.run > run)
+        unneeded = [p for p in (*self.current.values(), *standbys) if p.name not in kept]
+        delete_pods(self.ctx.kube, self.deployment.namespace, unneeded)
         # A coordinator that saw the final epoch committed has completed (exit 0, not
         # restarted); a task lost after that still needs the new run led (its restore point
         # says finished, its tasks publish what they hold and exit): the next pass recreates it.
@@ -227,15 +248,19 @@ class _PodSteps:
                 self.ctx.kube.delete_pod(self.deployment.namespace, name, grace=0)
 
     def start(self, run: int, *, delay_s: float) -> None:
-        """Create the run's task pods now (the backoff was waited before the recovery began, see
-        `_recover`): waiting a pass would add its period to every recovery.
+        """Label the kept pods with `run` and create the others now (the backoff was waited before the
+        recovery began, see `_recover`): waiting a pass would add its period to every recovery.
 
         A standby holding a pod's name is adopted as it is, unless it failed or its node is
         lost (then it is replaced).
         """
         ns = self.deployment.namespace
         for task in self.deployment.tasks:
-            standby = self.seen.pods.get(task_pod_name(task, run))
+            name = task_pod_name(task, run)
+            if self.serving.get(task.task_id, name) != name:
+                self.ctx.kube.label_pod(ns, self.serving[task.task_id], {LABEL_RUN: str(run)})
+                continue
+            standby = self.seen.pods.get(name)
             if standby is not None and (
                 standby.phase not in ("Pending", "Running") or standby.deleting or standby.node_lost
             ):

@@ -39,6 +39,7 @@ LABEL_VERTEX = "nopstream.io/vertex"
 LABEL_SUBTASK = "nopstream.io/subtask"
 LABEL_TASK = "nopstream.io/task"
 LABEL_STANDBY = "nopstream.io/standby"
+LABEL_RESIDENT = "nopstream.io/resident"  # "true": its process serves any run it is handed (`node.resident`)
 LABEL_LEADER = "nopstream.io/leader"  # "true" on the coordinator pod that leads: the Service's one endpoint
 ANNOTATION_FINGERPRINT = "nopstream.io/plan-fingerprint"
 HEALTH_PORT = 7701
@@ -237,6 +238,7 @@ def _pod(
         task_id=task_id,
         run=run,
         standby=standby,
+        resident=role == "task",
     )
     liveness = {
         "httpGet": {"path": "/healthz", "port": HEALTH_PORT},
@@ -341,7 +343,7 @@ def connector_secrets(job: dict[str, Any]) -> list[str]:
 
 
 def task_pod_name(task: TaskDeployment, run: int) -> str:
-    """A task's pod in a run."""
+    """A task's pod made for a run (a recovery may keep it for later runs)."""
     return f"{task.name}-r{run}"
 
 
@@ -354,7 +356,8 @@ def task_pod(
     *,
     standby: bool = False,
 ) -> dict[str, Any]:
-    """The pod of one task in one run: never restarted (its failure is a global recovery).
+    """The pod of one task made for one run: never restarted (its failure is a global recovery), kept
+    by a recovery that finds it running (`node.resident`: a task process per run it serves).
 
     A standby pod is made for the next run while this one runs; a recovery into that run
     adopts it by its name (`node.task`).
@@ -370,6 +373,7 @@ def task_pod(
             LABEL_VERTEX: task.vertex_id,
             LABEL_SUBTASK: str(task.subtask),
             LABEL_TASK: task.name,
+            LABEL_RESIDENT: "true",
             **({LABEL_STANDBY: "true"} if standby else {}),
         },
         restart="Never",

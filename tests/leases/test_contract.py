@@ -158,9 +158,9 @@ def test_a_runs_restore_request_is_written_with_the_run_and_only_with_it(backend
         assert await reg.advance_run(0, restore=b'{"lineage": "b"}') is False  # the run had moved
         assert (await b.get(layout.restore_request(1))).value == b'{"lineage": "a"}'
         assert await b.get(layout.restore_request(2)) is None
-        assert await reg.next_run(1, takeover="plan", restore=b'{"lineage": "c"}') == 2
+        assert await reg.next_run(1, serving={"src/0": "pod-r1"}, restore=b'{"lineage": "c"}') == 2
         assert (await b.get(layout.restore_request(2))).value == b'{"lineage": "c"}'
-        assert (await b.get(layout.takeover(2))).value == b"plan"
+        assert await reg.serving(2) == {"src/0": "pod-r1"} and await reg.serving(1) is None
         await b.delete(layout.run)  # etcd lost it: the run written past it carries its request too
         assert await reg.next_run(2, restore=b'{"lineage": "d"}') == 3
         assert (await b.get(layout.restore_request(3))).value == b'{"lineage": "d"}'

