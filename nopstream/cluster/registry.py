@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,16 @@ class Registration:
             if not isinstance(value.get(name), str):
                 raise ValueError(f"{name} of a registration is a string, not {value.get(name)!r}")
         return cls(task_id, value["attempt"], value["endpoint"])
+
+
+@dataclass(frozen=True)
+class FailureReport:
+    """A task process of a kept pod failed in a run (`Registry.report_failed`); the pod lives on."""
+
+    attempt: str
+    exit_code: int
+    at_ms: int
+    """When the pod's next task process reported it (wall clock, ms since the Unix epoch)."""
 
 
 @dataclass(frozen=True)
@@ -152,17 +163,20 @@ class Registry:
             await asyncio.sleep(poll)
 
     async def report_failed(self, run: int, task_id: str, attempt: str, exit_code: int) -> None:
-        """Say that `task_id`'s process in pod `attempt` failed in `run` with `exit_code` (the pod
+        """Say that `task_id`'s process in pod `attempt` failed in `run` with `exit_code`, now (the pod
         lives on: the operator reads this instead of a failed pod)."""
-        value = json.dumps({"attempt": attempt, "exitCode": exit_code}).encode()
+        at = int(time.time() * 1000)
+        value = json.dumps({"attempt": attempt, "exitCode": exit_code, "at": at}).encode()
         await self.backend.put(self.layout.failed(run, task_id), value)
 
-    async def failed(self, run: int) -> dict[str, tuple[str, int]]:
-        """The failure reports of `run`: task id -> (attempt, exit code)."""
+    async def failed(self, run: int) -> dict[str, FailureReport]:
+        """The failure reports of `run`, by task id."""
         prefix = self.layout.failures(run)
         found = await self.backend.get_prefix(prefix)
         reports = {key[len(prefix) :]: json.loads(e.value) for key, e in found.items()}
-        return {task: (r["attempt"], int(r["exitCode"])) for task, r in reports.items()}
+        return {
+            task: FailureReport(r["attempt"], int(r["exitCode"]), int(r["at"])) for task, r in reports.items()
+        }
 
     async def register(self, run: int, registration: Registration, *, lease: int) -> None:
         """Register a task under a run, bound to its lease."""

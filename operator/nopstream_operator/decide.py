@@ -58,8 +58,16 @@ class RunPods:
     """How the run stands; None once it succeeded (nothing more to do)."""
 
 
-def decide_pods(seen: Observed, deployment: DeploymentPlan) -> RunPods:
-    """Coordinators present, old runs gone, the current run whole or recovered: what to do for it."""
+REPORT_GRACE_S = 3.0
+"""A task process's failure report alone recovers the job this long after it was written: when a pod
+dies, its peers' task processes fail and report at once, and the dead pod shows as failed or gone
+only after its kubelet's relist (every second) and status update. A recovery before that would
+keep the dead pod, and its death would be a second recovery."""
+
+
+def decide_pods(seen: Observed, deployment: DeploymentPlan, *, now: float) -> RunPods:
+    """Coordinators present, old runs gone, the current run whole or recovered: what to do for it (`now`:
+    wall seconds, the failure reports' clock)."""
     run = seen.run
     create, delete = [], []
     for name in deployment.coordinators:
@@ -81,7 +89,7 @@ def decide_pods(seen: Observed, deployment: DeploymentPlan) -> RunPods:
         if p.name not in serving and (not p.deleting or p.node_lost) and standbys.get(p.task) is not p
     ]
     relabel = tuple(p.name for p in current.values() if p.run != run and not p.deleting)
-    outcome = None if seen.status.phase == "Succeeded" else _outcome(seen, deployment, current)
+    outcome = None if seen.status.phase == "Succeeded" else _outcome(seen, deployment, current, now)
     return RunPods(tuple(create), tuple(delete), relabel, current, frozenset(standbys), outcome)
 
 
@@ -107,9 +115,10 @@ def keeps(pod: PodView, deployment: DeploymentPlan) -> bool:
 
 
 def _outcome(
-    seen: Observed, deployment: DeploymentPlan, current: dict[str | None, PodView]
+    seen: Observed, deployment: DeploymentPlan, current: dict[str | None, PodView], now: float
 ) -> Refused | Lost | Whole:
-    """Refused, lost or whole, in that order: a refusal is not recovered from."""
+    """Refused, lost or whole, in that order: a refusal is not recovered from; failure reports of
+    kept pods are a loss with a pod's, or alone once one is REPORT_GRACE_S old."""
     run = seen.run
     refused = next((p for p in current.values() if p.exit_code in REFUSED_EXITS), None)
     if refused is not None:
@@ -127,13 +136,10 @@ def _outcome(
     if seen.status.deployed_run != run:
         gone = [t for t in gone if named[t.name] != task_pod_name(t, run)]
     lost += [f"{named[t.name]} (gone)" for t in gone]
-    if seen.etcd.run == run:
-        pods = {p.name for p in current.values()}
-        lost += [
-            f"{pod} (its task process, exit code {code})"
-            for _task, (pod, code) in sorted(seen.etcd.failed.items())
-            if pod in pods
-        ]
+    pods = {p.name for p in current.values()}
+    reports = [r for r in seen.etcd.failed.values() if seen.etcd.run == run and r.attempt in pods]
+    if lost or any(now - r.at_ms / 1000 >= REPORT_GRACE_S for r in reports):
+        lost += [f"{r.attempt} (its task process, exit code {r.exit_code})" for r in reports]
     if lost:
         # the last line of a failed task's log: its error, with the user's file and line
         why = next(

@@ -23,7 +23,7 @@ from nopstream.cluster.election import current_leader
 from nopstream.cluster.epochlog import EpochEntry, EpochLog
 from nopstream.cluster.etcd import EtcdBackend, access_from_env
 from nopstream.cluster.layout import Layout
-from nopstream.cluster.registry import Registry
+from nopstream.cluster.registry import FailureReport, Registry
 from nopstream.plan.epochs import EpochKind, EpochState
 from nopstream_operator.resources import GROUP, LABEL_JOB, PLURAL, VERSION
 
@@ -67,8 +67,8 @@ class JobInEtcd:
     leader_endpoint: str | None = None
     serving: Mapping[str, str] | None = None
     """The run's serving map (task id -> pod), None when the run was entered without one."""
-    failed: Mapping[str, tuple[str, int]] = field(default_factory=dict)
-    """The run's failure reports of kept pods: task id -> (pod, exit code)."""
+    failed: Mapping[str, FailureReport] = field(default_factory=dict)
+    """The run's failure reports of kept pods, by task id."""
 
     @property
     def last_epoch(self) -> int:

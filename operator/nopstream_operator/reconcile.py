@@ -155,7 +155,7 @@ def reconcile_pods(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> 
     ):
         raise RuntimeError("the deployed plan's ConfigMap is gone")
     _ensure_fences(ctx, seen, deployment)  # before any pod mounts the secret or listens
-    pods = decide_pods(seen, deployment)
+    pods = decide_pods(seen, deployment, now=ctx.clock())
     for name in pods.create_coordinators:
         ctx.kube.create(coordinator_pod(seen.job, deployment, name, ctx.pods))
     for name in pods.delete:

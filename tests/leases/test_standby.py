@@ -27,7 +27,7 @@ from e2e import servers
 from nopstream.checkpoint.restore import RestorePoint
 from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
-from nopstream.cluster.registry import Registry
+from nopstream.cluster.registry import FailureReport, Registry
 from nopstream.errors import REFUSED_EXITS
 from nopstream.local import kills
 from nopstream.model.load import load_data
@@ -239,11 +239,14 @@ def test_a_resident_task_process_that_dies_is_reported_and_its_pod_serves_the_ru
     (first,) = resident.children()
     os.kill(first, signal.SIGKILL)
 
-    async def reports(registry: Registry) -> dict[str, tuple[str, int]]:
+    async def reports(registry: Registry) -> dict[str, FailureReport]:
         return await registry.failed(1)
 
-    report = resident.until("the failure report", lambda: resident.registry(reports), timeout=10)
-    assert report == {resident.task_id: (resident.attempt, 128 + signal.SIGKILL)}
+    killed = time.time()
+    (report,) = resident.until("the failure report", lambda: resident.registry(reports), timeout=10).items()
+    assert report[0] == resident.task_id
+    assert (report[1].attempt, report[1].exit_code) == (resident.attempt, 128 + signal.SIGKILL)
+    assert killed - 1 <= report[1].at_ms / 1000 <= time.time()
     assert (
         "the task process of run 1 failed (exit code 137): the pod waits for the next run" in resident.text()
     )

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 import yaml
 from nopstream_operator.claims import Holder, claim_key
-from nopstream_operator.decide import Lost, Refused, RunPods, Whole, decide_pods
+from nopstream_operator.decide import REPORT_GRACE_S, Lost, Refused, RunPods, Whole, decide_pods
 from nopstream_operator.health import now_ms, rfc3339
 from nopstream_operator.kube import JobInEtcd, NameTaken
 from nopstream_operator.observed import Context, compiled, deployed_plans, observe
@@ -25,6 +26,7 @@ from nopstream_operator.resources import PodSettings
 
 from nopstream.checkpoint.restore import RestoreRequest
 from nopstream.cluster.epochlog import EpochEntry
+from nopstream.cluster.registry import FailureReport
 from nopstream.plan.epochs import EpochState
 from tests.conftest import EXAMPLES
 
@@ -140,7 +142,7 @@ class FakeEtcd:
         self.leader: tuple[str, int] | None = None
         self.requests: dict[int, RestoreRequest] = {}
         self.servings: dict[int, dict[str, str] | None] = {}
-        self.failed: dict[str, tuple[str, int]] = {}  # the current run's failure reports
+        self.failed: dict[str, FailureReport] = {}  # the current run's failure reports
         self.claims: dict[str, bytes] = {}
 
     def hold(self, key: str, value: bytes) -> bytes:
@@ -641,17 +643,55 @@ def test_a_kept_pod_whose_task_process_failed_is_a_recovery_that_keeps_it(world)
     task_id = next(
         e["value"] for e in old[reporter]["spec"]["containers"][0]["env"] if e["name"] == "NOPSTREAM_TASK_ID"
     )
-    etcd.failed = {task_id: (reporter, 3)}  # its pod runs on: its next task process waits for a run
+    # its pod runs on: its next task process reported the failure and waits for a run
+    etcd.failed = {task_id: FailureReport(reporter, 3, at_ms=int(time.time() * 1000))}
     before = len(kube.writes)
+    passes(ctx)
+    assert etcd.current_run == 1  # not yet: a pod that died may still show itself
+    ctx.clock = lambda: time.time() + REPORT_GRACE_S
     passes(ctx)
     assert etcd.current_run == 2 and set(etcd.servings[2].values()) == set(old)
     assert not [w for w in kube.writes[before:] if w.startswith(("delete", "create"))]
-    assert (
-        "Recovery",
-        f"{reporter} (its task process, exit code 3) failed (run 1 -> 2): restoring the latest durable epoch",
-    ) in events
+    cause = (
+        f"{reporter} (its task process, exit code 3) failed (run 1 -> 2): restoring the latest durable epoch"
+    )
+    assert ("Recovery", cause) in events
     passes(ctx, 2)  # the report was of run 1: no recovery more
     assert etcd.current_run == 2
+
+
+def test_failure_reports_beside_a_dead_pod_are_one_recovery_that_replaces_only_the_dead_one(world):
+    """A pod killed: its peers' task processes fail at once and report it, before its own death shows.
+    The reports wait for it, and the one recovery keeps the reporters and replaces the dead pod."""
+    ctx, kube, etcd, events = world
+    passes(ctx, 2)
+    kube.set_pods("task", "Running")
+    kube.set_pods("coordinator", "Running")
+    passes(ctx)
+    old = task_pods(kube, 1)
+    dead, *reporters = sorted(old)[:3]
+    ids = {
+        n: next(
+            e["value"] for e in old[n]["spec"]["containers"][0]["env"] if e["name"] == "NOPSTREAM_TASK_ID"
+        )
+        for n in reporters
+    }
+    now = int(time.time() * 1000)
+    etcd.failed = {ids[n]: FailureReport(n, 1, at_ms=now) for n in reporters}
+    passes(ctx)
+    assert etcd.current_run == 1
+    kube.set_pods("task", "Failed", ready=False, exit_code=137, names={dead})
+    before = len(kube.writes)
+    passes(ctx)
+    assert etcd.current_run == 2
+    assert [w for w in kube.writes[before:] if w.startswith(("delete", "create"))] == [
+        f"delete Pod {dead}",
+        f"create Pod {dead.removesuffix('-r1')}-r2",
+    ]
+    said = ", ".join(sorted([dead, *(f"{n} (its task process, exit code 1)" for n in reporters)]))
+    assert [m for r, m in events if r == "Recovery"] == [
+        f"{said} failed (run 1 -> 2): restoring the latest durable epoch"
+    ]
 
 
 def test_a_standby_pod_that_failed_is_no_recovery_and_the_next_run_replaces_it(world):
@@ -787,7 +827,9 @@ def test_the_pods_of_a_run_are_decided_from_what_was_observed_alone(world):
         assert seen is not None
         _, deployment = deployed_plans(ctx, seen)
         seen = dataclasses.replace(seen, etcd_seen=etcd.observe(None))
-        return decide_pods(dataclasses.replace(seen, model=compiled(seen.job, None)[0]), deployment)
+        return decide_pods(
+            dataclasses.replace(seen, model=compiled(seen.job, None)[0]), deployment, now=time.time()
+        )
 
     before = list(kube.writes)
     whole = decided()
