@@ -71,7 +71,7 @@ def _running(w: World, job: str, role: str) -> list[dict[str, Any]]:
     ]
 
 
-def _pause(w: World, pod: dict[str, Any]) -> Callable[[], None]:
+def pause(w: World, pod: dict[str, Any]) -> Callable[[], None]:
     """SIGSTOP the pod's processes (a task pod's first process, then the task process it forked); the
     heal continues them (gone by then: killed by the liveness probe)."""
     assert w.cluster is not None
@@ -100,7 +100,7 @@ def strike(w: World, job: str, kind: str, rng: random.Random) -> tuple[str, Call
     if kind in ("task-cut", "task-paused"):
         task = rng.choice(tasks)
         if kind == "task-paused":
-            return task["metadata"]["name"], _pause(w, task)
+            return task["metadata"]["name"], pause(w, task)
         others = [
             p["status"]["podIP"] for p in w.pods(job) if p["metadata"]["name"] != task["metadata"]["name"]
         ]
@@ -108,7 +108,7 @@ def strike(w: World, job: str, kind: str, rng: random.Random) -> tuple[str, Call
     leader = _pod(w, w.job(job)["status"]["leader"]["pod"])
     name = leader["metadata"]["name"]
     if kind == "leader-paused":
-        return name, _pause(w, leader)
+        return name, pause(w, leader)
     if kind == "leader-from-etcd":
         etcd = w.kubectl(
             "get", "pods", "-l", "app.kubernetes.io/component=etcd", "-o", "jsonpath={.items[0].status.podIP}"

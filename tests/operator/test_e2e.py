@@ -49,6 +49,7 @@ from e2e import servers
 from e2e.certs import Pki
 from e2e.cluster import Cluster
 from e2e.node import CLUSTER_DOMAIN, E2E_IMAGE, NODE_IP, NODE_NAME, NODES
+from nopstream.local import kills
 from tests.conftest import EXAMPLES, ROOT, s3_records
 from tests.operator import nemesis
 
@@ -154,7 +155,9 @@ class World:
                 for container in pod["status"].get("containerStatuses", []):
                     if "running" in container.get("state", {}):
                         with contextlib.suppress(Exception):  # it may end meanwhile: the log says so
-                            os.kill(self.cluster.container_pid(container["containerID"]), signal.SIGUSR1)
+                            pid = self.cluster.container_pid(container["containerID"])
+                            for each in (pid, *kills.children(pid)):  # a task pod's task process too
+                                os.kill(each, signal.SIGUSR1)
             time.sleep(1)
         out = []
         for pod in pods:
@@ -834,23 +837,25 @@ def test_a_stopped_task_turns_ready_false_then_fails_its_pod_and_the_recovered_j
     assert leader_view(w, "stalls", status["leader"]["pod"])["leader"]["token"] == status["leader"]["token"]
     run = status["run"]
 
-    def source_pid() -> int | None:
-        """The host PID of the run's first source task, once its container runs (a loaded node
-        restarts one whose probe timed out; its status names the container it starts next)."""
+    def source_pod() -> dict[str, Any] | None:
+        """The run's first source task's pod, once its container runs (a loaded node restarts one
+        whose probe timed out; its status names the container it starts next)."""
         for p in w.pods("stalls"):
             labels = p["metadata"]["labels"]
             if (labels.get("nopstream.io/run"), labels.get("nopstream.io/vertex")) != (str(run), "lines"):
                 continue
             if labels.get("nopstream.io/subtask") == "0":
                 with contextlib.suppress(LookupError, KeyError, IndexError):
-                    return w.cluster.container_pid(p["status"]["containerStatuses"][0]["containerID"])
+                    if p["status"]["containerStatuses"][0]["containerID"]:
+                        return p
         assert w.job("stalls")["status"].get("phase") == "Running", (
             "the job ended before its task was stopped"
         )
         return None
 
-    pid = w.wait("the source task's container running", source_pid, timeout=60)
-    os.kill(pid, signal.SIGSTOP)  # frozen: its pod still Running, its TCP port still accepting
+    # frozen, the pod's process and the task process it forked: its pod still Running, its TCP
+    # port still accepting
+    nemesis.pause(w, w.wait("the source task's container running", source_pod, timeout=60))
     stopped = time.monotonic()
     stalled = w.wait(
         "Ready=False (EpochsStalled)",
