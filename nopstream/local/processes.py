@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import sys
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -46,8 +45,8 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
     # client library's object freed here acts on threads that exist only in the runner
     # (a Kafka consumer so freed segfaults: librdkafka is not fork-safe).
     gc.freeze()
-    code = 1
-    try:
+
+    def serve() -> None:
         name_process(f"nopstream task {settings.task_id}")
         lifetime.die_with_parent(runner)  # a killed runner leaves no task behind
         for fd in close_fds:
@@ -60,13 +59,8 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
         )
         cpu.ask_for_long_turns()  # after logging: a refused request says so in the task's log
         asyncio.run(worker.serve(settings))
-        code = 0
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+
+    lifetime.end_forked(serve)
 
 
 @contextlib.contextmanager

@@ -17,10 +17,10 @@ run), or failed before it served any run; each task process dies with the host.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import sys
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
@@ -86,18 +86,13 @@ def run_over(run: int, current: int) -> NoReturn:
 
 def _child(child: Callable[[Start], NoReturn], start: Start, host_pid: int) -> NoReturn:
     """The forked side: never returns into the host's loop, whatever `child` raises."""
-    code = 1
-    try:
+
+    def serve() -> None:
+        gc.freeze()  # what the host holds stays shared with it, never collected here
         lifetime.die_with_parent(host_pid)
         child(start)
-    except SystemExit as leaving:
-        code = leaving.code if isinstance(leaving.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+
+    lifetime.end_forked(serve)
 
 
 def _reap(pid: int) -> int:

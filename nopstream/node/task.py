@@ -6,8 +6,8 @@ with its endpoint bound to its own lease, waits for the run's restore point (cho
 by the coordinator), restores, connects its outputs (peers found in the registry),
 runs, and exits 0 once the final epoch is committed. ACKs and source-finished go to
 whichever coordinator leads, retried through a failover (`node.wire.coordinator_api`). When
-its lease is lost the process exits non-zero (crash-only): its pod's failure is what
-triggers the global recovery.
+its lease is lost the process exits non-zero (crash-only): its pod's failure, or the
+report its pod's next task process writes (`node.resident`), triggers the global recovery.
 
 A task process of a pod (NOPSTREAM_RESIDENT, forked by `node.resident`) first waits for
 the next run its pod serves (`Registry.next_to_serve`), its port answering the probes:

@@ -584,11 +584,7 @@ def test_a_recovery_keeps_the_pods_that_run_and_hands_the_failed_one_s_task_to_i
     before = len(kube.writes)
     passes(ctx)
     assert (status(kube)["run"], etcd.current_run) == (2, 2)
-    task_of = {p["metadata"]["name"]: p["spec"]["containers"][0]["env"] for p in old.values()}
-    ids = {
-        name: next(e["value"] for e in env if e["name"] == "NOPSTREAM_TASK_ID")
-        for name, env in task_of.items()
-    }
+    ids = {name: task_id_of(pod) for name, pod in old.items()}
     adopted = failed.removesuffix("-r1") + "-r2"
     # written with the run: the kept pods and the failed task's standby serve it
     assert etcd.servings[2] == {ids[n]: (adopted if n == failed else n) for n in old}
@@ -605,13 +601,23 @@ def test_a_recovery_keeps_the_pods_that_run_and_hands_the_failed_one_s_task_to_i
     assert [r for r, _ in events].count("Recovery") == 1
 
 
-def test_a_recovery_keeps_each_task_pod_that_runs_and_makes_the_others_anew(world):
-    ctx, kube, etcd, _events = world
+def running_run_1(ctx: Context, kube: FakeKube) -> dict[str, dict[str, Any]]:
+    """The job started and Running in run 1: its task pods, by name."""
     passes(ctx, 2)
     kube.set_pods("task", "Running")
     kube.set_pods("coordinator", "Running")
     passes(ctx)
-    old = task_pods(kube, 1)
+    return task_pods(kube, 1)
+
+
+def task_id_of(pod: dict[str, Any]) -> str:
+    """The task a pod was made for (its NOPSTREAM_TASK_ID)."""
+    return next(e["value"] for e in pod["spec"]["containers"][0]["env"] if e["name"] == "NOPSTREAM_TASK_ID")
+
+
+def test_a_recovery_keeps_each_task_pod_that_runs_and_makes_the_others_anew(world):
+    ctx, kube, etcd, _events = world
+    old = running_run_1(ctx, kube)
     lost, pending = sorted(old)[:2]
     kube.set_pods("task", "Failed", ready=False, exit_code=1, names={lost})
     kube.set_pods("task", "Pending", ready=False, names={pending})  # not yet started: made anew
@@ -634,15 +640,9 @@ def test_a_recovery_keeps_each_task_pod_that_runs_and_makes_the_others_anew(worl
 
 def test_a_kept_pod_whose_task_process_failed_is_a_recovery_that_keeps_it(world):
     ctx, kube, etcd, events = world
-    passes(ctx, 2)
-    kube.set_pods("task", "Running")
-    kube.set_pods("coordinator", "Running")
-    passes(ctx)
-    old = task_pods(kube, 1)
+    old = running_run_1(ctx, kube)
     reporter = sorted(old)[0]
-    task_id = next(
-        e["value"] for e in old[reporter]["spec"]["containers"][0]["env"] if e["name"] == "NOPSTREAM_TASK_ID"
-    )
+    task_id = task_id_of(old[reporter])
     # its pod runs on: its next task process reported the failure and waits for a run
     etcd.failed = {task_id: FailureReport(reporter, 3, at_ms=int(time.time() * 1000))}
     before = len(kube.writes)
@@ -664,11 +664,7 @@ def test_failure_reports_beside_a_dead_pod_are_one_recovery_that_replaces_only_t
     """A pod killed: its peers' task processes fail at once and report it, before its own death shows.
     The reports wait for it, and the one recovery keeps the reporters and replaces the dead pod."""
     ctx, kube, etcd, events = world
-    passes(ctx, 2)
-    kube.set_pods("task", "Running")
-    kube.set_pods("coordinator", "Running")
-    passes(ctx)
-    old = task_pods(kube, 1)
+    old = running_run_1(ctx, kube)
     dead, *reporters = sorted(old)[:3]
     ids = {
         n: next(
