@@ -223,7 +223,14 @@ class Task:
         """Epoch `upto` is durable: the sinks publish their transactions up to it, and a source whose
         origin keeps what it read lets go of it."""
         if isinstance(self.source, AcknowledgingSource):
-            self.source.durable(upto)
+            try:
+                self.source.durable(upto)
+            except Exception as exc:
+                # Its origin cannot be told (a closed connection): the task fails, crash-only, and the
+                # next run tells it again. Only answering the command with the error would leave the
+                # coordinator asking for this commit for ever.
+                self.background.fail(exc)
+                raise
         await self.sink_calls.each(lambda sink: sink.commit(upto))
         if self.final_epoch is not None and upto >= self.final_epoch:
             self._final_committed.set()

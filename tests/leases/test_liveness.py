@@ -7,6 +7,7 @@ against real etcd, stopped with SIGSTOP as a frozen or wedged process would be.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import urllib.error
@@ -16,7 +17,7 @@ import uuid
 import pytest
 
 from e2e import servers
-from tests.leases.test_standby import StandbyTask
+from tests.leases.test_standby import PodTask
 
 
 def get(port: int, path: str = "/healthz") -> tuple[int, str]:
@@ -28,7 +29,7 @@ def get(port: int, path: str = "/healthz") -> tuple[int, str]:
 
 
 def test_liveness_answers_while_the_process_runs_and_not_while_it_is_stopped(tmp_path, etcd_server):
-    task = StandbyTask(tmp_path, etcd_server.endpoint, f"live-{uuid.uuid4().hex[:8]}")
+    task = PodTask(tmp_path, etcd_server.endpoint, f"live-{uuid.uuid4().hex[:8]}")
     health = servers.free_port()
     task.env["NOPSTREAM_HEALTH_PORT"] = str(health)
     task.registry(lambda r: r.advance_run(0))
@@ -38,14 +39,17 @@ def test_liveness_answers_while_the_process_runs_and_not_while_it_is_stopped(tmp
         task.until("standing by", task.standing_by)
         assert get(health) == (200, "ok\n")
         assert get(health, "/other") == (404, "not found\n")
-        task.proc.send_signal(signal.SIGSTOP)
+        stopped = [task.proc.pid, *task.children()]  # the pod's process and the task process it forked
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
         try:
             with pytest.raises((TimeoutError, urllib.error.URLError)):
                 get(health)  # the liveness probe fails: the kubelet ends the pod, the job recovers
             with socket.socket() as s:  # while a TCP probe would still pass: the kernel accepts
                 assert s.connect_ex(("127.0.0.1", task.port)) == 0
         finally:
-            task.proc.send_signal(signal.SIGCONT)
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
         assert get(health) == (200, "ok\n")
     finally:
         task.stop()

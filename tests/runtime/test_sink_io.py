@@ -133,3 +133,27 @@ def test_a_sink_call_that_does_not_return_fails_the_task(minio_server, minio_cli
                 await asyncio.wait_for(run, 10)
 
     asyncio.run(scenario())
+
+
+def test_a_source_whose_origin_cannot_be_told_an_epoch_is_durable_fails_the_task(
+    minio_server, bucket, monkeypatch
+):
+    """A CDC source lets its replication slot go at each commit; a connection the server closed made
+    every commit command fail with the same error while the task ran on, and the coordinator asked
+    for ever (a chaos cell's job never finished). The task fails instead, and its job recovers."""
+    task, listener = stalled_job(minio_server, bucket, monkeypatch)
+
+    def durable(epoch: int) -> None:
+        raise ConnectionError(f"the connection is closed (epoch {epoch})")
+
+    monkeypatch.setattr(task.source, "snapshotted", lambda epoch: None, raising=False)
+    monkeypatch.setattr(task.source, "durable", durable, raising=False)
+
+    async def scenario() -> None:
+        run = await until_final_snapshot(task, listener)
+        with pytest.raises(ConnectionError, match="epoch 1"):
+            await task.commit(1)
+        with pytest.raises(ConnectionError, match="epoch 1"):  # the task fails with it: its job recovers
+            await asyncio.wait_for(run, 10)
+
+    asyncio.run(scenario())
