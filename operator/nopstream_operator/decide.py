@@ -10,6 +10,7 @@ keeps the pods that still run, `node.resident`), or without one those made for i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nopstream.errors import REFUSED_EXITS, TASK_LINE, Refusal
@@ -95,11 +96,17 @@ def decide_pods(seen: Observed, deployment: DeploymentPlan, *, now: float) -> Ru
 
 def _current(seen: Observed, tasks: list[PodView]) -> dict[str | None, PodView]:
     """The run's task pods by task: those its serving map names, or without one those made for it."""
-    serving = seen.etcd.serving if seen.etcd.run == seen.run else None
+    serving = _serving(seen)
     if serving is None:
         return {p.task: p for p in tasks if p.run == seen.run}
     named = set(serving.values())
     return {p.task: p for p in tasks if p.name in named}
+
+
+def _serving(seen: Observed) -> Mapping[str, str] | None:
+    """The serving map of the run the job's pods belong to (None without one, or when etcd's run is
+    another: its map is not this run's)."""
+    return seen.etcd.serving if seen.etcd.run == seen.run else None
 
 
 def keeps(pod: PodView, deployment: DeploymentPlan) -> bool:
@@ -129,7 +136,7 @@ def _outcome(
         return Refused(reason, f"{refused.name}: {said}")
     lost = [p.name for p in current.values() if (p.phase == "Failed" or p.deleting) and not p.node_lost]
     lost += [f"{p.name} (its node {p.node} is lost)" for p in current.values() if p.node_lost]
-    serving = seen.etcd.serving if seen.etcd.run == run else None
+    serving = _serving(seen)
     named = {t.name: (serving or {}).get(t.task_id, task_pod_name(t, run)) for t in deployment.tasks}
     # a kept pod that is gone is not made again: the next run hands its task to a new one
     gone = [t for t in deployment.tasks if t.name not in current]
