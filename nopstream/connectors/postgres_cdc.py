@@ -57,6 +57,23 @@ SLOT_WAIT = 10.0
 this job killed a moment ago well within it; one that holds on is another job's."""
 
 
+def wait_until_unread(conn: Any, slot: str) -> None:
+    """Wait up to SLOT_WAIT for `slot` to have no reader (the server ends a reader whose client went
+    a moment after); StartRefused naming the reader then."""
+    deadline = time.monotonic() + SLOT_WAIT
+    while True:
+        row = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        (pid,) = row.fetchone() or (None,)
+        if pid is None:
+            return
+        if time.monotonic() > deadline:
+            raise StartRefused(
+                f"postgres-cdc: replication slot '{slot}' is being read by server process {pid} (another"
+                f" job?) for longer than {SLOT_WAIT:.0f} s: a slot has one reader, give each job its own"
+            )
+        time.sleep(0.2)
+
+
 class PostgresCdcSource:
     """Reads the slot for one source subtask (the first; the others end at once)."""
 
@@ -140,7 +157,7 @@ class PostgresCdcSource:
             if self.config.bounded and self.end is None:
                 (now,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone() or ("0/0",)
                 self.end = lsn_of(now)
-            self._wait_until_unread(conn)
+            wait_until_unread(conn, c.slot)
             return lsn_of(str(confirmed))
 
     def _with_copy(self, conn: Any, slot: Any) -> Any:
@@ -163,6 +180,7 @@ class PostgresCdcSource:
             )
         elif slot is None or copy == "incomplete":  # a fresh start, or one a kill cut short
             if slot is not None:
+                wait_until_unread(conn, c.slot)
                 conn.execute("SELECT pg_drop_replication_slot(%s)", (c.slot,))
             cdc_snapshot.begin(conn, c.slot)
             self._cursor.execute(f'CREATE_REPLICATION_SLOT "{c.slot}" LOGICAL pgoutput EXPORT_SNAPSHOT')
@@ -174,21 +192,6 @@ class PostgresCdcSource:
             self._copied = 0
         query = "SELECT plugin, database, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s"
         return conn.execute(query, (c.slot,)).fetchone()
-
-    def _wait_until_unread(self, conn: Any) -> None:
-        """Wait up to SLOT_WAIT for the slot to have no reader; StartRefused naming the reader then."""
-        slot, deadline = self.config.slot, time.monotonic() + SLOT_WAIT
-        while True:
-            row = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,))
-            (pid,) = row.fetchone() or (None,)
-            if pid is None:
-                return
-            if time.monotonic() > deadline:
-                raise StartRefused(
-                    f"postgres-cdc: replication slot '{slot}' is being read by server process {pid} (another"
-                    f" job?) for longer than {SLOT_WAIT:.0f} s: a slot has one reader, give each job its own"
-                )
-            time.sleep(0.2)
 
     def _open(self) -> None:
         """Connect for replication and start reading the slot at the position (or the copy before)."""
@@ -421,6 +424,7 @@ def drop_slot(config: dict[str, Any]) -> None:
     """Drop the source's slot and its snapshot copy, if they exist (the server lets go of the WAL kept)."""
     c = PostgresCdcSourceConfig.model_validate(config)
     with connect(c) as conn:
+        wait_until_unread(conn, c.slot)
         conn.execute(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
             (c.slot,),
