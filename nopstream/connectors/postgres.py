@@ -333,8 +333,12 @@ REFUSING = (
     "does not exist",
 )
 """Words of a connection failure no retry can mend (credentials, certificates, a missing database or
-role): a refusal at start. A server that is down or restarting is retried (a reset during the
-handshake is an "SSL SYSCALL error", not one of these)."""
+role): a refusal at start, unless the failure is also one of PASSING."""
+PASSING = (
+    "SSL SYSCALL error",  # a reset during the handshake
+    "unexpected eof while reading",  # OpenSSL 3's "SSL error:" for a server gone mid-handshake
+)
+"""Words of a server that went away during the connection (down or restarting): retried."""
 
 
 def libpq_options(c: PostgresConnection) -> dict[str, Any]:
@@ -369,7 +373,7 @@ def connect(
 def refusal(err: Exception, c: PostgresConnection) -> StartRefused | None:
     """The refusal a connection failure is, in the server's words, one line; None when a retry may mend it."""
     said = " ".join(str(err).split())
-    if not any(words in said for words in REFUSING):
+    if not any(words in said for words in REFUSING) or any(words in said for words in PASSING):
         return None
     return StartRefused(f"postgresql://{c.host}:{c.port}/{c.database} refused user {c.user}: {said}")
 

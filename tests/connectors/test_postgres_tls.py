@@ -107,6 +107,43 @@ def test_a_connection_without_tls_is_refused_at_start(tmp_path, tls_server):
     assert "pg_hba.conf rejects connection" in line and "no encryption" in line, line
 
 
+def test_a_server_gone_in_the_tls_handshake_is_retried_not_refused(tls_server):
+    """A server that restarts while a task connects ends the handshake half way; OpenSSL 3 calls that
+    an "SSL error" too, but a retry mends it: the connection fails as one a retry may mend, not as a
+    refusal at start (a chaos cell's run under kills was refused so). The server here is a socket
+    that answers the TLS request and closes, the moment of a real restart a test cannot aim at."""
+    import socket
+    import threading
+
+    import psycopg
+
+    from nopstream.connectors import postgres
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_and_close() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(8)  # the SSLRequest
+            conn.sendall(b"S")
+
+    threading.Thread(target=answer_and_close, daemon=True).start()
+    config = {
+        "port": listener.getsockname()[1],
+        "database": "jobs",
+        "user": "nopstream",
+        "table": "t",
+        "columns": ["c"],
+        "tls": client_tls(tls_server),
+    }
+    try:
+        with pytest.raises(psycopg.OperationalError) as failed:
+            postgres.connect(config)
+    finally:
+        listener.close()
+    assert "SSL error: unexpected eof while reading" in str(failed.value)
+
+
 def test_a_wrong_password_is_refused_at_start_without_saying_it(tmp_path, tls_server):
     wrong = {"NOPSTREAM_POSTGRES_PASSWORD": "not-" + tls_server.password}
     line = _refused(tmp_path, tls_server, "wrong_pw", client_tls(tls_server), wrong)
