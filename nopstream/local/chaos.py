@@ -283,11 +283,13 @@ def _prepared(raw: dict[str, Any], home: Path, tag: str) -> tuple[dict[str, Any]
 
 
 def _ended(outcome: Outcome, job: dict[str, Any], home: Path, fault_dir: Path) -> Outcome:
-    """The outcome with what the run left: the steps it passed, its messages and its committed records."""
+    """The outcome with what the run left: the steps it passed, its messages and, when it completed,
+    its committed records (a failed run is not compared)."""
     outcome.passed = faults.passed(fault_dir)
     outcome.errors = (home / "runner.log").read_text(errors="replace")
     outcome.recoveries = outcome.errors.count("recovering: ")
-    outcome.records = committed(job)
+    if outcome.code == 0:
+        outcome.records = committed(job)
     outcome.job = job
     return outcome
 
@@ -451,12 +453,18 @@ def _sources(job: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def committed(job: dict[str, Any]) -> Counter[str]:
-    """Every record the job's committing sinks committed, as a multiset (strings as is, others as JSON)."""
+    """Every record the job's committing sinks committed, as a multiset (strings as is, others as JSON);
+    ChaosFailed naming the sink when one cannot be read (its server down, its output gone)."""
     records: Counter[str] = Counter()
     for sink in _sinks(job):
         read = registry.sink_kind(sink.get("type", "")).committed
-        if read is not None:
+        if read is None:
+            continue
+        try:
             records.update(_canonical(r) for r in read(sink.get("config", {})))
+        except Exception as err:  # whatever its client raises: said in one line, as a run's failure is
+            said = " ".join(str(err).split())
+            raise ChaosFailed(f"could not read what sink '{sink.get('name')}' committed: {said}") from err
     return records
 
 

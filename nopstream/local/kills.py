@@ -49,6 +49,10 @@ FLOWING = ("after-stage", "before-publish", "mid-commit")
 FLOWING_GRACE = 3
 """New durable epochs an armed FLOWING point may go unreached before it waits for the schedule's end."""
 
+SAVEPOINT_LOST = 2
+"""New durable epochs after a savepoint was taken, none of them it, that show a recovery dropped it
+(a savepoint in flight fails with its run, as in Flink): it is asked for again."""
+
 POLL = 0.05  # seconds between looks at the storage, the fault directory, the runner
 
 
@@ -213,16 +217,20 @@ class Schedule:
         """Wait until a process of the run reaches the armed point, the run ends, or `fault_wait`
         seconds passed; a runner SIGKILLed meanwhile leaves it armed for its next start. A sink step
         (FLOWING) that FLOWING_GRACE new durable epochs did not reach goes to the back of the schedule
-        (the input has ended and is held)."""
+        (the input has ended and is held). For `during-savepoint` it asks for a savepoint, again each
+        time SAVEPOINT_LOST epochs went by without it."""
         assert self.armed is not None
-        asked = self.armed != "during-savepoint"
+        savepoint = self.armed == "during-savepoint"
+        asked: int | None = None  # the durable epoch when the savepoint was last taken
         deadline = min(self.deadline, time.monotonic() + self.fault_wait)
         others = self.armed in FLOWING  # `drive` arms a sink step alone only while other events are left
         since = self.progress.durable()
         while proc.poll() is None and time.monotonic() < deadline:
             if faults.was_hit(self.faults_dir, self.armed):
                 break
-            asked = asked or self.savepoint()
+            durable = self.progress.durable() if savepoint else 0
+            if savepoint and (asked is None or durable >= asked + SAVEPOINT_LOST) and self.savepoint():
+                asked = durable
             if others and self.progress.durable() >= since + FLOWING_GRACE and self._defer():
                 return
             time.sleep(POLL)
