@@ -42,15 +42,27 @@ def run_job(
     **job: Any,
 ) -> dict[str, list[Any]]:
     """Write inputs, user functions (module `jobfns`) and the job; run it; return each sink's records."""
+    write_job(workdir, model, fns=fns, inputs=inputs, **job)
+    args = ["run", "job.yaml", "--quiet"] + (["--in-process"] if mode == "in-process" else [])
+    result = run_nopstream(*args, cwd=workdir)
+    assert result.code == expect_code, f"exit {result.code}\n{result.err}"
+    return {sink["id"]: read_outputs(workdir / sink["config"]["path"]) for sink in model["sinks"]}
+
+
+def write_job(
+    workdir: Path,
+    model: dict[str, Any],
+    *,
+    fns: str = "",
+    inputs: dict[str, list[Any]] | None = None,
+    **job: Any,
+) -> None:
+    """Write inputs, user functions (module `jobfns`) and the job (`job.yaml`, id `test`) into `workdir`."""
     for name, records in (inputs or {}).items():
         write_jsonl(workdir / "in" / name, records)
     (workdir / "jobfns.py").write_text(textwrap.dedent(fns))
     spec = {"jobId": "test", "semanticMode": "STRICT_EXACTLY_ONCE", **job, "model": model}
     (workdir / "job.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    args = ["run", "job.yaml", "--quiet"] + (["--in-process"] if mode == "in-process" else [])
-    result = run_nopstream(*args, cwd=workdir)
-    assert result.code == expect_code, f"exit {result.code}\n{result.err}"
-    return {sink["id"]: read_outputs(workdir / sink["config"]["path"]) for sink in model["sinks"]}
 
 
 def read_outputs(directory: Path) -> list[Any]:

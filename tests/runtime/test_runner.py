@@ -16,7 +16,7 @@ from nopstream.local import runner
 from nopstream.model.load import load_data
 from nopstream.plan import compiler
 from tests.conftest import ROOT, run_nopstream
-from tests.runtime.conftest import read_outputs, run_job
+from tests.runtime.conftest import read_outputs, write_job
 
 
 @pytest.mark.parametrize("mode", ["processes", "in-process"])
@@ -32,8 +32,7 @@ def test_a_failing_task_fails_the_run_with_its_error(tmp_path, mode):
         "operators": [{"id": "boom", "type": "map", "inputs": ["src"], "fn": "jobfns:explode"}],
         "sinks": [{"id": "out", "type": "file", "inputs": ["boom"], "config": {"path": "out/out"}}],
     }
-    (tmp_path / "jobfns.py").write_text(textwrap.dedent(fns))
-    run_job(tmp_path, model, mode=mode, fns=textwrap.dedent(fns), parallelism=2, expect_code=3)
+    write_job(tmp_path, model, fns=fns, parallelism=2)
     args = ["run", "job.yaml", "--max-restarts", "2"] + (["--in-process"] if mode == "in-process" else [])
     result = run_nopstream(*args, cwd=tmp_path)
     assert result.code == 3
@@ -197,11 +196,10 @@ def test_a_source_pauses_after_each_batch_when_asked(tmp_path):
         "sources": [{"id": "src", "type": "generator", "config": {"count": 1000}}],
         "sinks": [{"id": "out", "type": "file", "inputs": ["src"], "config": {"path": "out"}}],
     }
-    run_job(tmp_path, model, mode="in-process")  # writes the job; its own run is not paced
-    shutil.rmtree(tmp_path / "out")
+    write_job(tmp_path, model)
     paced = {"NOPSTREAM_SOURCE_PAUSE_MS": "150", "NOPSTREAM_BATCH_SIZE": "100"}
     started = time.monotonic()
-    result = run_nopstream("run", "job.yaml", "--in-process", "--fresh", "--quiet", env=paced, cwd=tmp_path)
+    result = run_nopstream("run", "job.yaml", "--in-process", "--quiet", env=paced, cwd=tmp_path)
     assert result.code == 0, result.err
     assert time.monotonic() - started >= 1.4  # ten batches, each followed by its pause
     assert sorted(read_outputs(tmp_path / "out")) == list(range(1000))
