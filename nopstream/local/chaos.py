@@ -464,7 +464,7 @@ def committed(job: dict[str, Any]) -> Counter[str]:
             records.update(_canonical(r) for r in read(sink.get("config", {})))
         except Exception as err:  # whatever its client raises: said in one line, as a run's failure is
             said = " ".join(str(err).split())
-            raise ChaosFailed(f"could not read what sink '{sink.get('name')}' committed: {said}") from err
+            raise ChaosFailed(f"could not read what sink '{sink.get('id')}' committed: {said}") from err
     return records
 
 
