@@ -30,9 +30,12 @@ from tests.chaos import jobs
 from tests.conftest import ROOT, run_nopstream
 
 
-def run(home: Path, *args: str, faults: str | None = None, timeout: float = 180):
-    env = {"NOPSTREAM_FAULTS": faults} if faults else None
-    return run_nopstream("run", "job.yaml", *args, cwd=home, env=env, timeout=timeout)
+def run(home: Path, *args: str, faults: str | None = None, timeout: float = 180, paced: bool = True):
+    """`nopstream run` of the job in `home`; unpaced, its functions do not sleep (`CHAOS_PACE` 0)."""
+    env = {"NOPSTREAM_FAULTS": faults} if faults else {}
+    if not paced:  # a run nothing lands in the middle of
+        env["CHAOS_PACE"] = "0"
+    return run_nopstream("run", "job.yaml", *args, cwd=home, env=env or None, timeout=timeout)
 
 
 def outputs(directory: Path) -> dict[str, str]:
@@ -101,15 +104,15 @@ def test_a_crash_before_the_first_durable_epoch_duplicates_nothing(tmp_path):
 def test_a_finished_job_run_again_emits_nothing_and_fresh_starts_a_new_lineage(tmp_path, mode):
     home = tmp_path / "job"
     word_count(home)
-    assert run(home, *mode).code == 0
+    assert run(home, *mode, paced=False).code == 0
     before = outputs(home / "out")
     final = json.loads(manifests(home)[-1].read_text())
     assert final["kind"] == "final"
-    again = run(home, *mode)
+    again = run(home, *mode, paced=False)
     assert again.code == 0, again.err
     assert f"job 'wc' already finished at epoch {final['epoch']}" in again.err
     assert outputs(home / "out") == before
-    fresh = run(home, *mode, "--fresh")
+    fresh = run(home, *mode, "--fresh", paced=False)
     assert fresh.code == 0, fresh.err
     assert "already finished" not in fresh.err
     assert records(home / "out", lineage=2) == records(home / "out", lineage=1) != Counter()
