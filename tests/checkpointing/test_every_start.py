@@ -70,10 +70,10 @@ def word_count(
     return jobs.prepare(home, model)
 
 
-def clean_records(tmp_path: Path, **kwargs) -> Counter[str]:
+def clean_records(tmp_path: Path, *, paced: bool = True, **kwargs) -> Counter[str]:
     home = tmp_path / "clean"
     word_count(home, **kwargs)
-    result = run(home)
+    result = run(home, paced=paced)
     assert result.code == 0, result.err
     return records(home / kwargs.get("sink", "out"))
 
@@ -196,10 +196,10 @@ def test_two_runs_of_one_job_at_once_the_second_is_refused(tmp_path):
 
 
 def test_two_jobs_sharing_an_output_directory_and_sink_id_keep_both_outputs(tmp_path):
-    expected = clean_records(tmp_path)
+    expected = clean_records(tmp_path, paced=False)
     for job_id in ("a", "b"):
         word_count(tmp_path / job_id, job_id=job_id, sink=str(tmp_path / "shared"))
-        result = run(tmp_path / job_id)
+        result = run(tmp_path / job_id, paced=False)
         assert result.code == 0, result.err
     names = sorted(outputs(tmp_path / "shared"))
     assert {n.split(".", 1)[0] for n in names} == {"a", "b"}
