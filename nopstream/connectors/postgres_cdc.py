@@ -74,6 +74,14 @@ def wait_until_unread(conn: Any, slot: str) -> None:
         time.sleep(0.2)
 
 
+def drop_when_unread(conn: Any, slot: str) -> None:
+    """Drop `slot`, if it exists, once it has no reader (`wait_until_unread`)."""
+    wait_until_unread(conn, slot)
+    conn.execute(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    )
+
+
 class PostgresCdcSource:
     """Reads the slot for one source subtask (the first; the others end at once)."""
 
@@ -180,8 +188,7 @@ class PostgresCdcSource:
             )
         elif slot is None or copy == "incomplete":  # a fresh start, or one a kill cut short
             if slot is not None:
-                wait_until_unread(conn, c.slot)
-                conn.execute("SELECT pg_drop_replication_slot(%s)", (c.slot,))
+                drop_when_unread(conn, c.slot)
             cdc_snapshot.begin(conn, c.slot)
             self._cursor.execute(f'CREATE_REPLICATION_SLOT "{c.slot}" LOGICAL pgoutput EXPORT_SNAPSHOT')
             _, start, snapshot, _ = self._cursor.fetchone()
@@ -424,9 +431,5 @@ def drop_slot(config: dict[str, Any]) -> None:
     """Drop the source's slot and its snapshot copy, if they exist (the server lets go of the WAL kept)."""
     c = PostgresCdcSourceConfig.model_validate(config)
     with connect(c) as conn:
-        wait_until_unread(conn, c.slot)
-        conn.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
-            (c.slot,),
-        )
+        drop_when_unread(conn, c.slot)
         cdc_snapshot.drop(conn, c.slot)

@@ -228,9 +228,10 @@ class Schedule:
         while proc.poll() is None and time.monotonic() < deadline:
             if faults.was_hit(self.faults_dir, self.armed):
                 break
-            durable = self.progress.durable() if savepoint else 0
-            if savepoint and (asked is None or durable >= asked + SAVEPOINT_LOST) and self.savepoint():
-                asked = durable
+            if savepoint:
+                durable = self.progress.durable()
+                if (asked is None or durable >= asked + SAVEPOINT_LOST) and self.savepoint():
+                    asked = durable
             if others and self.progress.durable() >= since + FLOWING_GRACE and self._defer():
                 return
             time.sleep(POLL)

@@ -35,7 +35,7 @@ def run(home: Path, *args: str, faults: str | None = None, timeout: float = 180,
     env = {"NOPSTREAM_FAULTS": faults} if faults else {}
     if not paced:  # a run nothing lands in the middle of
         env["CHAOS_PACE"] = "0"
-    return run_nopstream("run", "job.yaml", *args, cwd=home, env=env or None, timeout=timeout)
+    return run_nopstream("run", "job.yaml", *args, cwd=home, env=env, timeout=timeout)
 
 
 def outputs(directory: Path) -> dict[str, str]:

@@ -12,7 +12,7 @@ import orjson
 import psycopg
 import pytest
 
-from nopstream.connectors.postgres_cdc import PostgresCdcSource, lsn_of, wait_until_unread
+from nopstream.connectors.postgres_cdc import PostgresCdcSource, drop_when_unread, lsn_of
 from nopstream.errors import RestoreRefused, StartRefused
 
 
@@ -31,8 +31,7 @@ def db(postgres_server, database):
         for (slot,) in conn.execute(
             "SELECT slot_name FROM pg_replication_slots WHERE database = current_database()"
         ).fetchall():
-            wait_until_unread(conn, slot)  # a source closed a moment ago may still have its server reader
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            drop_when_unread(conn, slot)  # a source closed a moment ago may still have its server reader
 
 
 def config(server, database: str, **extra) -> dict:
