@@ -76,8 +76,8 @@ def parser() -> argparse.ArgumentParser:
         type=_at_least(0),
         default=0,
         metavar="MS",
-        help="each source pauses MS ms after each batch of at most 100 records, in both runs, so a short"
-        " job lasts long enough for its kills to land (default 0)",
+        help="each source of the run under kills pauses MS ms after each batch of at most 100 records, so"
+        " a short job lasts long enough for its kills to land (default 0)",
     )
     p.add_argument(
         "--allow-shallow",

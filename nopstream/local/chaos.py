@@ -48,6 +48,9 @@ EXAMPLES = 5  # records shown of each kind of difference
 UNDECIDED = 4
 """The exit of a run whose outputs differ in a job whose results depend on timing."""
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+RUN_ENV, FAILURE_FREE, UNDER_KILLS = "NOPSTREAM_CHAOS_RUN", "failure-free", "under-kills"
+"""Which run a process serves, in its environment: a job's functions that slow it down for its kills
+to land may read it and not slow the failure-free run, which only has to end."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,9 @@ class ChaosSettings:
     allow_shallow: bool = False
     """Exit 0 on equal outputs even when no recovery restored state or a step was not reached."""
     pace_ms: int = 0
-    """Each source pauses this long after each batch of at most `PACED_BATCH` records, in both runs: a
-    job that ends within a checkpoint interval or two lasts long enough for its kills to land."""
+    """Each source of the run under kills pauses this long after each batch of at most `PACED_BATCH`
+    records: a job that ends within a checkpoint interval or two lasts long enough for its kills to land
+    (the failure-free run only has to end: it reads at full speed)."""
     early_share: float = 0.25
     """The share of kills that land at once (`local.kills`); the others follow progress."""
     first_kill: tuple[float, float] = (0.1, 1.0)
@@ -146,7 +150,7 @@ def run_chaos(job_file: Path, settings: ChaosSettings, *, out: TextIO = sys.stdo
     if settings.pace_ms:
         print(
             f"  paced: each source pauses {settings.pace_ms} ms after each batch of at most {PACED_BATCH}"
-            " records, in both runs",
+            " records, in the run under kills",
             file=out,
         )
     _print_reach(settings, events, faulty, out)
@@ -219,7 +223,7 @@ def _run(
     """One run of the job with its own checkpoints and outputs, carrying out the `planned` events with
     the generator that planned them (None: failure-free), started again after each whole-runner kill."""
     job, path, fault_dir = _prepared(raw, home, tag)
-    env = _env(job_file, fault_dir, settings)
+    env = _env(job_file, fault_dir, settings, under_kills=planned is not None)
     progress = kills.Progress(job)
     deadline = time.monotonic() + settings.timeout
 
@@ -227,7 +231,9 @@ def _run(
         return _savepoint(path, home, settings, env)
 
     schedule = None
-    if planned is not None:
+    if planned is None:  # held at the end of its input until its savepoint (`kills.take_savepoint`)
+        faults.hold(fault_dir, held=True)
+    else:
         schedule = kills.Schedule(
             *planned,
             progress,
@@ -246,7 +252,7 @@ def _run(
             if schedule is not None:
                 schedule.drive(proc)
             else:
-                kills.take_savepoint(proc, progress, savepoint, deadline)
+                kills.take_savepoint(proc, progress, fault_dir, savepoint, deadline)
             code = proc.wait(max(1.0, deadline - time.monotonic()))
             if code is None:
                 waits = _where_it_waits(proc)
@@ -306,9 +312,10 @@ def _read_restores(home: Path, outcome: Outcome) -> None:
 PACED_BATCH = 100
 
 
-def _env(job_file: Path, fault_dir: Path, settings: ChaosSettings) -> dict[str, str]:
-    """The environment of the runs: the job's directory (and the settings' path) importable, fault points
-    armed from `fault_dir`, sources paced when asked (`node.settings`)."""
+def _env(job_file: Path, fault_dir: Path, settings: ChaosSettings, *, under_kills: bool) -> dict[str, str]:
+    """The environment of a run: the job's directory (and the settings' path) importable, fault points
+    armed from `fault_dir`, which run it is (RUN_ENV), and the sources of the run under kills paced
+    when asked (`node.settings`)."""
     python_path = [
         str(job_file.resolve().parent),
         *settings.python_path,
@@ -317,7 +324,7 @@ def _env(job_file: Path, fault_dir: Path, settings: ChaosSettings) -> dict[str, 
     ]
     paced = (
         {"NOPSTREAM_SOURCE_PAUSE_MS": str(settings.pace_ms), "NOPSTREAM_BATCH_SIZE": str(PACED_BATCH)}
-        if settings.pace_ms
+        if settings.pace_ms and under_kills
         else {}
     )
     return {
@@ -325,6 +332,7 @@ def _env(job_file: Path, fault_dir: Path, settings: ChaosSettings) -> dict[str, 
         **paced,
         "PYTHONPATH": os.pathsep.join(p for p in python_path if p),
         faults.DIR_ENV: str(fault_dir.resolve()),
+        RUN_ENV: UNDER_KILLS if under_kills else FAILURE_FREE,
     }
 
 

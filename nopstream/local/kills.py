@@ -284,14 +284,19 @@ class Schedule:
         (self.reached.missed if faults.disarm(self.faults_dir, point) else self.reached.hit).append(point)
 
 
-def take_savepoint(proc: Child, progress: Progress, savepoint: Callable[[], bool], deadline: float) -> None:
+def take_savepoint(
+    proc: Child, progress: Progress, faults_dir: Path, savepoint: Callable[[], bool], deadline: float
+) -> None:
     """Ask the running job for one savepoint once an epoch is durable (a failure-free run takes the
-    savepoint step too, so that its fault points count as steps the job has); give up when it ends
-    or at `deadline`."""
-    while proc.poll() is None and time.monotonic() < deadline and progress.durable() == 0:
-        time.sleep(POLL)
-    while proc.poll() is None and time.monotonic() < deadline and not savepoint():
-        time.sleep(POLL)
+    savepoint step too, so that its fault points count as steps the job has), then let its input end
+    (held from its start: unpaced, it could end first); give up when it ends or at `deadline`."""
+    try:
+        while proc.poll() is None and time.monotonic() < deadline and progress.durable() == 0:
+            time.sleep(POLL)
+        while proc.poll() is None and time.monotonic() < deadline and not savepoint():
+            time.sleep(POLL)
+    finally:
+        faults.hold(faults_dir, held=False)
 
 
 def _sleep(proc: Child, seconds: float) -> None:

@@ -70,12 +70,23 @@ from nopstream_operator.resources import (
     task_pod_name,
 )
 
+SETTLED_PHASES = frozenset({"Succeeded", "Failed", "Invalid", "Suspended"})
+"""Phases a job stays in until its spec changes."""
 
-def reconcile_once(ctx: Context, namespace: str, name: str) -> None:
-    """One whole pass over one StreamJob."""
+
+def reconcile_once(ctx: Context, namespace: str, name: str) -> bool:
+    """One whole pass over one StreamJob; whether the job is settled: in a SETTLED_PHASES phase when
+    the pass began, and the pass wrote nothing."""
     seen = observe(ctx, namespace, name)
     if seen is None:
-        return
+        return False
+    writes = ctx.kube.writes
+    _reconcile(ctx, seen)
+    return seen.status.phase in SETTLED_PHASES and ctx.kube.writes == writes
+
+
+def _reconcile(ctx: Context, seen: Observed) -> None:
+    """The pass over the job `seen`."""
     try:
         model, desired = compiled(seen.job, ctx.pods.allowed_secrets)
     except ModelError as err:

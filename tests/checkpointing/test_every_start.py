@@ -70,10 +70,11 @@ def word_count(
     return jobs.prepare(home, model)
 
 
-def clean_records(tmp_path: Path, *, paced: bool = True, **kwargs) -> Counter[str]:
+def clean_records(tmp_path: Path, **kwargs) -> Counter[str]:
+    """The failure-free output of `word_count(..., **kwargs)`, unpaced: nothing lands in it."""
     home = tmp_path / "clean"
     word_count(home, **kwargs)
-    result = run(home, paced=paced)
+    result = run(home, paced=False)
     assert result.code == 0, result.err
     return records(home / kwargs.get("sink", "out"))
 
@@ -128,22 +129,22 @@ def test_a_finished_job_run_again_on_etcd_says_so_and_storage_wins(tmp_path, etc
     expected = clean_records(tmp_path)
     home = tmp_path / "job"
     word_count(home, job_id="wc-etcd")
-    assert run(home, *etcd).code == 0
+    assert run(home, *etcd, paced=False).code == 0
     before = outputs(home / "out")
     assert records(home / "out") == expected
-    again = run(home, *etcd, timeout=60)
+    again = run(home, *etcd, timeout=60, paced=False)
     assert again.code == 0, again.err
     assert "job 'wc-etcd' already finished at epoch" in again.err
     assert outputs(home / "out") == before
     # Storage deleted, output kept: the committed output shows a later epoch existed.
     subprocess.run(["rm", "-rf", str(home / "cp")], check=True)
-    kept = run(home, *etcd, timeout=60)
+    kept = run(home, *etcd, timeout=60, paced=False)
     assert kept.code == 1, kept.err
     assert "sink 'out' subtask 0 already committed epoch" in kept.err
     assert outputs(home / "out") == before
     # Storage and output deleted: etcd's record of a finished job is stale, storage wins.
     subprocess.run(["rm", "-rf", str(home / "cp"), str(home / "out")], check=True)
-    over = run(home, *etcd, timeout=120)
+    over = run(home, *etcd, timeout=120, paced=False)
     assert over.code == 0, over.err
     assert "already finished" not in over.err
     assert records(home / "out") == expected
@@ -196,7 +197,7 @@ def test_two_runs_of_one_job_at_once_the_second_is_refused(tmp_path):
 
 
 def test_two_jobs_sharing_an_output_directory_and_sink_id_keep_both_outputs(tmp_path):
-    expected = clean_records(tmp_path, paced=False)
+    expected = clean_records(tmp_path)
     for job_id in ("a", "b"):
         word_count(tmp_path / job_id, job_id=job_id, sink=str(tmp_path / "shared"))
         result = run(tmp_path / job_id, paced=False)

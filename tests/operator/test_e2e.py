@@ -447,6 +447,7 @@ class CleanRun:
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(ROOT), str(FNS_DIR), str(EXAMPLES)]),
+            "E2E_FAILURE_FREE": "1",  # unpaced (`e2efns.SLOW`)
             "NOPSTREAM_S3_ACCESS_KEY": w.access_key,
             "NOPSTREAM_S3_SECRET_KEY": w.secret_key,
             **({"NOPSTREAM_S3_CA_FILE": str(w.ca)} if w.ca is not None else {}),
@@ -944,7 +945,8 @@ def test_a_finished_job_applied_again_recreated_and_restarted_emits_each_lineage
     w.kubectl(
         "patch", "streamjob", "again", "--type", "merge", "-p", json.dumps({"spec": {"restartNonce": "r1"}})
     )
-    w.wait("restarted", lambda: w.job("again")["status"]["run"] > run)
+    # woken by the new generation: a finished job's passes are SETTLED_PASS_SECONDS (30 s) apart
+    w.wait("restarted", lambda: w.job("again")["status"]["run"] > run, timeout=20)
     w.wait("Succeeded after the restart", succeeded, timeout=180)
     assert objects(1) == first
     second = objects(2)

@@ -43,7 +43,12 @@ class FakeKube:
         self.streamjob = copy.deepcopy(job)
         self.others: dict[tuple[str, str], dict[str, Any]] = {}  # StreamJobs of other namespaces
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
-        self.writes: list[str] = []
+        self.log: list[str] = []  # every write, in order
+
+    @property
+    def writes(self) -> int:
+        """How many writes were made (`Kube.writes`)."""
+        return len(self.log)
 
     def job(self, namespace: str, name: str) -> dict[str, Any] | None:
         if (namespace, name) in self.others:
@@ -73,15 +78,15 @@ class FakeKube:
 
     def create(self, manifest: dict[str, Any]) -> None:
         """Create an object; one of this name already there is kept as it is (the API's 409, adopted)."""
-        self.writes.append(f"create {manifest['kind']} {manifest['metadata']['name']}")
+        self.log.append(f"create {manifest['kind']} {manifest['metadata']['name']}")
         self.objects.setdefault((manifest["kind"], manifest["metadata"]["name"]), copy.deepcopy(manifest))
 
     def delete_pod(self, namespace: str, name: str, *, grace: int = 5) -> None:
-        self.writes.append(f"delete Pod {name}")
+        self.log.append(f"delete Pod {name}")
         self.objects.pop(("Pod", name), None)
 
     def label_pod(self, namespace: str, name: str, labels: dict[str, str | None]) -> None:
-        self.writes.append(f"label Pod {name} {labels}")
+        self.log.append(f"label Pod {name} {labels}")
         held = self.objects[("Pod", name)]["metadata"]["labels"]
         for key, value in labels.items():  # a merge patch: null removes
             if value is None:
@@ -90,7 +95,7 @@ class FakeKube:
                 held[key] = value
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.writes.append("patch status")
+        self.log.append("patch status")
         held = dict(self.streamjob.get("status") or {})
         for key, value in status.items():  # a JSON merge patch: null removes
             if value is None:
@@ -227,11 +232,9 @@ def test_a_first_pass_records_the_run_and_plan_before_any_pod_then_the_pods_foll
     pods = [k for k in kinds(kube) if k.startswith("Pod")]
     assert len(pods) == 2 + status(kube)["tasksTotal"]  # two coordinators and the tasks
     assert "Secret wordcount-secret" in kinds(kube) and "NetworkPolicy wordcount-peers" in kinds(kube)
-    first = kube.writes.index("create Secret wordcount-secret")
-    assert all(
-        w.startswith(("create Secret", "create NetworkPolicy")) for w in kube.writes[first : first + 2]
-    )
-    assert all(not w.startswith("create Pod") for w in kube.writes[:first])  # fences before any pod
+    first = kube.log.index("create Secret wordcount-secret")
+    assert all(w.startswith(("create Secret", "create NetworkPolicy")) for w in kube.log[first : first + 2])
+    assert all(not w.startswith("create Pod") for w in kube.log[:first])  # fences before any pod
     assert status(kube)["deployedRun"] == 1 and events[0][0] == "Deploying"
 
 
@@ -246,9 +249,30 @@ def test_ready_pods_make_the_job_running_and_a_settled_pass_writes_nothing(world
     assert (got["phase"], got["tasksReady"], got["latestDurableEpoch"]) == ("Running", got["tasksTotal"], 4)
     ready = next(c for c in got["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("True", "AllTasksReady")
-    before = list(kube.writes)
+    before = list(kube.log)
     passes(ctx, 3)
-    assert kube.writes == before
+    assert kube.log == before
+
+
+def test_a_pass_finds_the_job_settled_once_it_has_ended_and_the_pass_wrote_nothing(world):
+    """Its daemon then passes every SETTLED_PASS_SECONDS; a new spec or a lost pod wakes it at once."""
+    ctx, kube, _etcd, _events = world
+
+    def settled_and_wrote() -> tuple[bool, bool]:
+        before = kube.writes
+        return reconcile_once(ctx, "prod", NAME), kube.writes > before
+
+    passes(ctx, 2)
+    kube.set_pods("task", "Running")
+    kube.set_pods("coordinator", "Running")
+    assert [settled_and_wrote()[0] for _ in range(3)] == [False, False, False]  # running, settled or not
+    kube.set_pods("task", "Succeeded", ready=False, exit_code=0)
+    kube.set_pods("coordinator", "Succeeded", ready=False, exit_code=0)
+    seen = [settled_and_wrote() for _ in range(4)]
+    assert seen[0] == (False, True) and status(kube)["phase"] == "Succeeded"  # the pass that ended it
+    assert seen[-2:] == [(True, False), (True, False)], seen
+    kube.streamjob["spec"]["restartNonce"] = "again"
+    assert settled_and_wrote() == (False, True)  # a restart: a new run, written
 
 
 def test_only_the_leading_coordinator_pod_is_the_leader_services_endpoint(world):
@@ -279,9 +303,9 @@ def test_only_the_leading_coordinator_pod_is_the_leader_services_endpoint(world)
     etcd.leader = ("wordcount-coordinator-0", 4)  # a failover
     passes(ctx)
     assert leaders() == ["wordcount-coordinator-0"]
-    before = list(kube.writes)
+    before = list(kube.log)
     passes(ctx, 2)
-    assert kube.writes == before  # labelled once, not at every pass
+    assert kube.log == before  # labelled once, not at every pass
 
 
 def test_a_failed_task_pod_is_a_global_recovery_recorded_before_its_pods_go(world):
@@ -289,11 +313,11 @@ def test_a_failed_task_pod_is_a_global_recovery_recorded_before_its_pods_go(worl
     passes(ctx, 2)
     kube.set_pods("coordinator", "Running")
     kube.set_pods("task", "Failed", ready=False, exit_code=1, log="Traceback ...\nValueError: boom")
-    before = len(kube.writes)
+    before = len(kube.log)
     passes(ctx)
     got = status(kube)
     assert (got["phase"], got["run"], got["recoveries"], etcd.current_run) == ("Recovering", 2, 1, 2)
-    writes = kube.writes[before:]
+    writes = kube.log[before:]
     deletes = [w for w in writes if w.startswith("delete Pod")]
     creates = [w for w in writes if w.startswith("create Pod")]
     # the status first, then the old run's pods go, then the new run's come, in the same pass
@@ -316,7 +340,7 @@ def test_a_task_lost_after_the_coordinators_completed_gets_its_recovery_led_by_n
     coordinators = sorted(n for k, n in kube.objects if k == "Pod" and "coordinator" in n)
     passes(ctx)
     assert (status(kube)["phase"], etcd.current_run) == ("Recovering", 2)
-    assert all(f"delete Pod {n}" in kube.writes for n in coordinators)
+    assert all(f"delete Pod {n}" in kube.log for n in coordinators)
     passes(ctx)
     assert sorted(n for k, n in kube.objects if k == "Pod" and "coordinator" in n) == coordinators
     assert all(kube.objects[("Pod", n)].get("status") is None for n in coordinators)  # new pods
@@ -336,10 +360,10 @@ def test_pods_on_a_lost_node_go_at_once_a_task_by_a_recovery_and_a_coordinator_b
     ctx.lost_nodes = lambda: frozenset({"node-1"})
     # an eviction began on node-1, but its kubelet is gone: the pod would stay Terminating for ever
     kube.place("node-1", {tasks[0]}, deleting=True)
-    before = len(kube.writes)
+    before = len(kube.log)
     passes(ctx)
     assert (status(kube)["phase"], status(kube)["run"], etcd.current_run) == ("Recovering", 2, 2)
-    writes = kube.writes[before:]
+    writes = kube.log[before:]
     assert f"delete Pod {coordinators[0]}" in writes and f"delete Pod {tasks[0]}" in writes
     assert f"delete Pod {coordinators[1]}" not in writes  # on node-0: it leads meanwhile
     (message,) = [m for r, m in events if r == "Recovery"]
@@ -355,10 +379,10 @@ def test_a_standby_on_a_lost_node_is_replaced_not_adopted(world):
     kube.set_pods("task", "Running")
     kube.place("node-1", {far})
     ctx.lost_nodes = lambda: frozenset({"node-1"})
-    before = len(kube.writes)
+    before = len(kube.log)
     passes(ctx)
     assert etcd.current_run == 1  # no pod of the run on it: no recovery
-    assert kube.writes[before:] == [f"delete Pod {far}", f"create Pod {far}"]  # made anew, in one pass
+    assert kube.log[before:] == [f"delete Pod {far}", f"create Pod {far}"]  # made anew, in one pass
     made = kube.objects[("Pod", far)]
     assert made.get("status") is None and made["metadata"]["labels"]["nopstream.io/standby"] == "true"
 
@@ -475,7 +499,7 @@ def test_an_invalid_spec_is_invalid_and_creates_nothing(world):
     kube.streamjob["spec"]["parallelism"] = 0
     passes(ctx, 2)
     assert status(kube)["phase"] == "Invalid" and kube.objects == {}
-    assert kube.writes == ["patch status"]  # the second pass found nothing to change
+    assert kube.log == ["patch status"]  # the second pass found nothing to change
 
 
 def test_a_secret_of_the_jobs_name_held_by_another_owner_stops_the_job_before_any_pod(world):
@@ -569,9 +593,9 @@ def test_a_running_job_keeps_a_standby_pod_per_task_for_the_next_run(world):
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
         assert (env["NOPSTREAM_RUN"], env["NOPSTREAM_STANDBY"]) == ("2", "true")
     kube.set_pods("task", "Running")  # the standbys started too: they wait
-    before = list(kube.writes)
+    before = list(kube.log)
     passes(ctx, 3)
-    assert kube.writes == before  # kept, not recreated, and no recovery
+    assert kube.log == before  # kept, not recreated, and no recovery
 
 
 def test_a_recovery_keeps_the_pods_that_run_and_hands_the_failed_one_s_task_to_its_standby(world):
@@ -581,14 +605,14 @@ def test_a_recovery_keeps_the_pods_that_run_and_hands_the_failed_one_s_task_to_i
     kube.set_pods("task", "Running")
     failed = sorted(old)[0]
     kube.set_pods("task", "Failed", ready=False, exit_code=137, names={failed})
-    before = len(kube.writes)
+    before = len(kube.log)
     passes(ctx)
     assert (status(kube)["run"], etcd.current_run) == (2, 2)
     ids = {name: task_id_of(pod) for name, pod in old.items()}
     adopted = failed.removesuffix("-r1") + "-r2"
     # written with the run: the kept pods and the failed task's standby serve it
     assert etcd.servings[2] == {ids[n]: (adopted if n == failed else n) for n in old}
-    writes = kube.writes[before:]
+    writes = kube.log[before:]
     # the standbys the run did not need go with the failed pod; the adopted one is kept as it is
     assert sorted(w for w in writes if w.startswith("delete")) == sorted(
         f"delete Pod {n}" for n in {failed} | set(standbys) - {adopted}
@@ -621,10 +645,10 @@ def test_a_recovery_keeps_each_task_pod_that_runs_and_makes_the_others_anew(worl
     lost, pending = sorted(old)[:2]
     kube.set_pods("task", "Failed", ready=False, exit_code=1, names={lost})
     kube.set_pods("task", "Pending", ready=False, names={pending})  # not yet started: made anew
-    before = len(kube.writes)
+    before = len(kube.log)
     passes(ctx)
     assert etcd.current_run == 2
-    writes = kube.writes[before:]
+    writes = kube.log[before:]
     assert sorted(w for w in writes if w.startswith(("delete", "create"))) == sorted(
         [f"delete Pod {lost}", f"delete Pod {pending}"]
         + [f"create Pod {n.removesuffix('-r1')}-r2" for n in (lost, pending)]
@@ -632,10 +656,10 @@ def test_a_recovery_keeps_each_task_pod_that_runs_and_makes_the_others_anew(worl
     kept = set(old) - {lost, pending}
     assert set(etcd.servings[2].values()) == kept | {f"{n.removesuffix('-r1')}-r2" for n in (lost, pending)}
     kube.set_pods("task", "Running")
-    before = len(kube.writes)
+    before = len(kube.log)
     passes(ctx, 3)
     assert status(kube)["phase"] == "Running" and status(kube)["tasksReady"] == len(old)
-    assert [w for w in kube.writes[before:] if not w.startswith("patch")] == []  # settled: no churn
+    assert [w for w in kube.log[before:] if not w.startswith("patch")] == []  # settled: no churn
 
 
 def test_a_kept_pod_whose_task_process_failed_is_a_recovery_that_keeps_it(world):
@@ -645,13 +669,13 @@ def test_a_kept_pod_whose_task_process_failed_is_a_recovery_that_keeps_it(world)
     task_id = task_id_of(old[reporter])
     # its pod runs on: its next task process reported the failure and waits for a run
     etcd.failed = {task_id: FailureReport(reporter, 3, at_ms=int(time.time() * 1000))}
-    before = len(kube.writes)
+    before = len(kube.log)
     passes(ctx)
     assert etcd.current_run == 1  # not yet: a pod that died may still show itself
     ctx.clock = lambda: time.time() + REPORT_GRACE_S
     passes(ctx)
     assert etcd.current_run == 2 and set(etcd.servings[2].values()) == set(old)
-    assert not [w for w in kube.writes[before:] if w.startswith(("delete", "create"))]
+    assert not [w for w in kube.log[before:] if w.startswith(("delete", "create"))]
     cause = (
         f"{reporter} (its task process, exit code 3) failed (run 1 -> 2): restoring the latest durable epoch"
     )
@@ -677,10 +701,10 @@ def test_failure_reports_beside_a_dead_pod_are_one_recovery_that_replaces_only_t
     passes(ctx)
     assert etcd.current_run == 1
     kube.set_pods("task", "Failed", ready=False, exit_code=137, names={dead})
-    before = len(kube.writes)
+    before = len(kube.log)
     passes(ctx)
     assert etcd.current_run == 2
-    assert [w for w in kube.writes[before:] if w.startswith(("delete", "create"))] == [
+    assert [w for w in kube.log[before:] if w.startswith(("delete", "create"))] == [
         f"delete Pod {dead}",
         f"create Pod {dead.removesuffix('-r1')}-r2",
     ]
@@ -695,14 +719,14 @@ def test_a_standby_pod_that_failed_is_no_recovery_and_the_next_run_replaces_it(w
     standbys = running_with_standbys(ctx, kube)
     lost = sorted(standbys)[0]
     kube.set_pods("task", "Failed", ready=False, exit_code=137, names={lost})
-    before = len(kube.writes)
+    before = len(kube.log)
     passes(ctx, 3)
     assert (status(kube)["run"], etcd.current_run) == (1, 1)
-    assert kube.writes[before:] == []  # kept as it is: a standby that cannot start never churns pods
+    assert kube.log[before:] == []  # kept as it is: a standby that cannot start never churns pods
     kube.set_pods("task", "Failed", ready=False, exit_code=1, names={sorted(task_pods(kube, 1))[0]})
     passes(ctx)
     assert etcd.current_run == 2
-    assert kube.writes.count(f"delete Pod {lost}") == 1 and kube.objects[("Pod", lost)].get("status") is None
+    assert kube.log.count(f"delete Pod {lost}") == 1 and kube.objects[("Pod", lost)].get("status") is None
     assert "nopstream.io/standby" not in kube.objects[("Pod", lost)]["metadata"]["labels"]  # a new pod
 
 
@@ -766,9 +790,9 @@ def test_ready_only_while_epochs_keep_becoming_durable_and_degraded_while_they_d
     assert condition(kube, "Degraded") == ("True", "EpochsStalled", message)
     assert status(kube)["phase"] == "Running"  # still running: not ready
     assert [m for r, m in events if r == "EpochsStalled"] == [message]  # one event, not one per pass
-    before = list(kube.writes)
+    before = list(kube.log)
     passes(ctx, 2)
-    assert kube.writes == before  # a stalled job's passes write nothing more
+    assert kube.log == before  # a stalled job's passes write nothing more
 
     etcd.durable, etcd.durable_at = 5, now_ms()
     passes(ctx)
@@ -827,10 +851,10 @@ def test_the_pods_of_a_run_are_decided_from_what_was_observed_alone(world):
             dataclasses.replace(seen, model=compiled(seen.job, None)[0]), deployment, now=time.time()
         )
 
-    before = list(kube.writes)
+    before = list(kube.log)
     whole = decided()
     assert (whole.create_coordinators, whole.delete, whole.outcome) == ((), (), Whole(()))
-    assert decided() == whole and kube.writes == before  # nothing written by deciding
+    assert decided() == whole and kube.log == before  # nothing written by deciding
     etcd.current_run = 0
     assert decided().outcome == Lost("etcd lost the job's coordination state (its run reads 0, the run is 1)")
     etcd.current_run = 1

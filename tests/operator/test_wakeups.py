@@ -112,3 +112,18 @@ def test_a_node_is_lost_while_its_ready_condition_is_not_true_and_only_its_turn_
         return await wakeups.wait("ns", "wc", 0.01), await wakeups.wait("other", "wc", 0.01)
 
     assert asyncio.run(scenario()) == (True, True)
+
+
+def test_a_new_generation_of_a_job_s_spec_wakes_it_and_its_status_writes_do_not():
+    async def scenario() -> list[bool]:
+        wakeups = Wakeups()
+        wakeups.generation("ns", "wc", 1)  # before its daemon watches: nothing kept
+        wakeups.watch("ns", "wc")
+        woken = []
+        for generation in (1, 1, 2, 2):  # seen first, a status write, a spec change, a status write
+            wakeups.generation("ns", "wc", generation)
+            woken.append(await wakeups.wait("ns", "wc", 0.01))
+        wakeups.generation("ns", "other", 5)  # no daemon drives it here
+        return woken
+
+    assert asyncio.run(scenario()) == [True, False, True, False]
