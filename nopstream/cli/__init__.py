@@ -13,8 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from nopstream import exits, safefiles, stacks
-from nopstream.cli import arguments, coordinator, jobs, node
-from nopstream.cli.signals import Terminated
+from nopstream.cli import arguments, coordinator, jobs, node, signals
 from nopstream.model.errors import ModelError
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -54,15 +53,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exits.JOB_FAILED
     except BrokenPipeError:
         return exits.OK
-    except Terminated:
+    except KeyboardInterrupt:
+        if not signals.terminated():
+            return exits.INTERRUPTED
         print(
             f"nopstream {args.command}: stopped by SIGTERM (running the job again resumes from its"
             " latest durable epoch)",
             file=sys.stderr,
         )
         return exits.TERMINATED
-    except KeyboardInterrupt:
-        return exits.INTERRUPTED
     except Exception as exc:
         if args.command in _LOGGED_COMMANDS:
             raise

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from nopstream import exits
-from nopstream.cli.signals import Terminated, unwind_on_sigterm
+from nopstream.cli.signals import terminated, unwind_on_sigterm
 from nopstream.model.errors import ModelError
 from nopstream.model.load import LoadedModel, load_file
 from nopstream.plan import compiler
@@ -86,11 +86,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     except launch.RunError as err:
         print(err, file=sys.stderr)
         return err.exit_code
-    except KeyboardInterrupt as stopped:  # Ctrl-C, or SIGTERM (Terminated): say what the next run finds
-        terminated = isinstance(stopped, Terminated)
-        how = "stopped by SIGTERM" if terminated else "interrupted"
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (`unwind_on_sigterm`): say what the next run finds
+        how = "stopped by SIGTERM" if terminated() else "interrupted"
         print(f"nopstream run: {how}: {launch.kept(compiler.compile_model(loaded))}", file=sys.stderr)
-        return exits.TERMINATED if terminated else exits.INTERRUPTED
+        return exits.TERMINATED if terminated() else exits.INTERRUPTED
     plans, result = launched.plans, launched.result
     job = plans.partitioned.identity.job_id
     if result.finished_before is not None:

@@ -6,22 +6,40 @@ import os
 import sys
 import threading
 
-
-class Terminated(KeyboardInterrupt):
-    """`nopstream run` got SIGTERM: it unwinds as from Ctrl-C, stopping its task processes (a
-    KeyboardInterrupt, so that asyncio passes it through its task groups as it is)."""
+_TERMINATED = threading.Event()
 
 
 def unwind_on_sigterm() -> None:
-    """SIGTERM raises Terminated: the command stops its task processes and removes its run files
-    (`control-url`, `secret`) as on Ctrl-C, instead of dying with them left behind."""
+    """SIGTERM unwinds the command as Ctrl-C does: it stops its task processes and removes its run files
+    (`control-url`, `secret`) instead of dying with them left behind; `terminated()` then says so."""
     import signal
 
-    def stop(_signum: int, _frame: object) -> None:
-        raise Terminated
+    def stop(_signum: int, frame: object) -> None:
+        _TERMINATED.set()
+        interrupt = signal.getsignal(signal.SIGINT)
+        if _loop_running() and callable(interrupt) and interrupt is not signal.default_int_handler:
+            # asyncio.run's own Ctrl-C handler cancels its main task, which unwinds every task: an
+            # exception raised here could land in any task's step and be left there unretrieved
+            interrupt(signal.SIGINT, frame)
+            return
+        raise KeyboardInterrupt
 
     if threading.current_thread() is threading.main_thread():  # signals go to the main thread only
         signal.signal(signal.SIGTERM, stop)
+
+
+def terminated() -> bool:
+    """Whether the KeyboardInterrupt being handled came from SIGTERM (`unwind_on_sigterm`), not Ctrl-C."""
+    return _TERMINATED.is_set()
+
+
+def _loop_running() -> bool:
+    """Whether an asyncio event loop runs in this (the main) thread."""
+    asyncio = sys.modules.get("asyncio")  # not imported here: a command without a loop never loads it
+    try:
+        return asyncio is not None and asyncio.get_running_loop() is not None
+    except RuntimeError:
+        return False
 
 
 def exit_on_sigterm(command: str) -> None:

@@ -253,11 +253,8 @@ def _run(
                 schedule.drive(proc)
             else:
                 kills.take_savepoint(proc, progress, fault_dir, savepoint, deadline)
-            code = proc.wait(max(1.0, deadline - time.monotonic()))
-            if code is None:
-                waits = _where_it_waits(proc)
-                late = f"{tag}: the job did not finish within {settings.timeout:.0f}s"
-                raise ChaosFailed(f"{late}; where its processes wait:\n{waits}")
+            late = f"{tag}: the job did not finish within {settings.timeout:.0f}s"
+            code = _wait_to_end(proc, home, late, deadline)
         finally:
             if proc.poll() is None:  # timed out, or chaos itself was interrupted: leave nothing behind
                 proc.kill()
@@ -359,6 +356,20 @@ def _savepoint(path: Path, home: Path, settings: ChaosSettings, env: dict[str, s
     except subprocess.TimeoutExpired:
         return False
     return done.returncode == 0
+
+
+def _wait_to_end(proc: Child, home: Path, late: str, deadline: float) -> int:
+    """The runner's exit code once it ends; ChaosFailed saying `late`, the last recovery and where each
+    process waits if it is still running at `deadline`."""
+    code = proc.wait(max(1.0, deadline - time.monotonic()))
+    if code is not None:
+        return code
+    waits = _where_it_waits(proc)
+    said = (home / "runner.log").read_text(errors="replace").splitlines()
+    # a run that fails again and again is caught between runs as often as not: the last failure says why
+    last = next((line for line in reversed(said) if line.startswith("recovering: ")), None)
+    recovered = f"; its last {last[:400]}" if last else ""
+    raise ChaosFailed(f"{late}{recovered}; where its processes wait:\n{waits}")
 
 
 def _where_it_waits(proc: Child, settle: float = 1.0, lines: int = 12) -> str:

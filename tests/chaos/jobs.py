@@ -916,9 +916,12 @@ SHAPES: dict[str, Callable[..., dict[str, Any]]] = {
 }
 CHAOS_ARGS: dict[str, tuple[str, ...]] = {"dead-letters": ("--pace", "300")}
 """`nopstream chaos` arguments of a shape beyond the matrix's own."""
-NOT_ITS_STEPS: dict[str, set[str]] = {"dead-letters": {"during-alignment"}}
-"""Fault points of protocol steps a shape does not have: each task of the dead letters reads one
-channel (its source, map and process at parallelism 1, 1 and 2), so no barrier is ever aligned."""
+NOT_ITS_STEPS: dict[str, set[str]] = {
+    shape: {"during-alignment"} for shape in ("dead-letters", "late-windows", "reminders")
+}
+"""Fault points of protocol steps a shape does not have: each task of these reads one channel (a
+source and a map at parallelism 1 before a keyed operator and its sinks at 2), so no barrier is
+ever aligned."""
 
 
 def _write(home: Path, inputs: dict[str, str]) -> None:
