@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from types import FrameType
 
 _TERMINATED = threading.Event()
 
@@ -14,7 +15,7 @@ def unwind_on_sigterm() -> None:
     (`control-url`, `secret`) instead of dying with them left behind; `terminated()` then says so."""
     import signal
 
-    def stop(_signum: int, frame: object) -> None:
+    def stop(_signum: int, frame: FrameType | None) -> None:
         _TERMINATED.set()
         interrupt = signal.getsignal(signal.SIGINT)
         if _loop_running() and callable(interrupt) and interrupt is not signal.default_int_handler:
