@@ -15,7 +15,9 @@ PY = $(VENV)/bin/python
 JOB ?= examples/wordcount.yaml
 # Test processes side by side (pytest-xdist); each starts its own servers, and the
 # tests of the one Kubernetes cluster stay together on one of them (xdist_group "kube").
-TEST_WORKERS ?= 2
+# Three on two cores: much of the suite waits (paced sources, leases, pods starting), and a
+# third worker fills that idle CPU (docs/servers.md, "What a CI run costs").
+TEST_WORKERS ?= 3
 
 .PHONY: run test lint setup servers bench
 

@@ -116,7 +116,9 @@ def strike(w: World, job: str, kind: str, rng: random.Random) -> tuple[str, Call
             p["status"]["podIP"] for p in w.pods(job) if p["metadata"]["name"] != task["metadata"]["name"]
         ]
         return task["metadata"]["name"], cluster.cut([task["status"]["podIP"]], others).heal
-    leader = _pod(w, w.job(job)["status"]["leader"]["pod"])
+    # a running job names no leader for the moment between a lease lost and the next one taken
+    named = w.wait("a leader", lambda: w.job(job)["status"].get("leader"), timeout=60)
+    leader = _pod(w, named["pod"])
     name = leader["metadata"]["name"]
     if kind == "leader-paused":
         return name, pause(w, leader)
