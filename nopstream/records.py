@@ -300,6 +300,10 @@ class LookupClient(Protocol):
         """The result for `key` (None when there is none); raises when the call fails."""
         ...
 
+    async def close(self) -> None:
+        """Release its connections, on the task's loop before it ends (the task is over)."""
+        ...
+
 
 class ConnectorFactory(Protocol):
     """Builds source readers, sink writers and lookup clients by connector type."""

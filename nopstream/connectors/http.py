@@ -32,3 +32,8 @@ class HttpLookup:
                 return None
             response.raise_for_status()
             return await response.json()
+
+    async def close(self) -> None:
+        """Close the session, if a call made one."""
+        if self._session is not None:
+            await self._session.close()

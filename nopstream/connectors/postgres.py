@@ -452,3 +452,15 @@ class PostgresLookup:
         )
         await pool.open(wait=True, timeout=30)
         return pool
+
+    async def close(self) -> None:
+        """Close the pool, if a call opened one: its workers stop before the task's loop ends (left
+        to the loop's end, a worker whose connection attempt took the cancellation as a failure
+        waits on for work, and the process never exits)."""
+        if self._pool is None:
+            return
+        if not self._pool.done():
+            self._pool.cancel()
+        await asyncio.wait([self._pool])  # an open that failed has failed the task already
+        if not self._pool.cancelled() and self._pool.exception() is None:
+            await self._pool.result().close()

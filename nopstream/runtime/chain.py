@@ -10,6 +10,7 @@ with the user's file and line; records an operator set aside are counted.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -139,6 +140,10 @@ class Chain:
     async def end(self) -> None:
         """No more input: every operator flushes what it holds (final aggregates, open windows)."""
         await self._each(lambda op: op.on_end())
+
+    async def close(self) -> None:
+        """Release what the operators hold open (their lookups' connections): the task ends."""
+        await asyncio.gather(*(op.close() for op in self.ops if isinstance(op, Lookup)))
 
     def lookups(self) -> dict[str, float]:
         """The lookup operators' figures, summed: `hits`, `misses`, `in_flight`, `latency_ms` (mean)."""

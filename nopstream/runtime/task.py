@@ -268,7 +268,10 @@ class Task:
         A task restored from the final epoch has nothing to do. A sink call that fails
         meanwhile (a commit command's) ends it with that failure.
         """
-        await self.background.unless_failed(self._run())
+        try:
+            await self.background.unless_failed(self._run())
+        finally:
+            await self.chain.close()
 
     async def _run(self) -> None:
         if self.finished_before:

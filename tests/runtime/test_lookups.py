@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 
+from e2e.servers import free_port
 from tests.lookup_server import LookupServer, lookup_server
 from tests.runtime.conftest import multiset, run_job
 
@@ -114,6 +115,9 @@ def test_a_lookups_figures_reach_the_tasks_metrics():
             await asyncio.sleep(0.01)
             return {"c": key}
 
+        async def close(self) -> None:
+            """Nothing to release."""
+
     class Connectors:
         def lookup(self, node: StreamNode, *, capacity: int) -> Slow:
             return Slow()
@@ -164,3 +168,48 @@ def test_a_postgres_lookup_that_runs_past_its_time_out_falls_back(tmp_path, post
         {**o, "row": "unknown" if o["customer"] == 3 else {"tier": f"tier-{o['customer']}"}} for o in given
     ]
     assert out["out"] == want  # in order, the slow ones by the fallback, the pool still serving the rest
+
+
+def test_a_postgres_lookup_closes_its_pool_and_its_connections_when_its_task_ends(postgres_server, database):
+    """`Task.run` closes its chain's lookups as it ends. A pool left open to the end of the task's loop
+    kept its process from exiting: a CI run's job hung past 120 s after its last record, a pool
+    worker still waiting for work once its connection attempt took the loop's cancellation as a
+    failure. A lookup whose pool never opened closes without raising again."""
+    import asyncio
+    import time
+
+    from nopstream.connectors.postgres import PostgresLookup
+
+    server = {"port": postgres_server.port, "user": postgres_server.user, "database": database}
+    lookup = PostgresLookup({**server, "query": "SELECT %(customer)s::int * 2 AS twice"}, capacity=3)
+
+    async def look_up_then_close() -> Any:
+        rows = await asyncio.gather(*(lookup.fetch((c,)) for c in range(6)))
+        assert rows == [{"twice": c * 2} for c in range(6)]
+        await lookup.close()
+        return lookup._pool.result()  # type: ignore[union-attr]
+
+    assert asyncio.run(look_up_then_close()).closed
+
+    def connected() -> int:
+        with psycopg.connect(postgres_server.conninfo, autocommit=True) as conn:
+            found = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (database,))
+            return found.fetchone()[0]
+
+    deadline = time.monotonic() + 10  # a backend ends a moment after its client closed
+    while connected() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert connected() == 0
+
+    nowhere = PostgresLookup({**server, "port": free_port(), "query": "SELECT 1"}, capacity=1)
+
+    async def fail_then_close() -> None:
+        try:
+            await nowhere.fetch(())
+        except psycopg.OperationalError:
+            pass
+        else:
+            raise AssertionError("a lookup with no server answered")
+        await nowhere.close()
+
+    asyncio.run(fail_then_close())

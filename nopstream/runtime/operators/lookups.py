@@ -81,6 +81,10 @@ class Lookup(AsyncMap):
             self.cache.put(key, result)
         return {**record, self.into: result}
 
+    async def close(self) -> None:
+        """Release the client's connections (the task ends)."""
+        await self.client.close()
+
     def stats(self) -> dict[str, float]:
         """Cache hits, misses (the calls made), calls in flight, and the calls' summed seconds."""
         return {
