@@ -44,16 +44,14 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 def _task(config: NodeSettings, start: Start | None = None) -> NoReturn:
     """Serve one task of one run (`node.task.serve`), then end the process with its exit code."""
-    import asyncio
-
     from nopstream.errors import RestoreRefused
-    from nopstream.node import cpu, liveness, recovery, task
+    from nopstream.node import cpu, lifetime, liveness, recovery, task
 
     if config.health_port is not None:
         liveness.serve(config.host, config.health_port)
     cpu.ask_for_long_turns()
     try:
-        asyncio.run(task.serve(config, start))
+        lifetime.run_to_end(task.serve(config, start))
     except task.LeaseLost as lost:
         print(f"nopstream task: {lost}", file=sys.stderr)
         _leave(exits.JOB_FAILED)

@@ -58,7 +58,7 @@ def fork_task(settings: worker.WorkerSettings, log: Path, *, close_fds: tuple[in
             level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True
         )
         cpu.ask_for_long_turns()  # after logging: a refused request says so in the task's log
-        asyncio.run(worker.serve(settings))
+        lifetime.run_to_end(worker.serve(settings))
 
     lifetime.end_forked(serve)
 

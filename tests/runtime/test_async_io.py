@@ -149,3 +149,44 @@ def test_a_call_that_keeps_timing_out_fails_the_run_naming_the_operator(tmp_path
         "operator 'scored' (async_map) failed: AsyncTimeout: no result within 200 ms (2 attempts)"
     )
     assert read_outputs(Path(tmp_path / "out")) == []
+
+
+STUBBORN_FNS = """
+import asyncio
+
+_left = []
+
+
+async def _stubborn():
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass  # takes its cancellation for something else, as a pool's worker once did
+
+
+async def score(record):
+    if not _left:
+        _left.append(asyncio.get_running_loop().create_task(_stubborn()))
+    return {**record, "score": record["id"] * 7 % 100}
+"""
+
+
+def test_a_task_that_swallows_its_cancellation_does_not_keep_a_finished_task_process_alive(tmp_path):
+    """A task process ends its loop as `asyncio.run` would, but gives the tasks left
+    `lifetime.LEFT_TASKS_GRACE_S` (5 s) to end once cancelled (`lifetime.run_to_end`): under
+    `asyncio.run` this job's task process never exits."""
+    import time
+
+    records = [{"id": n} for n in range(200)]
+    started = time.monotonic()
+    out = run_job(
+        tmp_path,
+        lookup_job({"capacity": 4}),
+        mode="processes",
+        fns=STUBBORN_FNS,
+        inputs={"records.jsonl": records},
+        parallelism=2,
+    )
+    assert multiset(out["out"]) == multiset([scored(n) for n in range(200)])
+    assert time.monotonic() - started < 60
