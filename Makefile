@@ -15,9 +15,8 @@ PY = $(VENV)/bin/python
 JOB ?= examples/wordcount.yaml
 # Test processes side by side (pytest-xdist); each starts its own servers, and the
 # tests of the one Kubernetes cluster stay together on one of them (xdist_group "kube").
-# Three on two cores: much of the suite waits (paced sources, leases, pods starting), and a
-# third worker fills that idle CPU (docs/servers.md, "What a CI run costs").
-TEST_WORKERS ?= 3
+# Two on two cores: a third gained nothing clear (docs/servers.md, "What a CI run costs").
+TEST_WORKERS ?= 2
 
 .PHONY: run test lint setup servers bench
 
