@@ -25,7 +25,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from nopstream.node.wire.tls import JobTls, client_session, issue, scheme, server_context
+from nopstream.node.wire.authority import issue
+from nopstream.node.wire.tls import JobTls, client_session, scheme, server_context
 from nopstream.records import Batch
 from nopstream.runtime.frames import EndOfStream, Hello
 from nopstream.runtime.gate import InputGate

@@ -46,7 +46,7 @@ def _ask_coordinator(
 ) -> T | None:
     """What `ask` gets from the job's coordinator; None (said on stderr) when none takes it."""
     from nopstream.cluster.backend import StoreUnavailable
-    from nopstream.cluster.etcd import AccessError
+    from nopstream.cluster.etcd_access import AccessError
     from nopstream.node.wire import guard
     from nopstream.node.wire.coordinator_client import CoordinatorClient, CoordinatorError
     from nopstream.node.wire.tls import JobTls, TlsError
@@ -90,7 +90,8 @@ def _coordinator(plans: compiler.CompiledPlans, args: argparse.Namespace) -> tup
         import asyncio
 
         from nopstream.cluster.election import Election
-        from nopstream.cluster.etcd import EtcdBackend, access_from_env
+        from nopstream.cluster.etcd import EtcdBackend
+        from nopstream.cluster.etcd_access import access_from_env
         from nopstream.cluster.layout import Layout
 
         async def leader() -> str | None:

@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from nopstream.cluster.backend import StoreUnavailable
-from nopstream.cluster.etcd import EtcdAccess, EtcdBackend
+from nopstream.cluster.etcd import EtcdBackend
+from nopstream.cluster.etcd_access import EtcdAccess
 
 T = TypeVar("T")
 CALL_S = 10.0

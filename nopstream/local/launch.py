@@ -55,7 +55,7 @@ def launch(loaded: LoadedModel, options: runner.RunOptions, *, etcd: str | None 
     """Compile, check and run the job to its end; ModelError when it is invalid, RunError when it cannot
     run or fails."""
     from nopstream.cluster.backend import StoreRefused
-    from nopstream.cluster.etcd import AccessError, access_from_env
+    from nopstream.cluster.etcd_access import AccessError, access_from_env
     from nopstream.node.settings import SettingsError
     from nopstream.node.tasklife import task_settings
 

@@ -21,7 +21,8 @@ from typing import TypeVar
 from nopstream import faults
 from nopstream.checkpoint.restore import NewLineage, RestorePoint, RestoreRequest
 from nopstream.cluster.backend import StoreUnavailable
-from nopstream.cluster.etcd import EtcdBackend, access_from_env
+from nopstream.cluster.etcd import EtcdBackend
+from nopstream.cluster.etcd_access import access_from_env
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
 from nopstream.errors import REFUSED_EXITS, Refusal, StartRefused
@@ -31,7 +32,7 @@ from nopstream.local.etcd_calls import EtcdCalls
 from nopstream.local.runner import JobFailed, RunOptions, RunResult, new_lineage, starting_point
 from nopstream.node import checkpointing, recovery
 from nopstream.node.settings import DEPLOYMENT_FILE, PARTITIONED_FILE, NodeEnv
-from nopstream.node.wire import guard, tls
+from nopstream.node.wire import authority, guard, tls
 from nopstream.plan import compiler
 from nopstream.plan.deployment import resource_name
 
@@ -82,7 +83,7 @@ class Supervisor:
         (self.plan_dir / PARTITIONED_FILE).write_text(compiler.dump_document(self.plans.partitioned))
         (self.plan_dir / DEPLOYMENT_FILE).write_text(compiler.dump_document(self.plans.deployment))
         guard.write_secret(self.secret_file, guard.new_secret())  # one per command, as with `run`
-        tls.issue(self.plans.partitioned.identity.job_id).write(self.home)  # and its TLS, beside it
+        authority.issue(self.plans.partitioned.identity.job_id).write(self.home)  # and its TLS, beside it
         try:  # from here on the secret and the key are removed however the command ends
             _reach(calls, quiet=self.options.quiet)
             self.lineage = new_lineage(self.options)

@@ -16,7 +16,7 @@ The operator (and `nopstream run --etcd`) sets these on every pod (process):
   NOPSTREAM_LEASE_TTL   seconds of the process's etcd lease (default 10)
   NOPSTREAM_SECRET_FILE the file holding the job's secret (`node.wire.guard`; default SECRET_FILE)
   NOPSTREAM_TLS         "true": the job speaks TLS; its files sit beside the secret (`node.wire.tls`)
-  NOPSTREAM_ETCD_ACCESS a directory: TLS and credentials to etcd (`cluster.etcd.read_access`)
+  NOPSTREAM_ETCD_ACCESS a directory: TLS and credentials to etcd (`cluster.etcd_access`)
   NOPSTREAM_PARENT_PID  the process ends when this one, its parent, does (local supervisors only)
 Every task process, of any runner, also reads (`tasklife.task_settings`):
   NOPSTREAM_BATCH_SIZE  the most records a source reads at once (default 1000; its first read)
@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nopstream.cluster.etcd import ACCESS_ENV, AccessError, EtcdAccess, access_from_env
+from nopstream.cluster.etcd_access import ACCESS_ENV, AccessError, EtcdAccess, access_from_env
 from nopstream.model.errors import ModelError
 from nopstream.node.wire.guard import SecretError, read_secret
 from nopstream.node.wire.tls import JobTls, TlsError

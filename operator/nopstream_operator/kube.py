@@ -22,7 +22,8 @@ from kubernetes.client.exceptions import ApiException
 from nopstream.checkpoint.restore import RestoreRequest
 from nopstream.cluster.election import current_leader
 from nopstream.cluster.epochlog import EpochEntry, EpochLog
-from nopstream.cluster.etcd import EtcdBackend, access_from_env
+from nopstream.cluster.etcd import EtcdBackend
+from nopstream.cluster.etcd_access import access_from_env
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import FailureReport, Registry
 from nopstream.plan.epochs import EpochKind, EpochState

@@ -30,7 +30,7 @@ from nopstream.model.status import (
     SavepointRequest,
 )
 from nopstream.node import recovery
-from nopstream.node.wire import guard, tls
+from nopstream.node.wire import authority, guard
 from nopstream.plan.deployment import DeploymentPlan, TaskDeployment
 from nopstream_operator import health
 from nopstream_operator.acts import delete_pods, fail, has_condition, invalid, patch, waits, with_condition
@@ -123,7 +123,9 @@ def _ensure_fences(ctx: Context, seen: Observed, deployment: DeploymentPlan) -> 
     """The job's Secret, NetworkPolicy and leader Service exist (created, owned by the job, when missing)."""
     ns, name = deployment.namespace, job_secret_name(deployment.job_id)
     if ctx.kube.owned_secret(ns, name, seen.job["metadata"]["uid"]) is None:
-        ctx.kube.create(job_secret(seen.job, deployment, guard.new_secret(), tls.issue(deployment.job_id)))
+        ctx.kube.create(
+            job_secret(seen.job, deployment, guard.new_secret(), authority.issue(deployment.job_id))
+        )
     policy = network_policy_name(deployment.job_id)
     if ctx.pods.network_policy and not ctx.kube.exists("NetworkPolicy", ns, policy):
         ctx.kube.create(network_policy(seen.job, deployment, ctx.pods))

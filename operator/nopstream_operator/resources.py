@@ -61,7 +61,7 @@ class PodSettings:
     operator_namespace: str | None = None
     ingress_from: tuple[dict[str, Any], ...] = ()  # more NetworkPolicy peers (a Prometheus, say)
     allowed_secrets: frozenset[str] | None = None  # the Secrets a secretRef may name (None: any)
-    etcd_access_secret: str | None = None  # TLS and credentials to etcd (`cluster.etcd.read_access`)
+    etcd_access_secret: str | None = None  # TLS and credentials to etcd (`cluster.etcd_access`)
 
 
 def plan_configmap_name(job_id: str, fingerprint: str) -> str:

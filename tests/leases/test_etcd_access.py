@@ -21,7 +21,8 @@ import yaml
 from e2e import servers
 from e2e.certs import Pki
 from nopstream.cluster.backend import StoreRefused, StoreUnavailable
-from nopstream.cluster.etcd import ACCESS_ENV, EtcdBackend, read_access
+from nopstream.cluster.etcd import EtcdBackend
+from nopstream.cluster.etcd_access import ACCESS_ENV, read_access
 from tests.conftest import ROOT, run_nopstream
 
 COUNT = 3000

@@ -32,7 +32,7 @@ from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
 from nopstream.model.load import load_file
-from nopstream.node.wire import guard, tls
+from nopstream.node.wire import authority, guard, tls
 from nopstream.plan import compiler
 from nopstream.runtime.codec import DEFAULT_CODEC
 from nopstream.runtime.frames import Hello, Refused, decode, encode
@@ -354,7 +354,7 @@ async def forge_without_the_certificate(
     """What the job's servers (their CA `ca`) answer clients without the job's certificate, each sending
     the secret; another job's TLS files are made in `other`."""
     other.mkdir()
-    stranger = tls.issue("another-job").write(other)  # another job's: its CA is not this job's
+    stranger = authority.issue("another-job").write(other)  # another job's: its CA is not this job's
     answers: dict[str, object] = {}
     clients = {
         "plain http": None,

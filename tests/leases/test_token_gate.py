@@ -9,7 +9,7 @@ import aiohttp
 
 from nopstream.model.load import load_data
 from nopstream.node.tasklife import build_task
-from nopstream.node.wire import guard, tls
+from nopstream.node.wire import authority, guard
 from nopstream.node.wire.messages import TaskIdentity
 from nopstream.node.wire.taskserver import TaskServer
 from nopstream.plan import compiler
@@ -116,10 +116,10 @@ def test_task_and_coordinator_name_the_missing_or_bad_variable(nopstream, tmp_pa
         2,
         f"nopstream coordinator: NOPSTREAM_TLS: {tmp_path / 'ca.crt'}: the job's TLS file is missing\n",
     )
-    certificate = tls.issue("env")
+    certificate = authority.issue("env")
     (tmp_path / "ca.crt").write_bytes(certificate.ca)
     (tmp_path / "tls.crt").write_bytes(certificate.cert)
-    (tmp_path / "tls.key").write_bytes(tls.issue("another").key)  # a key that is not the certificate's
+    (tmp_path / "tls.key").write_bytes(authority.issue("another").key)  # a key that is not the certificate's
     result = nopstream("coordinator", env={**good, "NOPSTREAM_TLS": "yes"})
     assert (result.code, result.err) == (
         2,

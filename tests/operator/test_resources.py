@@ -16,7 +16,7 @@ from nopstream_operator.resources import (
 )
 
 from nopstream.model.load import load_data
-from nopstream.node.wire import tls
+from nopstream.node.wire import authority
 from nopstream.plan import compiler
 from tests.conftest import EXAMPLES
 
@@ -138,7 +138,7 @@ def test_storage_credentials_reach_pods_as_files_and_the_job_secret_is_owned_by_
     assert {"name": "storage-credentials", "mountPath": "/var/run/nopstream/storage", "readOnly": True} in c[
         "volumeMounts"
     ]
-    certificate = tls.issue("wordcount")
+    certificate = authority.issue("wordcount")
     secret = job_secret(job, p.deployment, "s" * 64, certificate)
     assert secret["metadata"]["name"] == "wordcount-secret"
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "u-1"
