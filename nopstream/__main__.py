@@ -1,7 +1,11 @@
-"""`python -m nopstream`: the command line."""
+"""`python -m nopstream` and the `nopstream` console script: the command line."""
 
+import gc
 import sys
 
-from nopstream.cli import main
+gc.disable()  # while the command's modules load (`nopstream.cli.startup`)
 
-sys.exit(main())
+from nopstream.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

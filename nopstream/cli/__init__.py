@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from nopstream import exits, safefiles, stacks
-from nopstream.cli import arguments, coordinator, jobs, node, signals
+from nopstream.cli import arguments, coordinator, jobs, node, signals, startup
 from nopstream.model.errors import ModelError
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -29,6 +29,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "savepoint": coordinator.cmd_savepoint,
     "operator": node.cmd_operator,
 }
+_LOADING_THEIR_OWN = frozenset({"run", "chaos", "task", "coordinator", "operator"})
+"""The commands that import their modules as they start, then call `startup.loaded` themselves."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -44,6 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stacks.install()  # `kill -USR1` shows where a process waits, in its log
     if getattr(args, "namespace", None) is not None and getattr(args, "backend", None) == "local":
         parser.error("--namespace is a Kubernetes namespace: it needs --backend kubernetes")
+    if args.command not in _LOADING_THEIR_OWN:
+        startup.loaded()
     try:
         return _COMMANDS[args.command](args)
     except ModelError as err:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from nopstream import exits
+from nopstream.cli import startup
 from nopstream.cli.signals import terminated, unwind_on_sigterm
 from nopstream.model.errors import ModelError
 from nopstream.model.load import LoadedModel, load_file
@@ -62,6 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run a job to completion on this machine; exit 3 with the task's error when it fails."""
     from nopstream.local import launch, runner
 
+    startup.loaded()
     loaded = load_file(args.file)
     unwind_on_sigterm()
     options = runner.RunOptions(
@@ -130,6 +132,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     every step, unless --allow-shallow), 1 when not, 3 when a run fails."""
     from nopstream.local import chaos
 
+    startup.loaded()
     compiler.compile_model(load_file(args.file))  # refuse an invalid job first
     settings = chaos.ChaosSettings(
         kills=args.kills,

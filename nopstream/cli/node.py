@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, NoReturn
 
 from nopstream import exits
+from nopstream.cli import startup
 from nopstream.cli.signals import exit_on_sigterm
 
 if TYPE_CHECKING:
@@ -32,12 +33,14 @@ def cmd_node(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     exit_on_sigterm(args.command)
     if args.command == "coordinator":
+        startup.loaded()
         if config.health_port is not None:
             liveness.serve(config.host, config.health_port)
         _leave(exits.OK if asyncio.run(coordinator.serve(config)) == 0 else exits.JOB_FAILED)
     if config.resident:  # a pod's: a task process forked per run it serves
         from nopstream.node import task  # noqa: F401  imported once, here: every task process inherits it
 
+        startup.loaded()
         _leave(resident.host(lambda start: _task(config, start)))
     _task(config)
 
@@ -47,6 +50,7 @@ def _task(config: NodeSettings, start: Start | None = None) -> NoReturn:
     from nopstream.errors import RestoreRefused
     from nopstream.node import cpu, lifetime, liveness, recovery, task
 
+    startup.loaded()
     if config.health_port is not None:
         liveness.serve(config.host, config.health_port)
     cpu.ask_for_long_turns()
@@ -79,5 +83,6 @@ def cmd_operator(args: argparse.Namespace) -> int:
     """Run the operator until it is stopped."""
     from nopstream_operator import handlers
 
+    startup.loaded()
     handlers.run(liveness=args.liveness)
     return exits.OK
