@@ -74,19 +74,7 @@ def _running(w: World, job: str, role: str) -> list[dict[str, Any]]:
 def pause(w: World, pod: dict[str, Any]) -> Callable[[], None]:
     """SIGSTOP the pod's processes (a task pod's first process, then the task process it forked); the
     heal continues them (gone by then: killed by the liveness probe)."""
-    assert w.cluster is not None
-    # the pod's status may still name a container that just ended (a CI run's first pause found
-    # none): read the pod again until a node runs the container it names
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            pid = w.cluster.container_pid(pod["status"]["containerStatuses"][0]["containerID"])
-            break
-        except LookupError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-            pod = _pod(w, pod["metadata"]["name"])
+    pid = w.container_pid(pod["metadata"]["name"])
     os.kill(pid, signal.SIGSTOP)
     stopped = [pid, *kills.children(pid)]
     for child in stopped[1:]:

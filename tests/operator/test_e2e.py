@@ -51,7 +51,7 @@ from e2e.cluster import Cluster
 from e2e.node import CLUSTER_DOMAIN, E2E_IMAGE, NODE_IP, NODE_NAME, NODES
 from nopstream.local import kills
 from tests.conftest import EXAMPLES, ROOT, s3_records
-from tests.operator import nemesis
+from tests.operator import e2efns, nemesis
 
 if TYPE_CHECKING:
     from minio import Minio
@@ -90,7 +90,8 @@ class World:
 
     def etcd_backend(self) -> EtcdBackend:
         """A client of the jobs' etcd, as this process reaches it."""
-        from nopstream.cluster.etcd import EtcdBackend, read_access
+        from nopstream.cluster.etcd import EtcdBackend
+        from nopstream.cluster.etcd_access import read_access
 
         host, _, port = self.etcd.rpartition(":")
         access = read_access(self.etcd_access) if self.etcd_access is not None else None
@@ -171,12 +172,25 @@ class World:
         out = self.kubectl("get", "pods", "-l", f"nopstream.io/job={job}", "-o", "json")
         return json.loads(out)["items"]
 
+    def container_pid(self, pod: str, timeout: float = 15.0) -> int:
+        """The host PID of the pod's container on our nodes. The pod's status may still name a
+        container that just ended (a CI run's pause and a kill found none): the pod is read again
+        until a node runs the container it names."""
+        assert self.cluster is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            status = json.loads(self.kubectl("get", "pod", pod, "-o", "json"))["status"]
+            with contextlib.suppress(LookupError, KeyError, IndexError):
+                return self.cluster.container_pid(status["containerStatuses"][0]["containerID"])
+            if time.monotonic() > deadline:
+                raise LookupError(f"no node runs the container of pod {pod} ({status.get('phase')})")
+            time.sleep(0.5)
+
     def kill(self, pod: str, nonce: int) -> None:
         """Kill a pod: on our nodes, odd nonces SIGKILL its container's process from outside (as
         the OOM killer would) and even ones force-delete it; on any cluster, force-delete it."""
         if self.cluster is not None and nonce % 2:
-            status = json.loads(self.kubectl("get", "pod", pod, "-o", "json"))["status"]
-            os.kill(self.cluster.container_pid(status["containerStatuses"][0]["containerID"]), signal.SIGKILL)
+            os.kill(self.container_pid(pod), signal.SIGKILL)
         else:
             self.kubectl("delete", "pod", pod, "--grace-period=0", "--force", "--wait=false")
 
@@ -429,6 +443,13 @@ def upload_lines(client, bucket: str, rng: random.Random, *, files: int, lines: 
         client.put_object(bucket, f"in/part-{f}.txt", io.BytesIO(data), len(data))
 
 
+def release(client, bucket: str) -> None:
+    """End the pacing of the jobs reading `bucket` (`e2efns.RELEASE`): their faults are done, so the
+    rest of their input runs at full speed (within a second or two: each task process looks once a
+    second)."""
+    client.put_object(bucket, e2efns.RELEASE, io.BytesIO(b""), 0)
+
+
 @dataclass
 class CleanRun:
     """`nopstream run` of a model on the embedded default (no cluster, no faults), in the background:
@@ -654,6 +675,7 @@ def test_wordcount_survives_pod_kills_refuses_a_key_change_and_settles(world, s3
     coordinator = leader(w, "wordcount")
     run_before = w.job("wordcount")["status"]["run"]
     w.kill(coordinator, 99)
+    release(s3_client, bucket)
     w.wait("Succeeded", lambda: w.job("wordcount")["status"].get("phase") == "Succeeded", timeout=400)
     status = w.job("wordcount")["status"]
     assert kills == 5, "the job ended before five kills"
@@ -765,6 +787,7 @@ def test_a_savepoint_on_request_then_suspend_and_resume(world, s3_client, bucket
     assert status["suspendedAt"] > saved[0]["epoch"]
     run = status["run"]
     patch({"suspend": False})
+    release(s3_client, bucket)
     w.wait("Succeeded", lambda: w.job("pausable")["status"].get("phase") == "Succeeded", timeout=300)
     status = w.job("pausable")["status"]
     assert status["run"] == run + 1 and status["recoveries"] == 0
@@ -877,6 +900,7 @@ def test_a_stopped_task_turns_ready_false_then_fails_its_pod_and_the_recovered_j
     w.wait(
         "Degraded=False again", lambda: condition(w, "stalls", "Degraded")["status"] == "False", timeout=60
     )
+    release(s3_client, bucket)
     w.wait("Succeeded", lambda: w.job("stalls")["status"].get("phase") == "Succeeded", timeout=300)
     got, expected = s3_records(s3_client, bucket, "stalled/"), clean.output()
     assert got == expected, f"lost {sum((expected - got).values())}, doubled {sum((got - expected).values())}"
@@ -1188,6 +1212,7 @@ def test_the_enrichment_example_on_the_cluster_is_exact_through_pod_kills(
         "Running", lambda: w.job("enrichment").get("status", {}).get("phase") == "Running", job="enrichment"
     )
     kills = kill_tasks(w, random.Random(31), 2, first_nonce=300, job="enrichment")
+    release(s3_client, bucket)
     w.wait("Succeeded", lambda: w.job("enrichment")["status"].get("phase") == "Succeeded", timeout=300)
     assert kills == 2 and w.job("enrichment")["status"]["recoveries"] == 2, recovery_causes(w, "enrichment")
     clean.output()
@@ -1251,6 +1276,7 @@ def test_a_job_through_partitions_and_pauses_of_the_nemesis_is_exact(world, s3_c
     w.kubectl("apply", "-f", "-", input=json.dumps(wordcount("nemesis", bucket, w.pod_s3_url, "out")))
     w.wait("an epoch durable", lambda: w.job("nemesis").get("status", {}).get("latestDurableEpoch"))
     faults = nemesis.unleash(w, "nemesis", random.Random(seed), NEMESIS_FAULTS)
+    release(s3_client, bucket)
     said = f"seed {seed}: {faults}\n{recovery_causes(w, 'nemesis')}"
     assert len(faults) == NEMESIS_FAULTS, f"the job ended before {NEMESIS_FAULTS} faults; {said}"
     w.wait("Succeeded", lambda: w.job("nemesis")["status"].get("phase") == "Succeeded", timeout=600)
@@ -1296,6 +1322,7 @@ def test_a_lost_node_s_pods_are_replaced_on_the_other_node_and_the_output_is_exa
             "Running or Succeeded again",
             lambda: w.job("node-loss")["status"].get("phase") in ("Running", "Succeeded"),
         )
+        release(s3_client, bucket)
         w.wait("Succeeded", lambda: w.job("node-loss")["status"].get("phase") == "Succeeded", timeout=400)
     finally:
         w.cluster.restart_node("node-1")
@@ -1319,7 +1346,8 @@ def test_the_cluster_s_etcd_and_minio_refuse_whoever_lacks_the_jobs_credentials(
     from minio.error import InvalidResponseError, S3Error
 
     from nopstream.cluster.backend import StoreRefused, StoreUnavailable
-    from nopstream.cluster.etcd import EtcdBackend, read_access
+    from nopstream.cluster.etcd import EtcdBackend
+    from nopstream.cluster.etcd_access import read_access
 
     w = world
     assert w.pki is not None and w.ca is not None
