@@ -45,7 +45,7 @@ def test_the_dockerfile_installs_the_runtime_lock_and_runs_commands_that_exist()
     assert names <= set(image_pins), names - set(image_pins)
     assert not {"pytest", "ruff", "mypy", "hypothesis"} & set(image_pins)  # no dev tools in the image
     # the entrypoint is the console script, and the pods' commands are its subcommands
-    assert project["scripts"]["nopstream"] == "nopstream.cli:main"
+    assert project["scripts"]["nopstream"] == "nopstream.__main__:main"  # the collector off as it loads
     assert 'ENTRYPOINT ["nopstream"]' in text
     assert re.search(r"^USER 10001$", text, flags=re.MULTILINE)  # not root
     # both stages on one base: the public slim image by default (the e2e node builds on its own)
