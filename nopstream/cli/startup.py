@@ -1,8 +1,8 @@
 """A command's start: the garbage collector is off while its modules load, on once they are loaded.
 
 Loading the modules of `nopstream run` makes long-lived objects only (classes, pydantic
-schemas, functions), and collecting while they come cost a fifth of the process's start
-(0.84 -> 0.65 CPU seconds for those imports here). `nopstream.__main__`, the entry of the
+schemas, functions), and collecting while they come was about a fifth of the imports' CPU
+(docs/runtime.md). `nopstream.__main__`, the entry of the
 console script and of `python -m nopstream`, turns the collector off before anything
 loads; a command that loads modules of its own calls `loaded` after its imports, and
 `cli.main` calls it for the others.
