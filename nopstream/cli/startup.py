@@ -2,10 +2,10 @@
 
 Loading the modules of `nopstream run` makes long-lived objects only (classes, pydantic
 schemas, functions), and collecting while they come was about a fifth of the imports' CPU
-(docs/runtime.md). `nopstream.__main__`, the entry of the
-console script and of `python -m nopstream`, turns the collector off before anything
-loads; a command that loads modules of its own calls `loaded` after its imports, and
-`cli.main` calls it for the others.
+(docs/runtime.md). `nopstream.__main__`, the entry of the console script and of
+`python -m nopstream`, turns the collector off before anything loads; a command that
+loads modules of its own calls `loaded` after its imports, and `cli.main` calls it for
+the others.
 """
 
 from __future__ import annotations
