@@ -32,15 +32,14 @@ def cmd_node(args: argparse.Namespace) -> int:
         lifetime.die_with_parent(config.parent)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     exit_on_sigterm(args.command)
+    if args.command == "task":  # imported once, here: the task processes a pod forks inherit it
+        from nopstream.node import task  # noqa: F401
+    startup.loaded()
     if args.command == "coordinator":
-        startup.loaded()
         if config.health_port is not None:
             liveness.serve(config.host, config.health_port)
         _leave(exits.OK if asyncio.run(coordinator.serve(config)) == 0 else exits.JOB_FAILED)
     if config.resident:  # a pod's: a task process forked per run it serves
-        from nopstream.node import task  # noqa: F401  imported once, here: every task process inherits it
-
-        startup.loaded()
         _leave(resident.host(lambda start: _task(config, start)))
     _task(config)
 
@@ -50,7 +49,6 @@ def _task(config: NodeSettings, start: Start | None = None) -> NoReturn:
     from nopstream.errors import RestoreRefused
     from nopstream.node import cpu, lifetime, liveness, recovery, task
 
-    startup.loaded()
     if config.health_port is not None:
         liveness.serve(config.host, config.health_port)
     cpu.ask_for_long_turns()
