@@ -33,10 +33,14 @@ def test_the_python_tutorial_runs_as_written(tmp_path):
         (bin_dir / name).chmod(0o755)
     work = tmp_path / "work"
     work.mkdir()
+    (temp := tmp_path / "tmp").mkdir()
     env = {
         **os.environ,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(work)]),
+        # the page's pytest keeps its temporary directories here: in the shared one it pruned the
+        # directories earlier runs left (40 s once) and could meet another session's
+        "TMPDIR": str(temp),
     }
     done = steps(PAGE.read_text())
     assert [kind for kind, _ in done] == ["file", "file", "console", "console", "console"]
