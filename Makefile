@@ -15,8 +15,9 @@ PY = $(VENV)/bin/python
 JOB ?= examples/wordcount.yaml
 # Test processes side by side (pytest-xdist); each starts its own servers, and the
 # tests of the one Kubernetes cluster stay together on one of them (xdist_group "kube").
-# Two on two cores: a third gained nothing clear (docs/servers.md, "What a CI run costs").
-TEST_WORKERS ?= 2
+# Three on two cores: the tests wait on servers, pods and each other, and two workers left a
+# fifth of the machine idle (docs/servers.md, "What a CI run costs").
+TEST_WORKERS ?= 3
 
 .PHONY: run test lint setup servers bench
 

@@ -14,6 +14,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 QUIET = {"log_level": 2}
+SETTLE_S = 5.0
+"""How long `Topics.committed` waits for the partitions' stable offsets to reach their ends."""
 
 
 class Topics:
@@ -113,10 +115,7 @@ class Topics:
         )
         meta = consumer.list_topics(topic, timeout=30).topics[topic]
         parts = [TopicPartition(topic, p, 0) for p in meta.partitions]
-        ends = {}
-        for tp in parts:
-            _, high = consumer.get_watermark_offsets(tp, timeout=30)
-            ends[tp.partition] = high
+        ends = self._stable_ends(consumer, parts)
         consumer.assign(parts)
         out: Counter[str] = Counter()
         done = {p for p, e in ends.items() if e == 0}
@@ -129,3 +128,27 @@ class Topics:
                     done.add(tp.partition)
         consumer.close()
         return out
+
+    def _stable_ends(self, consumer: Consumer, parts: list[TopicPartition]) -> dict[int, int]:
+        """Each partition's last stable offset, as a read_committed `consumer` is told it, once it reached
+        where the log ended before (or SETTLE_S passed): a transaction's commit returns before the broker
+        writes its markers to the partitions (a CI run read an epoch just committed as nothing), and a
+        transaction left open holds it back until it ends."""
+        every = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": "ends",
+                "isolation.level": "read_uncommitted",
+                **QUIET,
+            }
+        )
+        try:
+            logs = {tp.partition: every.get_watermark_offsets(tp, timeout=30)[1] for tp in parts}
+        finally:
+            every.close()
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            stable = {tp.partition: consumer.get_watermark_offsets(tp, timeout=30)[1] for tp in parts}
+            if all(stable[p] >= end for p, end in logs.items()) or time.monotonic() >= deadline:
+                return stable
+            time.sleep(0.05)
