@@ -1,8 +1,8 @@
-"""How the commands take SIGTERM: a local run unwinds as from Ctrl-C, a cluster job's process exits."""
+"""How a local run takes SIGTERM: it unwinds as from Ctrl-C (a cluster job's process exits at once:
+`node.process.exit_on_sigterm`)."""
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from types import FrameType
@@ -41,20 +41,3 @@ def _loop_running() -> bool:
         return asyncio is not None and asyncio.get_running_loop() is not None
     except RuntimeError:
         return False
-
-
-def exit_on_sigterm(command: str) -> None:
-    """Exit at once on SIGTERM, with the status its default action gives (143).
-
-    A container's first process has no default signal actions: without a handler it
-    would ignore SIGTERM and its pod would take the whole grace period to stop. Exiting
-    without cleanup is what the default action does outside a container, and what a job
-    recovers from anyway: its state is in its durable epochs, not in this process.
-    """
-    import signal
-
-    def stop(signum: int, _frame: object) -> None:
-        print(f"nopstream {command}: stopped by SIGTERM", file=sys.stderr, flush=True)
-        os._exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)

@@ -238,7 +238,6 @@ def _run(
             *planned,
             progress,
             fault_dir,
-            etcd=settings.etcd is not None,
             first_kill=settings.first_kill,
             between_kills=settings.between_kills,
             fault_wait=settings.fault_wait,

@@ -125,7 +125,6 @@ class Schedule:
         progress: Progress,
         faults_dir: Path,
         *,
-        etcd: bool,
         first_kill: tuple[float, float],
         between_kills: tuple[float, float],
         fault_wait: float,
@@ -138,7 +137,6 @@ class Schedule:
         self.rng = rng
         self.progress = progress
         self.faults_dir = faults_dir
-        self.etcd = etcd
         self.first_kill, self.between_kills = first_kill, between_kills
         self.fault_wait = fault_wait
         self.savepoint = savepoint
@@ -201,7 +199,7 @@ class Schedule:
     def _kill(self, proc: Child, *, roll: float | None = None) -> bool:
         """SIGKILL a task, a coordinator candidate or the whole runner (by `roll`, random by default:
         1.0 is a task); True for the whole runner."""
-        victims = _victims(proc.pid, etcd=self.etcd)
+        victims = _victims(proc.pid)
         roll = self.rng.random() if roll is None else roll
         kind = "coordinator" if roll < 0.4 and victims["coordinator"] else "task"
         if roll < 0.2 or not victims[kind]:  # no task process between two attempts: the runner then
@@ -306,16 +304,15 @@ def _sleep(proc: Child, seconds: float) -> None:
         time.sleep(min(POLL, left))
 
 
-def _victims(pid: int, *, etcd: bool) -> dict[str, list[int]]:
-    """The runner's task processes and coordinator candidates (Linux /proc)."""
+def _victims(pid: int) -> dict[str, list[int]]:
+    """The runner's task processes and coordinator candidates, by the titles they show in `ps` (Linux
+    /proc): `nopstream task ...`, `nopstream coordinator ...`; a process forked a moment ago has none yet."""
     found: dict[str, list[int]] = {"task": [], "coordinator": []}
     for child in children(pid):
-        role = "task"
-        if etcd:
-            with contextlib.suppress(OSError):
-                argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-                role = "coordinator" if b"coordinator" in argv else "task"
-        found[role].append(child)
+        with contextlib.suppress(OSError):
+            title = Path(f"/proc/{child}/cmdline").read_bytes().split(b" ")[:2]
+            if title in ([b"nopstream", b"task"], [b"nopstream", b"coordinator"]):
+                found[title[1].decode()].append(child)
     return found
 
 

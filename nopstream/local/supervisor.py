@@ -2,9 +2,10 @@
 
 Two coordinator processes (`nopstream coordinator`; one leads through etcd) and one
 process per task (`nopstream task`), configured by the same NOPSTREAM_* variables
-as the pods. When a task process fails or dies, the supervisor does what the
-operator does: it advances the run by compare-and-swap in etcd, stops every task of
-the old run and starts the new run's, which restore from the run's restore point.
+as the pods, each forked ready-loaded by the command's zygote (`local.zygote`). When
+a task process fails or dies, the supervisor does what the operator does: it advances
+the run by compare-and-swap in etcd, stops every task of the old run and starts the
+new run's, which restore from the run's restore point.
 When a coordinator process dies another candidate is started in its place; the
 standby takes over without a global recovery.
 """
@@ -25,9 +26,10 @@ from nopstream.cluster.etcd import EtcdBackend
 from nopstream.cluster.etcd_access import access_from_env
 from nopstream.cluster.layout import Layout
 from nopstream.cluster.registry import Registry
+from nopstream.connectors import registry as connector_registry
 from nopstream.errors import REFUSED_EXITS, Refusal, StartRefused
-from nopstream.local import ownership
-from nopstream.local.children import Child, spawn, stop_all
+from nopstream.local import ownership, zygote
+from nopstream.local.children import Child, stop_all
 from nopstream.local.etcd_calls import EtcdCalls
 from nopstream.local.runner import JobFailed, RunOptions, RunResult, new_lineage, starting_point
 from nopstream.node import checkpointing, recovery
@@ -44,6 +46,8 @@ ETCD_WAIT_S = 30.0
 RUN_CHECK_S = 1.0
 """How often the supervisor checks that etcd still holds the run (etcd may lose its data)."""
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+_ROLES_MODULES = ("nopstream.cli", "nopstream.node.task", "nopstream.node.coordinator")
+"""What the zygote loads once for every process it forks."""
 
 
 class Supervisor:
@@ -64,16 +68,26 @@ class Supervisor:
         self.started_candidates = 0
         self.lineage: NewLineage | None = None
         self.calls: EtcdCalls | None = None
+        self.zygote: zygote.Zygote | None = None
 
     def run(self) -> RunResult:
         """Run the job to its end, holding its checkpoint namespace; JobFailed after too many failures."""
         storage = checkpointing.open_storage(self.plans.deployment)
-        with ownership.hold(storage, self.plans.partitioned, holder=f"nopstream run --etcd {self.etcd}"):
-            self.calls = EtcdCalls(self.etcd, access_from_env())  # its processes inherit the variable
-            try:
-                return self._run(self.calls)
-            finally:
-                self.calls.close()
+        # forked before the first thread (the etcd client's) and before the namespace's lock is opened
+        connector_registry.preload(
+            self.plans.partitioned.operators().values()
+        )  # loaded there once, as with `run`
+        title = f"nopstream zygote {self.plans.partitioned.identity.job_id}"
+        self.zygote = zygote.start(title, _ROLES_MODULES, self.home / "logs" / "zygote.log")
+        try:
+            with ownership.hold(storage, self.plans.partitioned, holder=f"nopstream run --etcd {self.etcd}"):
+                self.calls = EtcdCalls(self.etcd, access_from_env())  # its processes inherit the variable
+                try:
+                    return self._run(self.calls)
+                finally:
+                    self.calls.close()
+        finally:
+            self.zygote.close()
 
     def _run(self, calls: EtcdCalls) -> RunResult:
         """Run the job to its end with the command's etcd client `calls` (also `self.calls`, for the
@@ -206,6 +220,7 @@ class Supervisor:
         ]
 
     def _spawn(self, role: str, name: str, *, task_id: str | None = None, run: int | None = None) -> Child:
+        assert self.zygote is not None
         path = [*self.options.python_path, _PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")]
         env = {
             **os.environ,
@@ -223,9 +238,12 @@ class Supervisor:
             ).to_env(),
         }
         # appended to: a runner started again names its coordinators from 0 again
-        return spawn(
-            name, [sys.executable, "-m", "nopstream", role], log=self.home / "logs" / f"{name}.log", env=env
-        )
+        log = self.home / "logs" / f"{name}.log"
+        order = zygote.Order(role, f"nopstream {role} {name}", str(log), env, self.options.python_path)
+        try:
+            return self.zygote.fork(name, order)
+        except zygote.ForkFailed as failed:
+            raise JobFailed(str(failed)) from None
 
 
 T = TypeVar("T")

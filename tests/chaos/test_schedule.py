@@ -52,7 +52,6 @@ def test_a_savepoint_a_recovery_dropped_is_asked_for_again(tmp_path, monkeypatch
         random.Random(0),
         progress,  # type: ignore[arg-type]
         tmp_path,
-        etcd=False,
         first_kill=(0.0, 0.0),
         between_kills=(0.0, 0.0),
         fault_wait=3.0,

@@ -246,7 +246,6 @@ def test_sink_steps_left_at_the_end_of_a_schedule_are_reached_in_turn_by_the_las
         random.Random(1),
         progress,
         folder,
-        etcd=False,
         first_kill=(0, 0),
         between_kills=(0, 0),
         fault_wait=60,

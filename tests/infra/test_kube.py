@@ -196,7 +196,7 @@ def test_a_nopstream_process_as_a_containers_first_process_stops_at_once_on_sigt
     # PID 1 of a container has no default signal actions: without the handler `nopstream task`
     # and `nopstream coordinator` install, this pod would take its whole 30 s grace period.
     wait = (
-        "from nopstream.cli.signals import exit_on_sigterm; exit_on_sigterm('task');"
+        "from nopstream.node.process import exit_on_sigterm; exit_on_sigterm('task');"
         " import time; time.sleep(600)"
     )
     pod = running_pod(cluster, "term", ["python", "-c", wait], terminationGracePeriodSeconds=30)

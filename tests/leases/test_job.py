@@ -62,7 +62,8 @@ def start(workdir: Path, etcd: str, env: dict[str, str] | None = None) -> subpro
 
 
 def children(pid: int) -> dict[str, int]:
-    """The supervisor's processes by their NOPSTREAM_ATTEMPT name (Linux /proc)."""
+    """The supervisor's processes by their NOPSTREAM_ATTEMPT name, which each shows in `ps` after its
+    role (`nopstream task NAME`; Linux /proc)."""
     found = {}
     try:
         pids = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -70,12 +71,11 @@ def children(pid: int) -> dict[str, int]:
         return {}
     for child in pids:
         try:
-            env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            title = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0].split(b" ")
         except (FileNotFoundError, ProcessLookupError):
             continue
-        for item in env:
-            if item.startswith(b"NOPSTREAM_ATTEMPT="):
-                found[item.split(b"=", 1)[1].decode()] = child
+        if title[:1] == [b"nopstream"] and title[1:2] in ([b"task"], [b"coordinator"]) and len(title) == 3:
+            found[title[2].decode()] = child
     return found
 
 
