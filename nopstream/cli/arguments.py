@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from nopstream.cluster.etcd_access import START_WAIT_S
 from nopstream.node import recovery
 from nopstream.plan import compiler
 
@@ -50,6 +51,12 @@ def parser() -> argparse.ArgumentParser:
         type=_host_port,
         metavar="HOST:PORT",
         help="coordinate through this etcd server: coordinator and task processes as on Kubernetes",
+    )
+    p.add_argument(
+        "--etcd-wait",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help=f"with --etcd: how long to wait for etcd to answer at the start (default {START_WAIT_S:g})",
     )
     p = sub.add_parser(
         "chaos", help="run a job clean, then under random SIGKILLs; compare the committed outputs exactly"

@@ -9,6 +9,7 @@ from pathlib import Path
 from nopstream import exits
 from nopstream.cli import startup
 from nopstream.cli.signals import terminated, unwind_on_sigterm
+from nopstream.cluster.etcd_access import START_WAIT_S
 from nopstream.model.errors import ModelError
 from nopstream.model.load import LoadedModel, load_file
 from nopstream.plan import compiler
@@ -80,11 +81,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.etcd and args.in_process:
         print("nopstream run: --etcd and --in-process exclude each other", file=sys.stderr)
         return exits.USAGE
+    if args.etcd_wait is not None and not args.etcd:
+        print("nopstream run: --etcd-wait needs --etcd", file=sys.stderr)
+        return exits.USAGE
     if args.fresh and args.restore_from is not None:
         print("nopstream run: --fresh and --restore-from exclude each other", file=sys.stderr)
         return exits.USAGE
     try:
-        launched = launch.launch(loaded, options, etcd=args.etcd)
+        wait = START_WAIT_S if args.etcd_wait is None else args.etcd_wait
+        launched = launch.launch(loaded, options, etcd=args.etcd, etcd_wait=wait)
     except launch.RunError as err:
         print(err, file=sys.stderr)
         return err.exit_code

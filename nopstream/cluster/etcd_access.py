@@ -22,6 +22,8 @@ ACCESS_FILES = ("ca.crt", "tls.crt", "tls.key", "username", "password")
 
 ACCESS_ENV = "NOPSTREAM_ETCD_ACCESS"
 """The variable naming an etcd access directory; unset: plain text, nobody named."""
+START_WAIT_S = 30.0
+"""How long `nopstream run --etcd` waits for etcd to answer at its start, unless `--etcd-wait` says."""
 
 
 class AccessError(ValueError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nopstream import errors, exits, safefiles
+from nopstream.cluster.etcd_access import START_WAIT_S
 from nopstream.local import preflight, runner
 from nopstream.local.ownership import NamespaceHeld
 from nopstream.model.load import LoadedModel
@@ -51,9 +52,15 @@ class Launched:
     result: runner.RunResult
 
 
-def launch(loaded: LoadedModel, options: runner.RunOptions, *, etcd: str | None = None) -> Launched:
-    """Compile, check and run the job to its end; ModelError when it is invalid, RunError when it cannot
-    run or fails."""
+def launch(
+    loaded: LoadedModel,
+    options: runner.RunOptions,
+    *,
+    etcd: str | None = None,
+    etcd_wait: float = START_WAIT_S,
+) -> Launched:
+    """Compile, check and run the job to its end (coordinated through `etcd`, waited for at most `etcd_wait`
+    seconds at the start when given); ModelError when it is invalid, RunError when it cannot run or fails."""
     from nopstream.cluster.backend import StoreRefused
     from nopstream.cluster.etcd_access import AccessError, access_from_env
     from nopstream.node.settings import SettingsError
@@ -75,7 +82,7 @@ def launch(loaded: LoadedModel, options: runner.RunOptions, *, etcd: str | None 
         if etcd is not None:
             from nopstream.local.supervisor import Supervisor
 
-            return Launched(plans, Supervisor(plans, options, etcd).run())
+            return Launched(plans, Supervisor(plans, options, etcd, wait_s=etcd_wait).run())
         return Launched(plans, runner.run_job(plans, options))
     except errors.BadInput as bad:  # a record no run can take: not retried
         raise RunFailed(f"job '{job}' failed: {bad}") from None

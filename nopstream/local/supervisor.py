@@ -41,8 +41,6 @@ from nopstream.plan.deployment import resource_name
 LEASE_TTL = 4
 CANDIDATES = 2
 _SETTLE = 0.5  # seconds a task death waits for a refusal of another task to show
-ETCD_WAIT_S = 30.0
-"""How long `nopstream run --etcd` waits for etcd to answer at its start before it gives up (exit 3)."""
 RUN_CHECK_S = 1.0
 """How often the supervisor checks that etcd still holds the run (etcd may lose its data)."""
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
@@ -53,11 +51,15 @@ _ROLES_MODULES = ("nopstream.cli", "nopstream.node.task", "nopstream.node.coordi
 class Supervisor:
     """Starts and watches one job's processes on this machine."""
 
-    def __init__(self, plans: compiler.CompiledPlans, options: RunOptions, etcd: str) -> None:
-        """Run `plans` coordinated by the etcd server at `etcd` (host:port)."""
+    def __init__(
+        self, plans: compiler.CompiledPlans, options: RunOptions, etcd: str, *, wait_s: float
+    ) -> None:
+        """Run `plans` coordinated by the etcd server at `etcd` (host:port), waited for at most `wait_s`
+        seconds at the start (exit 3 after)."""
         self.plans = plans
         self.options = options
         self.etcd = etcd
+        self.wait_s = wait_s
         ident = plans.partitioned.identity
         self.layout = Layout(plans.deployment.namespace, ident.job_id, ident.pipeline_id)
         self.home = options.run_files(ident.job_id) / "cluster"
@@ -99,7 +101,7 @@ class Supervisor:
         guard.write_secret(self.secret_file, guard.new_secret())  # one per command, as with `run`
         authority.issue(self.plans.partitioned.identity.job_id).write(self.home)  # and its TLS, beside it
         try:  # from here on the secret and the key are removed however the command ends
-            _reach(calls, quiet=self.options.quiet)
+            _reach(calls, self.wait_s, quiet=self.options.quiet)
             self.lineage = new_lineage(self.options)
             if self.lineage is None:  # where its coordinator will start (read only): a changed plan checked
                 starting_point(
@@ -258,9 +260,9 @@ def _retried(calls: EtcdCalls, call: Callable[[EtcdBackend], Awaitable[T]]) -> T
             time.sleep(0.5)
 
 
-def _reach(calls: EtcdCalls, *, quiet: bool) -> None:
-    """Return once etcd answers; say once that it waits; StartRefused after ETCD_WAIT_S."""
-    deadline = time.monotonic() + ETCD_WAIT_S
+def _reach(calls: EtcdCalls, wait_s: float, *, quiet: bool) -> None:
+    """Return once etcd answers; say once that it waits; StartRefused after `wait_s` seconds."""
+    deadline = time.monotonic() + wait_s
     said = False
     while True:
         try:
@@ -269,10 +271,10 @@ def _reach(calls: EtcdCalls, *, quiet: bool) -> None:
         except StoreUnavailable:
             if time.monotonic() >= deadline:
                 raise StartRefused(
-                    f"etcd at {calls.where} did not answer within {ETCD_WAIT_S:g} s (is it running there?)"
+                    f"etcd at {calls.where} did not answer within {wait_s:g} s (is it running there?)"
                 ) from None
             if not said and not quiet:
-                print(f"waiting for etcd at {calls.where} (at most {ETCD_WAIT_S:g} s)", file=sys.stderr)
+                print(f"waiting for etcd at {calls.where} (at most {wait_s:g} s)", file=sys.stderr)
                 said = True
             time.sleep(0.5)
 

@@ -103,6 +103,11 @@ def test_options_out_of_range_are_usage_errors(tmp_path):
             "argument --etcd: 'nope' is not HOST:PORT (a port from 1 to 65535)",
         ),
         (["status", "job.yaml", "--etcd", "h:99999"], "argument --etcd: 'h:99999' is not HOST:PORT"),
+        (
+            ["run", "job.yaml", "--etcd-wait", "0"],
+            "argument --etcd-wait: 0 is not a number of seconds above 0",
+        ),
+        (["run", "job.yaml", "--etcd-wait", "5"], "nopstream run: --etcd-wait needs --etcd"),
     ):
         result = run_nopstream(*args, cwd=tmp_path)
         assert result.code == 2 and why in result.err, (args, result.err)
