@@ -244,6 +244,8 @@ def start_minio(workdir: Path, *, pki: Pki | None = None) -> Minio:
     access, secret = f"nop{secrets.token_hex(4)}", secrets.token_hex(16)
     data = workdir / "minio-data"
     data.mkdir(parents=True, exist_ok=True)
+    # not --quiet: what it waits on shows in its log (a fresh server's first bucket took 60 s in two
+    # CI runs; not reproduced on demand, loaded or not)
     argv = [
         binary("minio"),
         "server",
@@ -252,7 +254,6 @@ def start_minio(workdir: Path, *, pki: Pki | None = None) -> Minio:
         f"127.0.0.1:{port}",
         "--console-address",
         f"127.0.0.1:{console}",
-        "--quiet",
     ]
     scheme, context = "http", None
     if pki is not None:  # MinIO serves TLS when its certificates directory holds a key pair
