@@ -271,8 +271,13 @@ def test_forged_requests_to_the_coordinators_and_tasks_on_etcd_are_refused(
         assert leader.startswith("https://") and task_url.startswith("https://"), (leader, task_url)
         ok = guard.headers(secret)
         answers: dict[str, object] = {}
+        targets = {
+            "leader /ack": ("POST", leader + "/ack"),
+            "leader /api/v1/job": ("GET", leader + "/api/v1/job"),
+            "task /control/status": ("GET", task_url + "/control/status"),
+        }
         outsiders = await forge_without_the_certificate(
-            leader, task_url, secret, files / tls.CA_FILE, tmp_path / "other"
+            targets, secret, files / tls.CA_FILE, tmp_path / "other"
         )
         # a process with the job's files: the job's certificate, and what it sends checked still
         async with aiohttp.ClientSession(
@@ -338,10 +343,13 @@ def test_forged_requests_to_the_coordinators_and_tasks_on_etcd_are_refused(
     assert "nopstream_unauthorized_requests_total 7.0" in metrics  # and the 403 of /ack without a certificate
 
 
-def tls_context(ca: Path, certificate: tls.JobTls | None) -> ssl.SSLContext:
-    """A client trusting the job's CA (its certificate is no secret), presenting `certificate`'s."""
-    context = ssl.create_default_context(cafile=str(ca))
+def tls_context(ca: Path | None, certificate: tls.JobTls | None) -> ssl.SSLContext:
+    """A client trusting the job's CA (its certificate is no secret; None: trusting any server),
+    presenting `certificate`'s."""
+    context = ssl.create_default_context(cafile=None if ca is None else str(ca))
     context.check_hostname = False
+    if ca is None:
+        context.verify_mode = ssl.CERT_NONE
     if certificate is not None:
         directory = certificate.directory
         context.load_cert_chain(str(directory / tls.CERT_FILE), str(directory / tls.KEY_FILE))
@@ -349,10 +357,10 @@ def tls_context(ca: Path, certificate: tls.JobTls | None) -> ssl.SSLContext:
 
 
 async def forge_without_the_certificate(
-    leader: str, task_url: str, secret: str, ca: Path, other: Path
+    targets: dict[str, tuple[str, str]], secret: str, ca: Path | None, other: Path
 ) -> dict[str, object]:
-    """What the job's servers (their CA `ca`) answer clients without the job's certificate, each sending
-    the secret; another job's TLS files are made in `other`."""
+    """What the job's servers (their CA `ca`) answer at `targets` (name: method, https URL) clients
+    without the job's certificate, each sending `secret`; another job's TLS files are made in `other`."""
     other.mkdir()
     stranger = authority.issue("another-job").write(other)  # another job's: its CA is not this job's
     answers: dict[str, object] = {}
@@ -364,11 +372,7 @@ async def forge_without_the_certificate(
     for who, context in clients.items():
         connector = aiohttp.TCPConnector(ssl=context) if context is not None else None
         async with aiohttp.ClientSession(connector=connector, headers=guard.headers(secret)) as session:
-            for name, method, url in (
-                ("leader /ack", "POST", leader + "/ack"),
-                ("leader /api/v1/job", "GET", leader + "/api/v1/job"),
-                ("task /control/status", "GET", task_url + "/control/status"),
-            ):
+            for name, (method, url) in targets.items():
                 if context is None:
                     url = url.replace("https://", "http://", 1)
                 try:

@@ -557,6 +557,37 @@ def leader(w: World, job: str) -> str:
     return w.wait("the leading coordinator", lambda: asyncio.run(read()))
 
 
+def forged_without_the_job_s_certificate(w: World, job: str, pod: str) -> dict[str, object]:
+    """What the task process of `pod` answers, at the endpoint it registered for the current run, clients
+    without the job's certificate (`test_forged_requests.forge_without_the_certificate`), each sending a
+    secret of their own; reached through a forward from node-0, where the NetworkPolicy admits them."""
+    from urllib.parse import urlsplit
+
+    from nopstream.cluster.backend import StoreUnavailable
+    from nopstream.cluster.layout import Layout
+    from nopstream.cluster.registry import Registry
+    from tests.leases.test_forged_requests import forge_without_the_certificate
+
+    assert w.cluster is not None
+
+    async def registered() -> str | None:
+        backend = w.etcd_backend()
+        try:
+            registry = Registry(backend, Layout("default", job, "main"))
+            tasks = await registry.tasks(await registry.current_run())
+            return next((r.endpoint for r in tasks.values() if r.attempt == pod), None)
+        except StoreUnavailable:  # the forward into the namespace, on a busy node: ask again
+            return None
+        finally:
+            await backend.close()
+
+    endpoint = urlsplit(w.wait(f"{pod}'s registration", lambda: asyncio.run(registered())))
+    assert endpoint.scheme == "https" and endpoint.hostname and endpoint.port, endpoint
+    url = f"https://127.0.0.1:{w.cluster.forward(endpoint.hostname, endpoint.port)}/control/status"
+    targets = {"kept task /control/status": ("GET", url)}
+    return asyncio.run(forge_without_the_certificate(targets, "f" * 64, None, w.workdir / f"forger-{pod}"))
+
+
 def running_tasks(w: World, job: str, run: int) -> list[str]:
     """The names of run `run`'s task pods that are running."""
     return [
@@ -1240,7 +1271,19 @@ def test_the_enrichment_example_on_the_cluster_is_exact_through_pod_kills(
     w.wait(
         "Running", lambda: w.job("enrichment").get("status", {}).get("phase") == "Running", job="enrichment"
     )
+    first = running_tasks(w, "enrichment", 1)
     kills = kill_tasks(w, random.Random(31), 2, first_nonce=300, job="enrichment")
+    if w.cluster is not None:  # a task pod kept through both recoveries, reached as any pod could
+        kept = sorted(set(first) & set(running_tasks(w, "enrichment", w.job("enrichment")["status"]["run"])))
+        assert kept, (first, recovery_causes(w, "enrichment"))
+        assert forged_without_the_job_s_certificate(w, "enrichment", kept[0]) == {
+            f"{who}: kept task /control/status": answer
+            for who, answer in (
+                ("plain http", "disconnected"),
+                ("no certificate", 401),  # nor the job's secret: 403 for the certificate comes after
+                ("another job's certificate", "disconnected"),
+            )
+        }
     release(s3_client, bucket)
     w.wait("Succeeded", lambda: w.job("enrichment")["status"].get("phase") == "Succeeded", timeout=300)
     assert kills == 2 and w.job("enrichment")["status"]["recoveries"] == 2, recovery_causes(w, "enrichment")
