@@ -44,7 +44,7 @@ _SETTLE = 0.5  # seconds a task death waits for a refusal of another task to sho
 RUN_CHECK_S = 1.0
 """How often the supervisor checks that etcd still holds the run (etcd may lose its data)."""
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
-_ROLES_MODULES = ("nopstream.cli", "nopstream.node.task", "nopstream.node.coordinator")
+_ROLES_MODULES = ("nopstream.node.process", "nopstream.node.task", "nopstream.node.coordinator")
 """What the zygote loads once for every process it forks."""
 
 
