@@ -61,21 +61,29 @@ def start(workdir: Path, etcd: str, env: dict[str, str] | None = None) -> subpro
     )
 
 
-def children(pid: int) -> dict[str, int]:
-    """The supervisor's processes by their NOPSTREAM_ATTEMPT name, which each shows in `ps` after its
-    role (`nopstream task NAME`; Linux /proc)."""
+def titles(pid: int) -> dict[int, str]:
+    """The children of `pid` by PID, each as its title in `ps` (Linux /proc; none once it is gone)."""
     found = {}
     try:
-        pids = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        pids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except FileNotFoundError:
         return {}
     for child in pids:
         try:
-            title = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0].split(b" ")
+            found[int(child)] = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0].decode()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if title[:1] == [b"nopstream"] and title[1:2] in ([b"task"], [b"coordinator"]) and len(title) == 3:
-            found[title[2].decode()] = child
+    return found
+
+
+def children(pid: int) -> dict[str, int]:
+    """The supervisor's processes by their NOPSTREAM_ATTEMPT name, which each shows in `ps` after its
+    role (`nopstream task NAME`)."""
+    found = {}
+    for child, title in titles(pid).items():
+        words = title.split(" ")
+        if words[:1] == ["nopstream"] and words[1:2] in (["task"], ["coordinator"]) and len(words) == 3:
+            found[words[2]] = child
     return found
 
 

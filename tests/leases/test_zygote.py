@@ -15,18 +15,7 @@ from pathlib import Path
 from nopstream.model.load import load_file
 from nopstream.plan import compiler
 from tests.checkpointing.test_faults import committed
-from tests.leases.test_job import expected_then_start, start, wait_for_commits
-
-
-def titles(pid: int) -> dict[int, str]:
-    """The children of `pid` by PID, each as its title in `ps` (Linux /proc)."""
-    found = {}
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        try:
-            found[int(child)] = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0].decode()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return found
+from tests.leases.test_job import expected_then_start, start, titles, wait_for_commits
 
 
 def alive(pid: int) -> bool:

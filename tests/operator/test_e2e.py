@@ -55,6 +55,7 @@ from tests.conftest import EXAMPLES, ROOT, s3_records
 from tests.operator import e2efns, nemesis
 
 if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
     from minio import Minio
 
     from nopstream.cluster.etcd import EtcdBackend
@@ -118,7 +119,7 @@ class World:
         ).stdout  # fmt: skip
 
     @functools.cached_property
-    def _api(self) -> tuple[Any, str]:
+    def _api(self) -> tuple[ApiClient, str]:
         """(a client of the API server, the namespace) as kubectl reaches them with this kubeconfig: the
         reads of the wait loops start no kubectl each (60 ms of CPU apiece, some 1,200 in a CI run)."""
         from kubernetes import config
