@@ -88,15 +88,14 @@ class Zygote:
     """The supervisor's end: a zygote forked from this process, and the processes it forks for it."""
 
     def __init__(self, pid: int, orders: int, replies: int) -> None:
-        self.pid = pid
+        self.process = Child("zygote", pid, Path(os.devnull))
         self._orders = orders
         self._replies = replies
 
     def fork(self, name: str, order: Order) -> Child:
         """Fork the process `order` describes as this process's child named `name`; ForkFailed when it
-        cannot be."""
-        Path(order.log).parent.mkdir(parents=True, exist_ok=True)
-        whose = f"the zygote (pid {self.pid}) that forks the job's processes"
+        cannot be (the process makes its log's directory itself)."""
+        whose = f"the zygote (pid {self.process.pid}) that forks the job's processes"
         try:
             with open(self._orders, "wb", closefd=False) as orders:
                 orders.write(order.to_line())
@@ -114,10 +113,9 @@ class Zygote:
         """End the zygote (it reads the end of its orders) and reap it; the processes it forked live on."""
         os.close(self._orders)
         os.close(self._replies)
-        zygote = Child("zygote", self.pid, Path(os.devnull))
-        if zygote.wait(5.0) is None:
-            zygote.kill()
-            zygote.wait(5.0)
+        if self.process.wait(5.0) is None:
+            self.process.kill()
+            self.process.wait(5.0)
 
 
 def start(title: str, modules: Iterable[str], log: Path) -> Zygote:
