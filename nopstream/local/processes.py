@@ -18,6 +18,8 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import setproctitle  # here, in the process that forks: in each child its import took 15-50 ms CPU
+
 from nopstream.local import worker
 from nopstream.local.children import Child
 from nopstream.node import cpu, lifetime
@@ -94,6 +96,4 @@ def waking_on_exit(procs: list[Child], wake: Callable[[], None]) -> Iterator[Non
 
 def name_process(title: str) -> None:
     """Show this process as `title` in `ps` and `top` (its command line and its name)."""
-    import setproctitle  # only task processes are named: not imported by the runner's callers
-
     setproctitle.setproctitle(title)

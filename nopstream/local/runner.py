@@ -331,11 +331,10 @@ def _attempt(
     plan, run = plans.partitioned, this.run
     run_dir = options.run_files(plan.identity.job_id) / f"run-{run}"
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    plan_path = run_dir / "plan.json"
-    plan_path.write_text(compiler.dump_document(plan))
+    # the run's record of what it ran: the tasks take the plans from the runner's memory
+    (run_dir / "plan.json").write_text(compiler.dump_document(plan))
+    (run_dir / "deployment.json").write_text(compiler.dump_document(plans.deployment))
     registry.preload(plan.operators().values())  # imported once here, not once in every task process
-    deployment_path = run_dir / "deployment.json"
-    deployment_path.write_text(compiler.dump_document(plans.deployment))
     # The control socket listens before the tasks are forked (they may call it at once);
     # the children close their copy.
     guard.write_secret(run_dir / "secret", this.secret)  # for `nopstream savepoint` and `status`
@@ -343,8 +342,8 @@ def _attempt(
     procs = [
         processes.fork_task(
             worker.WorkerSettings(
-                plan_path=plan_path,
-                deployment_path=deployment_path,
+                plan=plan,
+                deployment=plans.deployment,
                 task_id=task_id,
                 control_url=this.url,
                 run=run,
