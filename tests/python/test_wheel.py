@@ -87,6 +87,9 @@ def test_the_wheel_installs_and_runs_an_example_on_this_python(wheel, house, tmp
         venv / "bin" / "pip",
         "install",
         "-q",
+        # the modules the checks import are compiled as they load: compiling every installed module
+        # (the Kubernetes client's thousands) took half of each install
+        "--no-compile",
         "--no-index",
         "--find-links",
         house,
