@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """Who this process is, where it reports, and the run's restore point; the run's plans, handed
-    over in the forked memory (not read from their files again: 40 ms of every task's start)."""
+    """Who this process is, where it reports, and the run's restore point; the run's plans, rebuilt
+    from their documents by the runner and handed over in the forked memory."""
 
     plan: PartitionedPlan
     deployment: DeploymentPlan
