@@ -16,6 +16,7 @@ checkpoints stay in storage).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -26,8 +27,9 @@ from typing import Any
 import kopf
 
 from nopstream.cluster.layout import operator_pass
+from nopstream.plan.deployment import TASK_PORT
 from nopstream_operator.kube import EtcdView, Kube, load_config
-from nopstream_operator.nodes import LostNodes
+from nopstream_operator.nodes import LostNodes, silent
 from nopstream_operator.observed import Context
 from nopstream_operator.reconcile import cleanup, reconcile_once
 from nopstream_operator.resources import GROUP, LABEL_JOB, PLURAL, VERSION, PodSettings
@@ -127,7 +129,14 @@ async def drive(
     """
     settings = pod_settings()
     etcd = await asyncio.to_thread(EtcdView, settings.etcd)
-    ctx = Context(await asyncio.to_thread(Kube), etcd, settings, _emit, lost_nodes=LOST_NODES.names)
+    ctx = Context(
+        await asyncio.to_thread(Kube),
+        etcd,
+        settings,
+        _emit,
+        lost_nodes=LOST_NODES.names,
+        silent=functools.partial(silent, port=TASK_PORT),
+    )
     namespace = namespace or "default"
     job_id = spec.get("jobId") or name  # what the job's pods are labelled with
     holder = f"{socket.gethostname()}/{os.getpid()}"

@@ -9,11 +9,21 @@ pod of a job on a node whose Ready condition is not True is lost (`decide`), for
 deleted and replaced on a node that is Ready. That is safe while the lost node's
 processes may still run (a partition, not a crash): a new run fences every write of
 the old one (epoch tokens in etcd, restore records in storage).
+
+Before the node is called NotReady (12 s to 50 s), its pods still show Running. A
+recovery then, from the failure reports of their peers, would keep them, and the
+node's NotReady would be a second recovery. So a recovery first knocks at the pods
+it would keep (`silent`): one whose address does not answer within SILENT_S is not
+kept, and the new pods prefer the other nodes (`resources.task_pod`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import errno
+import socket
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
 
 
 def is_lost(node: dict[str, Any]) -> bool:
@@ -45,3 +55,38 @@ class LostNodes:
     def names(self) -> frozenset[str]:
         """The nodes lost now."""
         return self._lost
+
+
+SILENT_S = 1.0
+"""How long a knock at a pod's port waits: on a live node a closed port refuses at once."""
+
+
+class Addressed(Protocol):
+    """A pod as `silent` needs it (`observed.PodView`): its name and its address on the pod network."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def ip(self) -> str: ...
+
+
+def silent(pods: Sequence[Addressed], port: int, timeout_s: float = SILENT_S) -> frozenset[str]:
+    """The names of `pods` whose address neither accepts nor refuses a TCP connection to `port` within
+    `timeout_s` (all knocked at once): their node is gone or cut off. A pod without an address answers."""
+
+    def quiet(pod: Addressed) -> bool:
+        if not pod.ip:
+            return False
+        try:
+            socket.create_connection((pod.ip, port), timeout=timeout_s).close()
+        except ConnectionRefusedError:  # the pod's node answered for it: its process is between runs
+            return False
+        except OSError as failed:  # timed out, or no route to the host (its node does not answer ARP)
+            return failed.errno in (None, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT)
+        return False
+
+    if not pods:
+        return frozenset()
+    with ThreadPoolExecutor(max_workers=min(len(pods), 16)) as knocking:
+        return frozenset(p.name for p, q in zip(pods, knocking.map(quiet, pods), strict=True) if q)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,7 @@ class PodView:
     leader: bool = False  # labelled as the leading coordinator (the leader Service's endpoint)
     node: str = ""  # the node it is bound to ('' before it is scheduled)
     node_lost: bool = False  # that node is lost (`nodes`): the pod is replaced, not waited for
+    ip: str = ""  # its address on the pod network ('' before it has one)
 
 
 def pod_view(pod: dict[str, Any], lost_nodes: frozenset[str] = frozenset()) -> PodView:
@@ -86,6 +87,7 @@ def pod_view(pod: dict[str, Any], lost_nodes: frozenset[str] = frozenset()) -> P
         leader=labels.get(LABEL_LEADER) == "true",
         node=node,
         node_lost=node in lost_nodes,
+        ip=status.get("podIP") or "",
     )
 
 
@@ -136,6 +138,8 @@ class Context:
     plans: dict[str, tuple[PartitionedPlan, DeploymentPlan]] = field(default_factory=dict)
     clock: Callable[[], float] = time.time  # wall seconds: the restart policy's window and backoff
     lost_nodes: Callable[[], frozenset[str]] = frozenset  # the node watch's (`nodes.LostNodes.names`)
+    silent: Callable[[Sequence[PodView]], frozenset[str]] = lambda pods: frozenset()
+    """Which of these running pods do not answer on the pod network (`nodes.silent`); none here."""
 
 
 def observe(ctx: Context, namespace: str, name: str) -> Observed | None:

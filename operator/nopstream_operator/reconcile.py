@@ -213,12 +213,15 @@ class _PodSteps:
     current: dict[str | None, PodView]
     serving: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """The entered run's pod of each task (by id), as etcd holds it once the run advanced."""
+    silent: frozenset[str] = frozenset()
+    """Pods the recovery would keep that did not answer (`nodes.silent`): made anew, off their nodes."""
 
     def advance(self, run: int) -> int:
         nonce = self.seen.status.restart_nonce
         layout = job_layout(self.deployment)
         # a lineage the failed run may not have started yet (once per nonce: harmless after)
         request = RestoreRequest(NewLineage(nonce)) if nonce else None
+        self.silent = self.ctx.silent([p for p in self.current.values() if keeps(p, self.deployment)])
         serving = {t.task_id: self._pod_for(t, run + 1) for t in self.deployment.tasks}
         entered = self.ctx.etcd.advance_run(layout, run, serving=serving, restore=request)
         # another pass may have entered it first: what etcd holds is what the pods follow
@@ -229,10 +232,14 @@ class _PodSteps:
         """The pod that serves `task` in the new run `run`: its pod of the failed run when that one is
         kept, else the one made for `run`."""
         pod = self.current.get(task.name)
-        return pod.name if pod is not None and keeps(pod, self.deployment) else task_pod_name(task, run)
+        if pod is not None and keeps(pod, self.deployment) and pod.name not in self.silent:
+            return pod.name
+        return task_pod_name(task, run)
 
     def record(self, recovered: recovery.Recovery) -> None:
         message = f"{recovered.message}: restoring the latest durable epoch"
+        if self.silent:
+            message += f"; not kept, as they do not answer: {', '.join(sorted(self.silent))}"
         conditions = with_condition(self.seen.status.conditions, "Ready", "False", "Recovering", message)
         patch(
             self.ctx,
@@ -268,6 +275,7 @@ class _PodSteps:
         lost (then it is replaced).
         """
         ns = self.deployment.namespace
+        avoid = frozenset(p.node for p in self.current.values() if p.name in self.silent and p.node)
         for task in self.deployment.tasks:
             name = task_pod_name(task, run)
             if self.serving.get(task.task_id, name) != name:
@@ -278,7 +286,9 @@ class _PodSteps:
                 standby.phase not in ("Pending", "Running") or standby.deleting or standby.node_lost
             ):
                 self.ctx.kube.delete_pod(ns, standby.name, grace=0)
-            self.ctx.kube.create(task_pod(self.seen.job, self.deployment, task, run, self.ctx.pods))
+            self.ctx.kube.create(
+                task_pod(self.seen.job, self.deployment, task, run, self.ctx.pods, avoid=avoid)
+            )
 
 
 def _recover(

@@ -355,14 +355,16 @@ def task_pod(
     settings: PodSettings,
     *,
     standby: bool = False,
+    avoid: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """The pod of one task made for one run: never restarted (its failure is a global recovery), kept
     by a recovery that finds it running (`node.resident`: a task process per run it serves).
 
     A standby pod is made for the next run while this one runs; a recovery into that run
-    adopts it by its name (`node.task`).
+    adopts it by its name (`node.task`). The pod prefers nodes other than those in `avoid`
+    (where pods did not answer: a lost node still shows Ready until its lease runs out).
     """
-    return _pod(
+    pod = _pod(
         job,
         deployment,
         settings,
@@ -381,6 +383,13 @@ def task_pod(
         run=run,
         standby=standby,
     )
+    if avoid:
+        away = {"key": "metadata.name", "operator": "NotIn", "values": sorted(avoid)}
+        preferred = [{"weight": 100, "preference": {"matchFields": [away]}}]
+        pod["spec"]["affinity"] = {
+            "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}
+        }
+    return pod
 
 
 def coordinator_pod(

@@ -714,6 +714,51 @@ def test_failure_reports_beside_a_dead_pod_are_one_recovery_that_replaces_only_t
     ]
 
 
+def test_a_kept_pod_that_does_not_answer_is_made_anew_and_its_node_avoided(world):
+    """A node lost with every process on it: its pods still show Running until the node is called
+    NotReady, and their peers' task processes report failures. The recovery keeps the reporters on
+    node-0 and makes the silent pod of node-1 anew, preferring another node: one recovery, not two."""
+    ctx, kube, etcd, events = world
+    old = running_run_1(ctx, kube)
+    gone, *reporters = sorted(old)[:3]
+    kube.place("node-1", {gone})
+    kube.place("node-0", set(old) - {gone})
+    now = int(time.time() * 1000)
+    etcd.failed = {task_id_of(old[n]): FailureReport(n, 1, at_ms=now) for n in reporters}
+    knocked: list[list[str]] = []
+
+    def silent(pods):
+        knocked.append(sorted(p.name for p in pods))
+        return frozenset({gone})
+
+    ctx.silent = silent
+    ctx.clock = lambda: time.time() + REPORT_GRACE_S
+    before = len(kube.log)
+    passes(ctx)
+    assert etcd.current_run == 2 and knocked == [sorted(old)]  # every pod a recovery would keep
+    made = f"{gone.removesuffix('-r1')}-r2"
+    assert set(etcd.servings[2].values()) == (set(old) - {gone}) | {made}
+    assert [w for w in kube.log[before:] if w.startswith(("delete", "create"))] == [
+        f"delete Pod {gone}",
+        f"create Pod {made}",
+    ]
+    assert kube.objects[("Pod", made)]["spec"]["affinity"] == {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "preference": {
+                        "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["node-1"]}]
+                    },
+                }
+            ]
+        }
+    }
+    (message,) = [m for r, m in events if r == "Recovery"]
+    assert message.endswith(f"restoring the latest durable epoch; not kept, as they do not answer: {gone}")
+    assert "affinity" not in kube.objects[("Pod", sorted(old)[3])]["spec"]  # kept pods are as they were
+
+
 def test_a_standby_pod_that_failed_is_no_recovery_and_the_next_run_replaces_it(world):
     ctx, kube, etcd, _events = world
     standbys = running_with_standbys(ctx, kube)
