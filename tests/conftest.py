@@ -186,6 +186,8 @@ KUBE_GROUP = scheduling.CLUSTER_GROUP
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """`--dist loadgroup` keeps one worker for the cluster's group alone (`tests/scheduling.py`)."""
     return scheduling.ClusterAside(config, log) if config.getvalue("dist") == "loadgroup" else None
+
+
 _kube = contextlib.ExitStack()
 """The running kube cluster, closed after the last test of its group (`pytest_runtest_teardown`)."""
 
