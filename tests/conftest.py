@@ -30,7 +30,6 @@ from nopstream.cluster.layout import Layout
 from nopstream.cluster.leases import LeaseKeeper
 from nopstream.node.wire.coordinator_api import CoordinatorRoutes
 from nopstream.plan.compiler import CompiledPlans
-from tests import scheduling
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -179,15 +178,7 @@ def database(postgres_server, request, monkeypatch):
     return name
 
 
-KUBE_GROUP = scheduling.CLUSTER_GROUP
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """`--dist loadgroup` keeps one worker for the cluster's group alone (`tests/scheduling.py`)."""
-    return scheduling.ClusterAside(config, log) if config.getvalue("dist") == "loadgroup" else None
-
-
+KUBE_GROUP = "kube"
 _kube = contextlib.ExitStack()
 """The running kube cluster, closed after the last test of its group (`pytest_runtest_teardown`)."""
 
